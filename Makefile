@@ -1,0 +1,33 @@
+# Two entry points: `make test` (sets up .venv and runs the fast suite) and
+# `make demo` (runs the main job). Both create the virtualenv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo long sim bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Opt-in long mode: thousands of simulator seeds and longer soaks.
+long: $(STAMP)
+	$(BIN)/python -m pytest -m long -o addopts=-q
+
+demo: $(STAMP)
+	$(BIN)/python -m raftkv.demo
+
+sim: $(STAMP)
+	$(BIN)/python -m raftkv.sim --seeds 0:200 --nodes 5
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.core_throughput
+
+clean:
+	rm -rf $(VENV) build *.egg-info
