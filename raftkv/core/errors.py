@@ -1,0 +1,37 @@
+"""Errors the core raises at its API boundary. Each says what happened and what to do."""
+
+from __future__ import annotations
+
+
+class RaftError(Exception):
+    pass
+
+
+class NotLeader(RaftError):
+    """The proposal must go to the leader. ``leader`` is the best hint, or None."""
+
+    def __init__(self, node: str, leader: str | None) -> None:
+        hint = f"leader is {leader}" if leader is not None else "leader unknown"
+        super().__init__(f"node {node} is not the leader ({hint})")
+        self.leader = leader
+
+
+class ProposalDropped(RaftError):
+    """The leader refused a proposal (for example, a leadership transfer is pending)."""
+
+
+class ConfChangeRejected(RaftError):
+    """A membership change broke a rule of one-by-one change (Raft dissertation ch. 4)."""
+
+
+class TransferRejected(RaftError):
+    pass
+
+
+class LeaderStepping(ConfChangeRejected):
+    """The change removes or demotes the leader. Leadership is being transferred to
+    ``transferee``, which performs the change once it leads (Kudu design, "removing a node")."""
+
+    def __init__(self, message: str, transferee: str) -> None:
+        super().__init__(message)
+        self.transferee = transferee

@@ -1,0 +1,893 @@
+"""The pure Raft state machine.
+
+Theory of operation
+-------------------
+``Raft`` is a deterministic function of its inputs. The driver feeds it ``tick()`` (an
+abstract unit of time), ``step(message)`` and client requests (``propose``,
+``propose_conf_change``, ``read_index``, ``transfer_leadership``). It never reads a
+clock, draws from global randomness or touches I/O: the election-timeout jitter comes
+from an injected RNG. Its outputs accumulate until the driver calls ``ready()``, which
+returns one ``Ready`` batch (state to persist, messages to send, entries to apply); the
+driver persists, sends, applies and then calls ``advance()``. Because the core is pure,
+the simulator can replay any schedule exactly from its seed.
+
+Roles form a closed enum. ``_become_*`` are the only way to change role and refuse
+illegal moves (a leader never becomes a candidate without first stepping down).
+``step`` first reconciles terms (§5.1), then dispatches on role.
+
+What is implemented, and where the paper says so:
+
+- Elections (§5.2) with randomized timeouts, pre-vote (dissertation §9.6) and leader
+  stickiness: a node that heard from a live leader within the minimum election timeout
+  ignores vote requests, which is what keeps a removed or partitioned node from
+  disrupting the group (Kudu: pre-vote that checks "heard from a leader recently").
+  Check-quorum: a leader that did not hear from a majority within an election timeout
+  steps down.
+- Replication (§5.3) with probe/replicate/snapshot progress, pipelining bounded by
+  message count and bytes, the follower's conflict hint for fast back-off, and conflict
+  handling that truncates only from the first entry whose term differs: a stale or
+  duplicated AppendEntries never truncates matching entries.
+- Commitment (§5.4.2): the leader commits only by counting replicas of an entry of its
+  own term (Figure 8).
+- ReadIndex (§6.4): reads wait until the leader has committed an entry of its term and
+  a majority has acknowledged a heartbeat for the read.
+- Leadership transfer (§3.10): the leader catches the target up, sends TimeoutNow,
+  and refuses proposals until the transfer completes or an election timeout passes.
+- Membership (dissertation ch. 4, Kudu design): one change at a time, configurations
+  used from the moment they are appended and rolled back when their entry is truncated,
+  PRE_FOLLOWER learners promoted automatically once within ``promote_lag`` entries of
+  the leader, removal of the leader by transferring leadership first (the new leader
+  performs the change it was handed in TimeoutNow).
+- Snapshots: a follower that needs compacted entries is sent the storage's snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Iterable, Protocol
+
+from raftkv.core.errors import (
+    ConfChangeRejected,
+    LeaderStepping,
+    NotLeader,
+    ProposalDropped,
+    TransferRejected,
+)
+from raftkv.core.log import RaftLog
+from raftkv.core.membership import (
+    ConfChange,
+    ConfChangeOp,
+    apply_change,
+    decode_change,
+    decode_conf_entry,
+    encode_change,
+    encode_conf_entry,
+)
+from raftkv.core.progress import Inflights, Progress, ProgressState
+from raftkv.core.quorum import committed_index, has_quorum, vote_result
+from raftkv.core.read_only import ReadOnly
+from raftkv.core.types import (
+    Message,
+    MessageType,
+    PeerStatus,
+    ReadState,
+    Ready,
+    Role,
+    SoftState,
+    Status,
+)
+from storage.errors import Compacted, SnapshotUnavailable
+from storage.log_store import LogStorage
+from storage.records import (
+    ENTRY_OVERHEAD,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Snapshot,
+)
+
+MT = MessageType
+_CAMPAIGN_TRANSFER = "transfer"
+
+
+class RNG(Protocol):
+    def randrange(self, n: int) -> int: ...
+
+
+class CampaignKind(Enum):
+    PRE_ELECTION = "pre-election"
+    ELECTION = "election"
+    TRANSFER = "transfer"
+
+
+@dataclass
+class Config:
+    id: str
+    # Ticks without hearing from a leader before a follower campaigns. The actual
+    # timeout is drawn uniformly from [election_tick, 2 * election_tick).
+    election_tick: int = 10
+    heartbeat_tick: int = 1
+    max_msg_bytes: int = 1 << 20
+    max_inflight_msgs: int = 256
+    max_inflight_bytes: int = 32 << 20
+    max_apply_bytes: int = 64 << 20
+    pre_vote: bool = True
+    check_quorum: bool = True
+    # A learner within this many entries of the leader's last index is promoted: at the
+    # replication rates we measure, that is far less than one election timeout of work,
+    # so the new voter cannot stall commits while it finishes catching up (§4.2.1).
+    promote_lag: int = 1000
+    # Ticks to wait for a snapshot to be acknowledged before probing again.
+    snapshot_timeout: int = 0  # 0 means election_tick
+    # The state machine's durable applied index (its checkpointIndex): entries up to it
+    # are not redelivered on restart.
+    applied: int = 0
+
+
+def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
+    """Write the initial configuration as entry 1 (term 1, committed) on a fresh store.
+
+    Every founding member writes the identical entry, so their logs agree from the start
+    and no election is needed to agree on membership. Joining nodes start empty instead.
+    """
+    if storage.last_index() != 0:
+        return
+    conf = ConfState(voters=frozenset(voters))
+    entry = Entry(1, 1, EntryType.CONF_CHANGE, encode_conf_entry(None, conf))
+    storage.save(HardState(term=1, vote=None, commit=1), [entry])
+
+
+class Raft:
+    def __init__(self, config: Config, storage: LogStorage, rng: RNG) -> None:
+        self.id = config.id
+        self.cfg = config
+        self.rng = rng
+        self.log = RaftLog(storage)
+        hard, base_conf = storage.initial_state()
+        if config.applied:
+            self.log.applied = max(self.log.applied, min(config.applied, self.log.committed))
+        # Configuration history: (index, conf) for every config entry not yet applied,
+        # plus the one in effect at the applied index. Truncation pops from the end.
+        first = self.log.first_index()
+        self.confs: list[tuple[int, ConfState]] = [(first - 1, base_conf)]
+        for e in storage.conf_entries(first):
+            self.confs.append((e.index, decode_conf_entry(e.data)[1]))
+        self.conf: ConfState = self.confs[-1][1]
+
+        self.term = hard.term
+        self.vote: str | None = hard.vote
+        self.role = Role.FOLLOWER
+        self.lead: str | None = None
+        self.prs: dict[str, Progress] = {}
+        self.votes: dict[str, bool] = {}
+        self.msgs: list[Message] = []
+        self.read_states: list[ReadState] = []
+        self.read_only = ReadOnly()
+        # Reads received before this leader committed an entry of its term.
+        self.pending_reads: list[tuple[str, Any]] = []
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_timeout = 0
+        self.lead_transferee: str | None = None
+        # The change this leader is handing over with the transfer (removing itself).
+        self.transfer_change: ConfChange | None = None
+        # (change, term): the change we were handed by TimeoutNow, valid if we win `term`.
+        self.handover: tuple[ConfChange, int] | None = None
+        self.pending_handover: ConfChange | None = None
+        self._bcast_pending = False
+        self._prev_soft = SoftState(None, Role.FOLLOWER)
+        self._prev_hard = hard
+        self._snapshot_timeout = config.snapshot_timeout or config.election_tick
+        self._become_follower(self.term, None)
+
+    # ================================================================ public API ======
+    def tick(self) -> None:
+        if self.role == Role.LEADER:
+            self._tick_heartbeat()
+        else:
+            self._tick_election()
+
+    def campaign(self) -> None:
+        """Start an election now (tests, demos, operator tooling)."""
+        self._campaign(CampaignKind.PRE_ELECTION if self.cfg.pre_vote else CampaignKind.ELECTION)
+
+    def propose(self, data: bytes) -> int:
+        """Append ``data`` as a new entry; returns its index (its proposedIndex)."""
+        return self.propose_batch((data,))
+
+    def propose_batch(self, datas: Iterable[bytes]) -> int:
+        """Append several entries at once; returns the index of the last one."""
+        self._check_can_propose()
+        term = self.term
+        idx = self.log.last_index()
+        new = tuple.__new__
+        ents = []
+        for d in datas:
+            idx += 1
+            ents.append(new(Entry, (term, idx, 0, d)))
+        self._leader_append(ents)
+        return idx
+
+    def propose_conf_change(self, cc: ConfChange) -> int:
+        """Propose one membership change; returns the index of its entry.
+
+        Raises ``ConfChangeRejected`` when one-by-one rules forbid it now, and
+        ``LeaderStepping`` when it removes or demotes the leader itself, after starting
+        the handover to the most up-to-date voter (which then performs the change).
+        """
+        self._check_can_propose()
+        why = self._conf_change_blocker()
+        if why:
+            raise ConfChangeRejected(why)
+        new_conf = apply_change(self.conf, cc)
+        if cc.node == self.id and cc.op in (ConfChangeOp.REMOVE, ConfChangeOp.DEMOTE):
+            target = self._most_up_to_date_voter()
+            if target is None:
+                raise ConfChangeRejected(f"no other voter can take over from {self.id}")
+            self._start_transfer(target, cc)
+            raise LeaderStepping(
+                f"{cc.describe()} affects the leader: transferring leadership to {target}, "
+                "which will perform the change", target,
+            )
+        index = self.log.last_index() + 1
+        entry = Entry(self.term, index, EntryType.CONF_CHANGE, encode_conf_entry(cc, new_conf))
+        self._leader_append([entry])
+        self._track_confs([entry])
+        return index
+
+    def read_index(self, context: Any) -> None:
+        """Request a linearizable read point; a ``ReadState`` with ``context`` follows."""
+        if self.role == Role.LEADER:
+            self._leader_read(self.id, context)
+        elif self.lead is not None:
+            self._send(Message(MT.READ_INDEX, self.lead, self.id, self.term, context=context))
+        else:
+            raise NotLeader(self.id, None)
+
+    def transfer_leadership(self, to: str) -> None:
+        if self.role == Role.LEADER:
+            self._start_transfer(to, None)
+        elif self.lead is not None:
+            self._send(Message(MT.TRANSFER_LEADER, self.lead, self.id, self.term, context=to))
+        else:
+            raise NotLeader(self.id, None)
+
+    def step(self, m: Message) -> None:
+        if m.term > self.term:
+            if m.type in (MT.VOTE, MT.PRE_VOTE):
+                in_lease = (
+                    self.cfg.check_quorum
+                    and self.lead is not None
+                    and self.election_elapsed < self.cfg.election_tick
+                )
+                if in_lease and m.context != _CAMPAIGN_TRANSFER:
+                    # Stickiness: a live leader was heard recently; this is a disrupter.
+                    return
+            if m.type == MT.PRE_VOTE or (m.type == MT.PRE_VOTE_RESP and not m.reject):
+                pass  # pre-vote never changes terms
+            elif m.type in (MT.APP, MT.HEARTBEAT, MT.SNAPSHOT):
+                self._become_follower(m.term, m.frm)
+            else:
+                self._become_follower(m.term, None)
+        elif m.term < self.term:
+            if (self.cfg.check_quorum or self.cfg.pre_vote) and m.type in (MT.APP, MT.HEARTBEAT):
+                # A stale leader: tell it our term so it steps down. Without this, a
+                # leader partitioned away and back could stay deposed-but-unaware forever
+                # when pre-vote keeps the rest of us from raising terms past it.
+                self._send(Message(MT.APP_RESP, m.frm, self.id, self.term))
+            elif m.type == MT.PRE_VOTE:
+                self._send(Message(MT.PRE_VOTE_RESP, m.frm, self.id, self.term, reject=True))
+            return
+
+        if m.type in (MT.VOTE, MT.PRE_VOTE):
+            self._handle_vote_request(m)
+        elif self.role == Role.LEADER:
+            self._step_leader(m)
+        elif self.role == Role.FOLLOWER:
+            self._step_follower(m)
+        else:
+            self._step_candidate(m)
+
+    # -- Ready / advance ---------------------------------------------------------------
+    def has_ready(self) -> bool:
+        self._flush()
+        log = self.log
+        return bool(
+            self.msgs
+            or log.unstable
+            or log.pending_snapshot is not None
+            or self.read_states
+            or log.has_next_committed()
+            or self._hard_state() != self._prev_hard
+            or SoftState(self.lead, self.role) != self._prev_soft
+        )
+
+    def ready(self) -> Ready:
+        self._flush()
+        log = self.log
+        rd = Ready()
+        soft = SoftState(self.lead, self.role)
+        if soft != self._prev_soft:
+            rd.soft_state = soft
+        hard = self._hard_state()
+        prev = self._prev_hard
+        if hard != prev:
+            rd.hard_state = hard
+        rd.entries = list(log.unstable)
+        rd.snapshot = log.pending_snapshot
+        rd.committed_entries = log.next_committed(self.cfg.max_apply_bytes)
+        rd.messages, self.msgs = self.msgs, []
+        rd.read_states, self.read_states = self.read_states, []
+        rd.must_sync = bool(
+            rd.entries or rd.snapshot is not None
+            or hard.term != prev.term or hard.vote != prev.vote
+        )
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        if rd.soft_state is not None:
+            self._prev_soft = rd.soft_state
+        if rd.hard_state is not None:
+            self._prev_hard = rd.hard_state
+        self.log.stable_to(len(rd.entries), rd.snapshot)
+        if rd.committed_entries:
+            self.log.applied_to(rd.committed_entries[-1].index)
+        self._trim_confs()
+
+    # -- introspection -----------------------------------------------------------------
+    def status(self) -> Status:
+        peers = {
+            nid: PeerStatus(pr.match, pr.next, pr.state_name(), pr.learner, pr.recent_active)
+            for nid, pr in self.prs.items()
+        }
+        return Status(
+            id=self.id, role=self.role, term=self.term, leader=self.lead,
+            commit=self.log.committed, applied=self.log.applied,
+            last_index=self.log.last_index(), conf=self.conf,
+            lead_transferee=self.lead_transferee, peers=peers,
+        )
+
+    def applied_conf(self) -> ConfState:
+        """The configuration in effect at the applied index (what a snapshot records)."""
+        return self.confs[0][1]
+
+    def promotable(self) -> bool:
+        return self.id in self.conf.voters and self.log.pending_snapshot is None
+
+    # ============================================================== role changes ======
+    def _reset(self, term: int) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = None
+        self.lead = None
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.randomized_election_timeout = (
+            self.cfg.election_tick + self.rng.randrange(self.cfg.election_tick)
+        )
+        self.lead_transferee = None
+        self.transfer_change = None
+        self.pending_handover = None
+        self.votes = {}
+        self.prs = {}
+        self.read_only = ReadOnly()
+        self.pending_reads = []
+        self._bcast_pending = False
+
+    def _become_follower(self, term: int, lead: str | None) -> None:
+        self._reset(term)
+        self.lead = lead
+        self.role = Role.FOLLOWER
+
+    def _become_pre_candidate(self) -> None:
+        if self.role == Role.LEADER:
+            raise AssertionError("invalid transition [leader -> pre-candidate]")
+        # Pre-vote changes neither term nor vote: a failed pre-election leaves no trace.
+        self.votes = {}
+        self.lead = None
+        self.role = Role.PRE_CANDIDATE
+
+    def _become_candidate(self) -> None:
+        if self.role == Role.LEADER:
+            raise AssertionError("invalid transition [leader -> candidate]")
+        self._reset(self.term + 1)
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+
+    def _become_leader(self) -> None:
+        if self.role != Role.CANDIDATE:
+            raise AssertionError(f"invalid transition [{self.role.name.lower()} -> leader]")
+        self._reset(self.term)
+        self.lead = self.id
+        self.role = Role.LEADER
+        last = self.log.last_index()
+        for nid in self.conf.members():
+            self.prs[nid] = self._new_progress(nid, last + 1)
+        me = self.prs.get(self.id)
+        if me is not None:
+            me.become_replicate()
+        if self.handover is not None and self.handover[1] == self.term:
+            self.pending_handover = self.handover[0]
+        self.handover = None
+        # The no-op entry of §8: committing it commits every earlier entry and tells us
+        # our commit index, which ReadIndex and membership changes wait for.
+        self._leader_append([Entry(self.term, last + 1)])
+
+    def _new_progress(self, nid: str, next_index: int) -> Progress:
+        pr = Progress(
+            next_index,
+            Inflights(self.cfg.max_inflight_msgs, self.cfg.max_inflight_bytes),
+            learner=nid not in self.conf.voters,
+        )
+        if nid == self.id:
+            pr.match = next_index - 1
+            pr.recent_active = True
+        return pr
+
+    # ================================================================= elections ======
+    def _tick_election(self) -> None:
+        self.election_elapsed += 1
+        if self.promotable() and self.election_elapsed >= self.randomized_election_timeout:
+            self.election_elapsed = 0
+            self.campaign()
+
+    def _campaign(self, kind: CampaignKind) -> None:
+        if not self.promotable():
+            return
+        if kind == CampaignKind.PRE_ELECTION:
+            self._become_pre_candidate()
+            vote_type, term = MT.PRE_VOTE, self.term + 1
+        else:
+            self._become_candidate()
+            vote_type, term = MT.VOTE, self.term
+        if self._poll(self.id, True) is True:
+            self._won(kind)
+            return
+        ctx = _CAMPAIGN_TRANSFER if kind == CampaignKind.TRANSFER else None
+        last = self.log.last_index()
+        last_term = self.log.last_term()
+        for v in sorted(self.conf.voters):
+            if v != self.id:
+                self._send(Message(vote_type, v, self.id, term, last_term, last, context=ctx))
+
+    def _won(self, kind: CampaignKind) -> None:
+        if kind == CampaignKind.PRE_ELECTION:
+            self._campaign(CampaignKind.ELECTION)
+        else:
+            self._become_leader()
+
+    def _poll(self, nid: str, granted: bool) -> bool | None:
+        self.votes.setdefault(nid, granted)
+        return vote_result(self.conf.voters, self.votes)
+
+    def _handle_vote_request(self, m: Message) -> None:
+        can_vote = (
+            self.vote == m.frm
+            or (self.vote is None and self.lead is None)
+            or (m.type == MT.PRE_VOTE and m.term > self.term)
+        )
+        resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
+        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+            # A granted pre-vote answers in the candidate's future term, so it is not
+            # mistaken for a rejection from a newer term.
+            self._send(Message(resp, m.frm, self.id, m.term))
+            if m.type == MT.VOTE:
+                self.election_elapsed = 0
+                self.vote = m.frm
+        else:
+            self._send(Message(resp, m.frm, self.id, self.term, reject=True))
+
+    def _step_candidate(self, m: Message) -> None:
+        t = m.type
+        mine = MT.PRE_VOTE_RESP if self.role == Role.PRE_CANDIDATE else MT.VOTE_RESP
+        if t == MT.APP:
+            self._become_follower(m.term, m.frm)
+            self._handle_append(m)
+        elif t == MT.HEARTBEAT:
+            self._become_follower(m.term, m.frm)
+            self._handle_heartbeat(m)
+        elif t == MT.SNAPSHOT:
+            self._become_follower(m.term, m.frm)
+            self._handle_snapshot(m)
+        elif t == mine:
+            result = self._poll(m.frm, not m.reject)
+            if result is True:
+                self._won(
+                    CampaignKind.PRE_ELECTION if self.role == Role.PRE_CANDIDATE
+                    else CampaignKind.ELECTION
+                )
+            elif result is False:
+                self._become_follower(self.term, None)
+
+    # =============================================================== follower =========
+    def _step_follower(self, m: Message) -> None:
+        t = m.type
+        if t == MT.APP:
+            self.election_elapsed = 0
+            self.lead = m.frm
+            self._handle_append(m)
+        elif t == MT.HEARTBEAT:
+            self.election_elapsed = 0
+            self.lead = m.frm
+            self._handle_heartbeat(m)
+        elif t == MT.SNAPSHOT:
+            self.election_elapsed = 0
+            self.lead = m.frm
+            self._handle_snapshot(m)
+        elif t == MT.TIMEOUT_NOW:
+            if self.promotable():
+                if m.context is not None:
+                    self.handover = (decode_change(m.context), self.term + 1)
+                # §3.10: start an election at once, bypassing pre-vote and stickiness.
+                self._campaign(CampaignKind.TRANSFER)
+        elif t == MT.READ_INDEX_RESP:
+            self.read_states.append(ReadState(m.index, m.context))
+        elif t in (MT.READ_INDEX, MT.TRANSFER_LEADER) and self.lead is not None:
+            self._send(Message(t, self.lead, m.frm, self.term, context=m.context))
+
+    def _handle_append(self, m: Message) -> None:
+        log = self.log
+        if m.index < log.committed:
+            # Everything up to our commit index matches the leader already (Log
+            # Matching); answering with it avoids touching committed entries at all.
+            self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.committed))
+            return
+        if not log.match_term(m.index, m.log_term):
+            hint = min(m.index, log.last_index())
+            hint = log.find_conflict_by_term(hint, m.log_term)
+            self._send(Message(
+                MT.APP_RESP, m.frm, self.id, self.term, log_term=log.term_or_zero(hint),
+                index=m.index, reject=True, reject_hint=hint,
+            ))
+            return
+        ents = m.entries
+        last_new = m.index + len(ents)
+        conflict = log.find_conflict(ents)  # type: ignore[arg-type]
+        if conflict:
+            if conflict <= log.committed:
+                raise AssertionError(
+                    f"{self.id}: entry {conflict} conflicts with committed {log.committed}"
+                )
+            new = list(ents[conflict - m.index - 1 :])
+            self._truncate_confs(conflict)
+            log.append(new)
+            self._track_confs(new)
+        log.commit_to(min(m.commit, last_new))
+        self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=last_new))
+
+    def _handle_heartbeat(self, m: Message) -> None:
+        self.log.commit_to(min(m.commit, self.log.last_index()))
+        self._send(Message(MT.HEARTBEAT_RESP, m.frm, self.id, self.term, context=m.context))
+
+    def _handle_snapshot(self, m: Message) -> None:
+        snap = m.snapshot
+        assert snap is not None
+        log = self.log
+        if snap.index <= log.committed:
+            self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.committed))
+            return
+        if log.match_term(snap.index, snap.term):
+            # We already hold the snapshot's last entry: fast-forward instead of wiping.
+            log.commit_to(snap.index)
+        else:
+            log.restore(snap)
+            self.confs = [(snap.index, snap.meta.conf)]
+            self._set_conf(snap.meta.conf)
+        self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.last_index()))
+
+    # ================================================================= leader =========
+    def _tick_heartbeat(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.cfg.election_tick:
+            self.election_elapsed = 0
+            if self.cfg.check_quorum and not self._quorum_active():
+                self._become_follower(self.term, None)
+                return
+            if self.lead_transferee is not None:
+                # §3.10: a transfer that did not finish within an election timeout is
+                # abandoned so the leader can serve proposals again.
+                self._abort_transfer()
+        for pr in self.prs.values():
+            if pr.state == ProgressState.SNAPSHOT:
+                pr.snapshot_elapsed += 1
+                if pr.snapshot_elapsed >= self._snapshot_timeout:
+                    pr.become_probe()  # the snapshot was probably lost: probe again
+        if self.heartbeat_elapsed >= self.cfg.heartbeat_tick:
+            self.heartbeat_elapsed = 0
+            self._bcast_heartbeat(self.read_only.last_context())
+
+    def _quorum_active(self) -> bool:
+        active = set()
+        for nid, pr in self.prs.items():
+            if nid == self.id or pr.recent_active:
+                active.add(nid)
+            if nid != self.id:
+                pr.recent_active = False
+        return has_quorum(self.conf.voters, active)
+
+    def _step_leader(self, m: Message) -> None:
+        t = m.type
+        if t == MT.APP_RESP:
+            self._handle_append_response(m)
+        elif t == MT.HEARTBEAT_RESP:
+            self._handle_heartbeat_response(m)
+        elif t == MT.READ_INDEX:
+            self._leader_read(m.frm, m.context)
+        elif t == MT.TRANSFER_LEADER:
+            try:
+                self._start_transfer(m.context, None)
+            except TransferRejected:
+                pass  # the requester times out; nothing else to undo
+
+    def _handle_append_response(self, m: Message) -> None:
+        pr = self.prs.get(m.frm)
+        if pr is None:
+            return
+        pr.recent_active = True
+        if m.reject:
+            hint = m.reject_hint
+            if m.log_term > 0:
+                hint = self.log.find_conflict_by_term(hint, m.log_term)
+            if pr.maybe_decr_to(m.index, hint):
+                if pr.state == ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._send_append(m.frm)
+            return
+        old_paused = pr.is_paused()
+        if not pr.maybe_update(m.index) and not (
+            pr.match == m.index and pr.state == ProgressState.PROBE
+        ):
+            return
+        if pr.state == ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state == ProgressState.SNAPSHOT and pr.match >= pr.pending_snapshot:
+            pr.become_probe()
+            pr.become_replicate()
+        else:
+            pr.inflights.free_le(m.index)
+        if self._maybe_commit():
+            self._on_commit()
+        elif old_paused:
+            self._send_append(m.frm)
+        while self._send_append(m.frm, send_if_empty=False):
+            pass
+        if m.frm == self.lead_transferee and pr.match == self.log.last_index():
+            self._send_timeout_now(m.frm)
+        if pr.learner:
+            self._maybe_promote(m.frm, pr)
+
+    def _handle_heartbeat_response(self, m: Message) -> None:
+        pr = self.prs.get(m.frm)
+        if pr is None:
+            return
+        pr.recent_active = True
+        pr.probe_sent = False
+        if pr.state == ProgressState.REPLICATE and pr.inflights.full():
+            pr.inflights.free_first()
+        if pr.match < self.log.last_index():
+            self._send_append(m.frm)
+        if m.context is None or pr.learner:
+            return
+        acks = self.read_only.ack(m.context, m.frm)
+        if acks is not None and has_quorum(self.conf.voters, acks | {self.id}):
+            for req in self.read_only.release_through(m.context):
+                self._answer_read(req.frm, req.context, req.index)
+
+    def _maybe_commit(self) -> bool:
+        prs = self.prs
+        match = {v: prs[v].match for v in self.conf.voters if v in prs}
+        return self.log.maybe_commit(committed_index(self.conf.voters, match), self.term)
+
+    def _on_commit(self) -> None:
+        """The commit index moved: tell followers, and release work that waited for
+        this leader's first commit in its term."""
+        self._bcast_pending = True
+        if self.log.term_or_zero(self.log.committed) != self.term:
+            return
+        if self.pending_reads:
+            reads, self.pending_reads = self.pending_reads, []
+            for frm, ctx in reads:
+                self._leader_read(frm, ctx)
+        if self.pending_handover is not None:
+            cc, self.pending_handover = self.pending_handover, None
+            try:
+                self.propose_conf_change(cc)
+            except (ConfChangeRejected, ProposalDropped):
+                pass  # already done by someone else, or no longer valid
+
+    def _leader_append(self, ents: list[Entry]) -> None:
+        self.log.append(ents)
+        me = self.prs.get(self.id)
+        if me is not None:
+            me.maybe_update(ents[-1].index)
+        if self._maybe_commit():  # a single-voter group commits at once
+            self._on_commit()
+        self._bcast_pending = True
+
+    def _flush(self) -> None:
+        """Send AppendEntries for everything proposed since the last Ready: batching
+        many proposals into one message per follower."""
+        if self._bcast_pending and self.role == Role.LEADER:
+            self._bcast_pending = False
+            for nid in self.prs:
+                if nid != self.id:
+                    self._send_append(nid)
+
+    def _send_append(self, to: str, send_if_empty: bool = True) -> bool:
+        pr = self.prs[to]
+        if pr.is_paused():
+            return False
+        log = self.log
+        prev = pr.next - 1
+        last = log.last_index()
+        try:
+            prev_term = log.term(prev)
+            ents = log.entries(pr.next, last + 1, self.cfg.max_msg_bytes) if prev < last else []
+        except Compacted:
+            return self._send_snapshot(to, pr)
+        if not ents and not send_if_empty:
+            return False
+        self._send(Message(
+            MT.APP, to, self.id, self.term, prev_term, prev, ents, log.committed,
+        ))
+        if ents and pr.state == ProgressState.REPLICATE:
+            end = ents[-1].index
+            pr.next = end + 1
+            pr.inflights.add(end, sum([len(e[3]) for e in ents]) + ENTRY_OVERHEAD * len(ents))
+        elif pr.state == ProgressState.PROBE:
+            pr.probe_sent = True
+        return True
+
+    def _send_snapshot(self, to: str, pr: Progress) -> bool:
+        try:
+            snap: Snapshot = self.log.storage.snapshot()
+        except SnapshotUnavailable:
+            return False
+        self._send(Message(MT.SNAPSHOT, to, self.id, self.term, snapshot=snap))
+        pr.become_snapshot(snap.index)
+        return True
+
+    def _bcast_heartbeat(self, context: Any) -> None:
+        committed = self.log.committed
+        for nid, pr in self.prs.items():
+            if nid != self.id:
+                self._send(Message(
+                    MT.HEARTBEAT, nid, self.id, self.term,
+                    commit=min(pr.match, committed), context=context,
+                ))
+
+    # -- reads -------------------------------------------------------------------------
+    def _leader_read(self, frm: str, context: Any) -> None:
+        if self.log.term_or_zero(self.log.committed) != self.term:
+            # §6.4 step 1: until an entry of this term commits we do not know the
+            # latest commit index, so the read waits.
+            self.pending_reads.append((frm, context))
+            return
+        index = self.log.committed
+        if self.conf.voters == {self.id}:
+            self._answer_read(frm, context, index)
+        elif self.read_only.add(context, index, frm):
+            self._bcast_heartbeat(context)
+
+    def _answer_read(self, frm: str, context: Any, index: int) -> None:
+        if frm == self.id:
+            self.read_states.append(ReadState(index, context))
+        else:
+            self._send(Message(MT.READ_INDEX_RESP, frm, self.id, self.term, index=index,
+                               context=context))
+
+    # -- leadership transfer -----------------------------------------------------------
+    def _check_can_propose(self) -> None:
+        if self.role != Role.LEADER:
+            raise NotLeader(self.id, self.lead)
+        if self.lead_transferee is not None:
+            raise ProposalDropped(
+                f"leadership transfer to {self.lead_transferee} in progress; retry shortly"
+            )
+
+    def _start_transfer(self, to: str, change: ConfChange | None) -> None:
+        if to == self.id:
+            raise TransferRejected(f"{to} is already the leader")
+        if to not in self.conf.voters:
+            raise TransferRejected(f"{to} is not a voter")
+        if self.lead_transferee == to and change is None:
+            return
+        self.lead_transferee = to
+        self.transfer_change = change
+        self.election_elapsed = 0  # the transfer must finish within one election timeout
+        if self.prs[to].match == self.log.last_index():
+            self._send_timeout_now(to)
+        else:
+            self._send_append(to)  # catch the target up first (§3.10 step 1)
+
+    def _send_timeout_now(self, to: str) -> None:
+        cc = self.transfer_change
+        self._send(Message(
+            MT.TIMEOUT_NOW, to, self.id, self.term,
+            context=encode_change(cc) if cc is not None else None,
+        ))
+
+    def _abort_transfer(self) -> None:
+        self.lead_transferee = None
+        self.transfer_change = None
+
+    def _most_up_to_date_voter(self) -> str | None:
+        candidates = [
+            (pr.match, nid) for nid, pr in self.prs.items()
+            if nid != self.id and nid in self.conf.voters
+        ]
+        return max(candidates)[1] if candidates else None
+
+    # ============================================================== membership ========
+    def _conf_change_blocker(self) -> str | None:
+        """Why a membership change cannot be accepted now, or None if it can."""
+        pending_index = self.confs[-1][0]
+        if pending_index > self.log.committed:
+            return (
+                f"another configuration change (entry {pending_index}) is not yet committed; "
+                "only one change may be in flight"
+            )
+        if self.log.term_or_zero(self.log.committed) != self.term:
+            return "the leader has not yet committed an entry of its term; retry shortly"
+        return None
+
+    def _maybe_promote(self, nid: str, pr: Progress) -> None:
+        if (
+            nid in self.conf.auto_promote
+            and pr.state == ProgressState.REPLICATE
+            and self.log.last_index() - pr.match <= self.cfg.promote_lag
+            and self.lead_transferee is None
+            and self._conf_change_blocker() is None
+        ):
+            self.propose_conf_change(ConfChange(ConfChangeOp.PROMOTE, nid))
+
+    def _track_confs(self, ents: list[Entry]) -> None:
+        for e in ents:
+            if e.type:  # CONF_CHANGE; the truthiness test keeps the common case cheap
+                self.confs.append((e.index, decode_conf_entry(e.data)[1]))
+                self._set_conf(self.confs[-1][1])
+
+    def _truncate_confs(self, index: int) -> None:
+        """Entries from ``index`` on are being replaced: forget the configurations they
+        carried and fall back to the latest one still in the log (Kudu: roll back)."""
+        if self.confs[-1][0] < index:
+            return
+        while len(self.confs) > 1 and self.confs[-1][0] >= index:
+            self.confs.pop()
+        self._set_conf(self.confs[-1][1])
+
+    def _trim_confs(self) -> None:
+        confs, applied = self.confs, self.log.applied
+        while len(confs) > 1 and confs[1][0] <= applied:
+            confs.pop(0)
+
+    def _set_conf(self, conf: ConfState) -> None:
+        self.conf = conf
+        if self.role != Role.LEADER:
+            return
+        members = conf.members()
+        for nid in list(self.prs):
+            if nid not in members:
+                del self.prs[nid]
+                if nid == self.lead_transferee:
+                    self._abort_transfer()
+        last = self.log.last_index()
+        for nid in members:
+            pr = self.prs.get(nid)
+            if pr is None:
+                self.prs[nid] = self._new_progress(nid, last + 1)
+            else:
+                pr.learner = nid not in conf.voters
+        # A smaller quorum may already hold a later entry.
+        if self._maybe_commit():
+            self._on_commit()
+
+    # ================================================================= helpers ========
+    def _send(self, m: Message) -> None:
+        self.msgs.append(m)
+
+    def _hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed)

@@ -1,0 +1,429 @@
+"""Linearizability checker for key-value histories.
+
+What is checked
+---------------
+A *history* is a set of operations, each with an invocation time (``call``), a
+response time (``ret``) and an observed outcome.  It is *linearizable* with
+respect to a sequential model iff every operation can be assigned a single
+instant (its *linearization point*) inside its ``[call, ret]`` interval such
+that executing the operations one at a time in the order of those points, on
+the sequential model, yields exactly the observed outcomes.  Equivalently: there
+is a total order of the operations that (a) respects real time -- if
+``a.ret < b.call`` then ``a`` comes before ``b`` -- and (b) is a legal
+sequential execution of the model.
+
+The model here is a map of independent registers.  Per key: ``put(v)`` sets the
+register, ``delete`` clears it (``None`` means absent), ``get`` returns the
+current value and ``cas((expected, new))`` swaps iff the register equals
+``expected`` and reports whether it did.
+
+Why per-key partitioning is sound
+---------------------------------
+Linearizability is *local* (Herlihy & Wing, 1990): a history over several
+objects is linearizable iff each object's sub-history is.  The keys of the
+store are independent objects -- no operation reads or writes two keys -- so a
+global linearization can be assembled by interleaving per-key linearizations
+along real time, and conversely any global linearization restricts to a
+per-key one.  Checking keys separately turns one search whose cost is
+exponential in the total concurrency into several much smaller ones.
+
+How the search works (Wing & Gong, with Lowe's cache, as in porcupine)
+-----------------------------------------------------------------------
+Every operation contributes a call event and a return event, kept in a doubly
+linked list sorted by time.  The search walks the list from the front:
+
+* On a call event it tries to linearize that operation *now*: apply it to the
+  current model state, and if the model accepts the observed outcome, remove
+  ("lift") the call and its return from the list, push the operation and the
+  previous state on a stack, and restart from the front of the list.
+* On a return event, the operation whose response this is was not linearized
+  although it has already returned; every operation that could still precede
+  it has been tried, so the last choice was wrong: pop the stack, restore the
+  previous state, put the operation back into the list and try the next
+  candidate after it.
+
+Only operations whose call precedes the first remaining return can be
+linearized next, which is exactly the real-time constraint.  Different orders
+of the same concurrent operations often reach the same configuration, so every
+``(set of linearized operations, model state)`` pair that has been explored is
+cached and never explored again; the set is an ``int`` bitmask.  Model values
+are interned to small ints so that states hash and compare cheaply while
+keeping ``==`` semantics (and allowing unhashable values).
+
+Unknown outcomes
+----------------
+An operation whose client gave up (``ret == math.inf``) may have taken effect
+at any moment after its call, or never.  Its return event sits at +inf, after
+every known return, so it never forces a backtrack; the search succeeds as soon
+as every operation with a *known* outcome has been linearized, leaving the
+unknown ones either linearized somewhere or omitted.  Because its output was
+never seen, an unknown ``cas`` is applied with whatever outcome the state
+dictates, and an unknown ``get`` constrains nothing and is dropped.
+
+Equal timestamps
+----------------
+At equal times, call events sort before return events, so ``a.ret == b.call``
+makes ``a`` and ``b`` *concurrent* (either order is allowed).  This is
+porcupine's convention and the permissive choice: with coarse clocks, two
+events stamped alike may have happened in either order, and the checker must
+not report a violation that might not exist.
+
+Search budget
+-------------
+The problem is NP-complete, so each key's search is bounded by ``max_steps``
+iterations.  When the budget runs out the result is ``ok=False`` with
+``undecided=True``: the history was neither proven linearizable nor refuted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "CheckResult",
+    "Operation",
+    "check_history",
+    "check_key",
+]
+
+DEFAULT_MAX_STEPS = 2_000_000
+
+_KINDS = frozenset({"put", "get", "cas", "delete"})
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One client request against the store, as observed by the client."""
+
+    client: int
+    call: float
+    ret: float
+    kind: str
+    key: str
+    value: object = None
+    output: object = None
+
+    @property
+    def known(self) -> bool:
+        """Whether the client saw the response (otherwise the outcome is unknown)."""
+        return self.ret != math.inf
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Verdict of a check; ``undecided`` results are reported with ``ok=False``."""
+
+    ok: bool
+    key: str | None
+    detail: str
+    undecided: bool = False
+
+
+def check_history(
+    ops: Iterable[Operation],
+    initial: dict | None = None,
+    *,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> CheckResult:
+    """Check a multi-key history; keys absent from ``initial`` start absent.
+
+    Keys are checked in order of first appearance.  The first key proven not
+    linearizable is reported; a key whose search ran out of budget is reported
+    only if no other key is proven bad, since a definite violation is the more
+    useful answer.
+    """
+    initial = initial or {}
+    by_key: dict[str, list[Operation]] = {}
+    for op in ops:
+        by_key.setdefault(op.key, []).append(op)
+
+    first_undecided: CheckResult | None = None
+    for key, key_ops in by_key.items():
+        result = check_key(key_ops, initial.get(key), max_steps=max_steps)
+        if result.ok:
+            continue
+        if not result.undecided:
+            return result
+        first_undecided = first_undecided or result
+    if first_undecided is not None:
+        return first_undecided
+    total = sum(len(key_ops) for key_ops in by_key.values())
+    return CheckResult(True, None, f"linearizable: {total} ops over {len(by_key)} keys")
+
+
+def check_key(
+    ops: list[Operation],
+    initial_value: object = None,
+    *,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> CheckResult:
+    """Check the history of a single key, whose register starts at ``initial_value``."""
+    keys = {op.key for op in ops}
+    if len(keys) > 1:
+        raise ValueError(f"check_key needs ops of a single key, got {sorted(keys)!r}")
+    key = next(iter(keys), None)
+    for op in ops:
+        _validate(op)
+
+    # Call order gives stable op numbers shared by the search and the report.
+    ordered = sorted(ops, key=lambda op: (op.call, op.ret, op.client))
+    interner = _Interner()
+    init_state = interner.intern(initial_value)
+    compiled = [
+        _compile(number, op, interner)
+        for number, op in enumerate(ordered)
+        if op.known or op.kind != "get"
+    ]
+
+    outcome = _search(compiled, init_state, max_steps)
+    if outcome.ok:
+        return CheckResult(True, key, f"key {key!r}: linearizable ({len(ops)} ops)")
+    if outcome.undecided:
+        headline = f"undecided: search budget exhausted after {max_steps} steps on key {key!r}"
+    else:
+        headline = f"key {key!r} is not linearizable"
+    detail = _describe_failure(headline, ordered, compiled, outcome, interner)
+    return CheckResult(False, key, detail, undecided=outcome.undecided)
+
+
+def _validate(op: Operation) -> None:
+    if op.kind not in _KINDS:
+        raise ValueError(f"unknown operation kind {op.kind!r} in {op!r}")
+    if not math.isfinite(op.call):
+        raise ValueError(f"call time must be finite: {op!r}")
+    if math.isnan(op.ret) or op.ret < op.call:
+        raise ValueError(f"ret must be >= call (or math.inf): {op!r}")
+    if op.kind == "cas" and not (isinstance(op.value, tuple) and len(op.value) == 2):
+        raise ValueError(f"cas value must be a tuple (expected, new): {op!r}")
+
+
+class _Interner:
+    """Dense ids for model values, equal ids iff the values compare ``==``."""
+
+    def __init__(self) -> None:
+        self.values: list[object] = []
+        self._hashable: dict[object, int] = {}
+        self._unhashable: list[tuple[object, int]] = []
+
+    def intern(self, value: object) -> int:
+        try:
+            existing = self._hashable.get(value)
+        except TypeError:
+            for other, ident in self._unhashable:
+                if other == value:
+                    return ident
+            ident = self._new(value)
+            self._unhashable.append((value, ident))
+            return ident
+        if existing is not None:
+            return existing
+        ident = self._new(value)
+        self._hashable[value] = ident
+        return ident
+
+    def _new(self, value: object) -> int:
+        self.values.append(value)
+        return len(self.values) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """An operation compiled to interned state ids for the search loop."""
+
+    number: int  # index in call order; also its bit in the linearized-set mask
+    op: Operation
+    kind: str
+    arg: int  # put/delete: new state; cas: expected state; get: state read
+    new: int  # cas only: state after a successful swap
+    swapped: bool  # cas only: the observed outcome
+
+
+def _compile(number: int, op: Operation, interner: _Interner) -> _Op:
+    if op.kind == "put":
+        return _Op(number, op, "put", interner.intern(op.value), -1, False)
+    if op.kind == "delete":
+        return _Op(number, op, "put", interner.intern(None), -1, False)
+    if op.kind == "get":
+        return _Op(number, op, "get", interner.intern(op.output), -1, False)
+    expected, new = op.value  # type: ignore[misc]
+    return _Op(
+        number, op, "cas", interner.intern(expected), interner.intern(new), op.output is True
+    )
+
+
+def _step(op: _Op, state: int) -> int | None:
+    """Apply ``op`` to ``state``; the new state, or None if the outcome contradicts it."""
+    if op.kind == "put":
+        return op.arg
+    if op.kind == "get":
+        return state if state == op.arg else None
+    matches = state == op.arg
+    if not op.op.known:
+        return op.new if matches else state
+    if matches != op.swapped:
+        return None
+    return op.new if matches else state
+
+
+class _Node:
+    """Event in the doubly linked list; a call node's ``match`` is its return node."""
+
+    __slots__ = ("match", "next", "op", "prev")
+
+    def __init__(self, op: _Op | None, match: _Node | None) -> None:
+        self.op = op
+        self.match = match
+        self.prev: _Node | None = None
+        self.next: _Node | None = None
+
+
+def _build_events(ops: Sequence[_Op]) -> _Node:
+    """Sorted event list behind a sentinel head; calls sort first at equal times."""
+    events: list[tuple[float, int, int, _Node]] = []
+    for op in ops:
+        ret_node = _Node(op, None)
+        call_node = _Node(op, ret_node)
+        events.append((op.op.call, 0, op.number, call_node))
+        events.append((op.op.ret, 1, op.number, ret_node))
+    events.sort(key=lambda event: event[:3])
+    head = _Node(None, None)
+    prev = head
+    for *_, node in events:
+        prev.next = node
+        node.prev = prev
+        prev = node
+    return head
+
+
+def _lift(call: _Node) -> None:
+    for node in (call, call.match):
+        assert node is not None and node.prev is not None
+        node.prev.next = node.next
+        if node.next is not None:
+            node.next.prev = node.prev
+
+
+def _unlift(call: _Node) -> None:
+    # Reinsert in the reverse order of _lift so the stale prev/next pointers
+    # of the removed nodes are valid again when each is relinked.
+    for node in (call.match, call):
+        assert node is not None and node.prev is not None
+        node.prev.next = node
+        if node.next is not None:
+            node.next.prev = node
+
+
+@dataclass
+class _Outcome:
+    ok: bool
+    undecided: bool = False
+    # Deepest partial linearization reached: the ops and the state after each.
+    best_ops: tuple[_Op, ...] = ()
+    best_states: tuple[int, ...] = ()
+
+
+def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
+    pending_known = sum(1 for op in ops if op.op.known)
+    if pending_known == 0:
+        return _Outcome(ok=True)
+
+    head = _build_events(ops)
+    state = init_state
+    linearized = 0
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[_Node, int]] = []  # (lifted call node, state before it)
+    best = _Outcome(ok=False)
+
+    # The loop never runs off the end of the list: while a known op is still
+    # pending its return node is in the list, and reaching it either backtracks
+    # or fails.
+    node = head.next
+    for _ in range(max_steps):
+        assert node is not None and node.op is not None
+        op = node.op
+        if node.match is not None:
+            new_state = _step(op, state)
+            if new_state is not None:
+                new_linearized = linearized | (1 << op.number)
+                if (new_linearized, new_state) not in seen:
+                    seen.add((new_linearized, new_state))
+                    stack.append((node, state))
+                    state, linearized = new_state, new_linearized
+                    _lift(node)
+                    if op.op.known:
+                        pending_known -= 1
+                        if pending_known == 0:
+                            return _Outcome(ok=True)
+                    if len(stack) > len(best.best_ops):
+                        best = _snapshot(stack, state)
+                    node = head.next
+                    continue
+            node = node.next
+        else:
+            if not stack:
+                return best
+            node, state = stack.pop()
+            assert node.op is not None
+            linearized &= ~(1 << node.op.number)
+            if node.op.op.known:
+                pending_known += 1
+            _unlift(node)
+            node = node.next
+    best.undecided = True
+    return best
+
+
+def _snapshot(stack: list[tuple[_Node, int]], state: int) -> _Outcome:
+    ops = tuple(node.op for node, _ in stack if node.op is not None)
+    states_after = tuple(before for _, before in stack[1:]) + (state,)
+    return _Outcome(ok=False, best_ops=ops, best_states=states_after)
+
+
+def _show_value(value: object) -> str:
+    return "absent" if value is None else repr(value)
+
+
+def _describe_op(op: Operation) -> str:
+    if op.kind == "put":
+        action = f"put({op.value!r})"
+    elif op.kind == "delete":
+        action = "delete()"
+    elif op.kind == "get":
+        action = "get()"
+    else:
+        expected, new = op.value  # type: ignore[misc]
+        action = f"cas({_show_value(expected)} -> {new!r})"
+    if not op.known:
+        result = " -> ? (unknown outcome)"
+    elif op.kind == "get":
+        result = f" -> {_show_value(op.output)}"
+    elif op.kind == "cas":
+        result = f" -> {op.output!r}"
+    else:
+        result = ""
+    return f"client {op.client} [{op.call:g}, {op.ret:g}] {action}{result}"
+
+
+def _describe_failure(
+    headline: str,
+    ordered: list[Operation],
+    compiled: list[_Op],
+    outcome: _Outcome,
+    interner: _Interner,
+) -> str:
+    kept = {op.number for op in compiled}
+    lines = [headline, f"history ({len(ordered)} ops, call order):"]
+    for number, op in enumerate(ordered):
+        note = "" if number in kept else "  (dropped: read with unknown outcome)"
+        lines.append(f"  #{number} {_describe_op(op)}{note}")
+    lines.append(
+        f"longest linearizable prefix found ({len(outcome.best_ops)} of {len(compiled)} ops):"
+    )
+    for op, state in zip(outcome.best_ops, outcome.best_states, strict=True):
+        lines.append(
+            f"  #{op.number} {_describe_op(op.op)}  => {_show_value(interner.values[state])}"
+        )
+    return "\n".join(lines)

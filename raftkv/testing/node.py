@@ -1,0 +1,144 @@
+"""A simulated node: the core plus in-memory storage plus a KV state machine.
+
+``SimNode.handle_ready`` is the Ready contract carried out faithfully: persist (the
+memory store counts one sync per Ready), then hand back the messages, then apply the
+committed entries, then ``advance``. Crashing a node throws away everything that is not
+in its store: the core object, the state machine and anything stepped in since the last
+Ready. Restarting rebuilds the core from the store and the state machine from the
+store's snapshot plus the committed log after it, so every entry is re-applied exactly
+once per incarnation.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from raftkv.core import Config, Entry, EntryType, Message, Raft, ReadState, Ready
+from storage.log_store import MemoryLogStore
+
+
+def encode_command(client: int, op_id: int, kind: str, key: str, value: Any = None) -> bytes:
+    return msgpack.packb([client, op_id, kind, key, value], use_bin_type=True)
+
+
+def decode_command(data: bytes) -> tuple[int, int, str, str, Any]:
+    client, op_id, kind, key, value = msgpack.unpackb(data, raw=False)
+    return client, op_id, kind, key, value
+
+
+class KVStateMachine:
+    """put/get/cas/delete over str keys. ``cas`` takes ``[expected, new]``; an expected
+    value of None means "the key must be absent"."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def apply(self, data: bytes) -> Any:
+        if not data:
+            return None  # a leader's no-op entry
+        _, _, kind, key, value = decode_command(data)
+        if kind == "put":
+            self.data[key] = value
+            return None
+        if kind == "delete":
+            self.data.pop(key, None)
+            return None
+        if kind == "cas":
+            expected, new = value
+            if self.data.get(key) == expected:
+                self.data[key] = new
+                return True
+            return False
+        if kind == "get":
+            return self.data.get(key)
+        raise ValueError(f"unknown command kind {kind!r}")
+
+    def snapshot(self) -> bytes:
+        return msgpack.packb(self.data, use_bin_type=True)
+
+    def restore(self, data: bytes) -> None:
+        self.data = msgpack.unpackb(data, raw=False) if data else {}
+
+
+@dataclass
+class Applied:
+    entry: Entry
+    result: Any
+
+
+@dataclass
+class ReadyOutcome:
+    messages: list[Message] = field(default_factory=list)
+    applied: list[Applied] = field(default_factory=list)
+    read_states: list[ReadState] = field(default_factory=list)
+    ready: Ready | None = None
+
+
+class SimNode:
+    def __init__(
+        self, node_id: str, storage: MemoryLogStore, seed: int, **config: Any
+    ) -> None:
+        self.id = node_id
+        self.storage = storage
+        self.seed = seed
+        self.config = config
+        self.incarnation = 0
+        self.alive = True
+        self._start()
+
+    def _start(self) -> None:
+        self.incarnation += 1
+        rng = random.Random(f"{self.seed}/{self.id}/{self.incarnation}")
+        self.raft = Raft(Config(id=self.id, **self.config), self.storage, rng)
+        self.sm = KVStateMachine()
+        self.sm.restore(self.storage.snapshot().data)
+        self.last_applied = self.storage.snapshot().index
+
+    def handle_ready(self) -> ReadyOutcome:
+        out = ReadyOutcome()
+        if not self.alive or not self.raft.has_ready():
+            return out
+        rd = self.raft.ready()
+        out.ready = rd
+        # 1. persist (one sync for the whole batch: group commit)
+        if rd.hard_state is not None or rd.entries or rd.snapshot is not None:
+            self.storage.save(rd.hard_state, rd.entries, rd.snapshot)
+        # 2. messages may leave only now that what they promise is durable
+        out.messages = rd.messages
+        # 3. apply
+        if rd.snapshot is not None:
+            self.sm.restore(rd.snapshot.data)
+            self.last_applied = rd.snapshot.index
+        for e in rd.committed_entries:
+            if e.index != self.last_applied + 1:
+                raise AssertionError(
+                    f"{self.id}: applying {e.index} after {self.last_applied}: gap or replay"
+                )
+            self.last_applied = e.index
+            result = self.sm.apply(e.data) if e.type == EntryType.NORMAL else None
+            out.applied.append(Applied(e, result))
+        out.read_states = rd.read_states
+        # 4. advance
+        self.raft.advance(rd)
+        return out
+
+    def compact(self, keep: int = 0) -> bool:
+        """Snapshot the state machine at the applied index and drop the log before it,
+        keeping ``keep`` entries so slightly-behind followers need no snapshot."""
+        applied = self.raft.log.applied
+        if applied <= self.storage.snapshot().index:
+            return False
+        self.storage.create_snapshot(applied, self.raft.applied_conf(), self.sm.snapshot())
+        self.storage.compact(max(applied - keep, self.storage.first_index() - 1))
+        return True
+
+    def crash(self) -> None:
+        self.alive = False
+
+    def restart(self) -> None:
+        self.alive = True
+        self._start()

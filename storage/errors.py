@@ -1,0 +1,46 @@
+"""Named storage errors. Every store raises exactly these, so callers can rely on them.
+
+- ``Compacted``: the requested index is below the first index still in the log (it was
+  folded into a snapshot). The caller must fall back to the snapshot.
+- ``Unavailable``: the requested index is above the last index. Nothing was read.
+- ``SnapshotUnavailable``: a snapshot is being produced; try again later.
+- ``IndexMismatch``: a state store was offered an index at or below its checkpointIndex
+  (IGNITE-16907). ``checkpoint_index`` tells the driver where to skip to.
+- ``CorruptLog``: the log failed validation below the point where it may be truncated.
+"""
+
+
+class StorageError(Exception):
+    pass
+
+
+class Compacted(StorageError):
+    def __init__(self, index: int, first_index: int) -> None:
+        super().__init__(f"index {index} is compacted (first index is {first_index})")
+        self.index = index
+        self.first_index = first_index
+
+
+class Unavailable(StorageError):
+    def __init__(self, index: int, last_index: int) -> None:
+        super().__init__(f"index {index} is unavailable (last index is {last_index})")
+        self.index = index
+        self.last_index = last_index
+
+
+class SnapshotUnavailable(StorageError):
+    pass
+
+
+class IndexMismatch(StorageError):
+    def __init__(self, index: int, checkpoint_index: int) -> None:
+        super().__init__(
+            f"index {index} is at or below the checkpointIndex {checkpoint_index}; "
+            f"resume from {checkpoint_index + 1}"
+        )
+        self.index = index
+        self.checkpoint_index = checkpoint_index
+
+
+class CorruptLog(StorageError):
+    pass

@@ -1,0 +1,181 @@
+"""The Raft log store contract, and its in-memory reference implementation.
+
+Contract (every implementation, in memory or LMDB, keeps it):
+
+- The log holds a contiguous run of entries ``[first_index, last_index]``. Everything
+  below ``first_index`` has been folded into the latest snapshot, whose index is
+  ``first_index - 1``; ``term(first_index - 1)`` still answers (the snapshot's term), so
+  the leader can always build an AppendEntries for the first retained entry.
+- Ranges are half-open: ``entries(lo, hi)`` returns indexes ``lo .. hi-1``.
+- ``term(i)`` / ``entries(lo, hi)`` raise ``Compacted`` below the snapshot and
+  ``Unavailable`` above ``last_index``. Neither error changes state.
+- ``save(hard_state, entries, snapshot)`` is one Ready batch: it is applied atomically
+  and made durable with one sync (group commit). ``entries[0].index`` may be at or below
+  ``last_index``; the existing suffix from there is replaced (Raft §5.3 conflict handling
+  happens in the core; by the time entries reach the store the core has decided to
+  overwrite).
+- ``conf_entries(lo)`` returns the CONF_CHANGE entries from ``lo`` on, so a restarting
+  node rebuilds its membership without scanning the whole log.
+- ``compact(index)`` drops entries up to ``index``; it is only legal up to the latest
+  snapshot's index, so a lagging follower can always be served by that snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+from storage.errors import Compacted, SnapshotUnavailable, StorageError, Unavailable
+from storage.records import (
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Snapshot,
+    SnapshotMeta,
+    entry_size,
+)
+
+
+class LogStorage(Protocol):
+    def initial_state(self) -> tuple[HardState, ConfState]: ...
+
+    def first_index(self) -> int: ...
+
+    def last_index(self) -> int: ...
+
+    def term(self, index: int) -> int: ...
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]: ...
+
+    def conf_entries(self, lo: int) -> list[Entry]: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    def save(
+        self,
+        hard_state: HardState | None,
+        entries: list[Entry],
+        snapshot: Snapshot | None = None,
+    ) -> None: ...
+
+    def create_snapshot(self, index: int, conf: ConfState, data: bytes) -> Snapshot: ...
+
+    def compact(self, index: int) -> None: ...
+
+
+def limit_size(entries: list[Entry], max_bytes: int | None) -> list[Entry]:
+    """Trim ``entries`` to ``max_bytes``, always keeping at least one entry (etcd's rule,
+    so an oversized entry can still make progress)."""
+    if max_bytes is None or not entries:
+        return entries
+    total = 0
+    for i, e in enumerate(entries):
+        total += entry_size(e)
+        if total > max_bytes and i > 0:
+            return entries[:i]
+    return entries
+
+
+class MemoryLogStore:
+    """The reference implementation, used by the simulator and by in-memory tables.
+
+    ``_ents[0]`` is a dummy entry standing for the snapshot (its index and term), so
+    ``_ents[i - offset]`` is entry ``i`` with ``offset = _ents[0].index``.
+    """
+
+    def __init__(self) -> None:
+        self._hard = HardState()
+        self._snap = Snapshot()
+        self._ents: list[Entry] = [Entry(0, 0)]
+        self.syncs = 0  # one per save(): lets tests assert group commit
+
+    # -- reads -------------------------------------------------------------------------
+    def initial_state(self) -> tuple[HardState, ConfState]:
+        return self._hard, self._snap.meta.conf
+
+    def first_index(self) -> int:
+        return self._ents[0].index + 1
+
+    def last_index(self) -> int:
+        return self._ents[0].index + len(self._ents) - 1
+
+    def term(self, index: int) -> int:
+        offset = self._ents[0].index
+        if index < offset:
+            raise Compacted(index, offset + 1)
+        if index - offset >= len(self._ents):
+            raise Unavailable(index, self.last_index())
+        return self._ents[index - offset].term
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        offset = self._ents[0].index
+        if lo <= offset:
+            raise Compacted(lo, offset + 1)
+        if hi > self.last_index() + 1:
+            raise Unavailable(hi - 1, self.last_index())
+        return limit_size(self._ents[lo - offset : hi - offset], max_bytes)
+
+    def conf_entries(self, lo: int) -> list[Entry]:
+        offset = self._ents[0].index
+        start = max(lo - offset, 1)
+        return [e for e in self._ents[start:] if e.type == EntryType.CONF_CHANGE]
+
+    def snapshot(self) -> Snapshot:
+        return self._snap
+
+    # -- writes ------------------------------------------------------------------------
+    def save(
+        self,
+        hard_state: HardState | None,
+        entries: list[Entry],
+        snapshot: Snapshot | None = None,
+    ) -> None:
+        if snapshot is not None:
+            self._install(snapshot)
+        if entries:
+            self._append(entries)
+        if hard_state is not None:
+            self._hard = hard_state
+        self.syncs += 1
+
+    def _install(self, snap: Snapshot) -> None:
+        if snap.index <= self._snap.index:
+            raise StorageError(
+                f"snapshot {snap.index} is not newer than the current one ({self._snap.index})"
+            )
+        self._snap = snap
+        self._ents = [Entry(snap.term, snap.index)]
+
+    def _append(self, entries: list[Entry]) -> None:
+        offset = self._ents[0].index
+        first = entries[0].index
+        if first <= offset:
+            raise StorageError(f"append at {first} overlaps the snapshot at {offset}")
+        if first > self.last_index() + 1:
+            raise StorageError(f"append at {first} leaves a gap after {self.last_index()}")
+        del self._ents[first - offset :]
+        self._ents.extend(entries)
+
+    def create_snapshot(self, index: int, conf: ConfState, data: bytes) -> Snapshot:
+        if index <= self._snap.index:
+            raise SnapshotUnavailable(f"snapshot at {index} is older than {self._snap.index}")
+        snap = Snapshot(SnapshotMeta(index, self.term(index), conf), data)
+        self._snap = snap
+        return snap
+
+    def compact(self, index: int) -> None:
+        offset = self._ents[0].index
+        if index <= offset:
+            return
+        if index > self._snap.index:
+            raise StorageError(
+                f"cannot compact to {index}: the latest snapshot is at {self._snap.index}"
+            )
+        self._ents = self._ents[index - offset :]
+        first = self._ents[0]
+        self._ents[0] = Entry(first.term, first.index)
+
+
+def copy_into(dst: MemoryLogStore, entries: Iterable[Entry]) -> None:
+    """Test helper: seed a store with a ready-made log."""
+    dst.save(None, list(entries))

@@ -1,0 +1,88 @@
+"""The records that the Raft log persists: entries, hard state, membership, snapshots.
+
+These live in ``storage`` (the bottom layer) rather than in the core because they are
+the on-disk format: the core produces them, the stores persist them, recovery reads
+them back. Nothing here knows about roles, elections or networking.
+
+Enum values are written to disk and onto the wire. Never renumber them; only append.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import NamedTuple
+
+
+class EntryType(IntEnum):
+    # Written into the log: never renumber, only append.
+    NORMAL = 0
+    CONF_CHANGE = 1
+
+
+class Entry(NamedTuple):
+    """One log entry. ``index`` is the proposedIndex handed to the state machine."""
+
+    term: int
+    index: int
+    type: int = EntryType.NORMAL
+    data: bytes = b""
+
+
+# Fixed per-entry overhead counted by byte budgets (message size, in-flight caps).
+ENTRY_OVERHEAD = 16
+
+
+def entry_size(e: Entry) -> int:
+    return len(e.data) + ENTRY_OVERHEAD
+
+
+class HardState(NamedTuple):
+    """What must be durable before any message that depends on it is sent (Raft fig. 2)."""
+
+    term: int = 0
+    vote: str | None = None
+    commit: int = 0
+
+
+class ConfState(NamedTuple):
+    """A group's membership.
+
+    ``voters`` count toward quorums. ``learners`` are PRE_FOLLOWERs (Kudu design): they
+    receive the log but never vote and are never counted. ``auto_promote`` is the subset of
+    learners the leader promotes by itself once they have caught up; a demoted voter is a
+    learner that is *not* in it, so it stays a learner until promoted explicitly.
+    """
+
+    voters: frozenset[str] = frozenset()
+    learners: frozenset[str] = frozenset()
+    auto_promote: frozenset[str] = frozenset()
+
+    def members(self) -> frozenset[str]:
+        return self.voters | self.learners
+
+    def describe(self) -> str:
+        learners = ",".join(
+            f"{n}{'*' if n in self.auto_promote else ''}" for n in sorted(self.learners)
+        )
+        return f"voters=({','.join(sorted(self.voters))}) learners=({learners})"
+
+
+class SnapshotMeta(NamedTuple):
+    index: int = 0
+    term: int = 0
+    conf: ConfState = ConfState()
+
+
+class Snapshot(NamedTuple):
+    """A state-machine image at ``meta.index``. ``data`` is opaque to Raft."""
+
+    meta: SnapshotMeta = SnapshotMeta()
+    data: bytes = b""
+
+    @property
+    def index(self) -> int:
+        return self.meta.index
+
+    @property
+    def term(self) -> int:
+        return self.meta.term
