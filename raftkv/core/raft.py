@@ -403,7 +403,8 @@ class Raft:
         self.lead = self.id
         self.role = Role.LEADER
         last = self.log.last_index()
-        for nid in self.conf.members():
+        # Sorted: set order varies between processes, and a seed must replay exactly.
+        for nid in sorted(self.conf.members()):
             self.prs[nid] = self._new_progress(nid, last + 1)
         me = self.prs.get(self.id)
         if me is not None:
@@ -717,8 +718,10 @@ class Raft:
                     self._send_append(nid)
 
     def _send_append(self, to: str, send_if_empty: bool = True) -> bool:
-        pr = self.prs[to]
-        if pr.is_paused():
+        pr = self.prs.get(to)
+        # The peer may have just been removed by a config appended while handling its
+        # own response (an automatic promotion or a handed-over removal).
+        if pr is None or pr.is_paused():
             return False
         log = self.log
         prev = pr.next - 1
@@ -875,7 +878,7 @@ class Raft:
                 if nid == self.lead_transferee:
                     self._abort_transfer()
         last = self.log.last_index()
-        for nid in members:
+        for nid in sorted(members):
             pr = self.prs.get(nid)
             if pr is None:
                 self.prs[nid] = self._new_progress(nid, last + 1)

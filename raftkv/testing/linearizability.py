@@ -172,11 +172,7 @@ def check_key(
     ordered = sorted(ops, key=lambda op: (op.call, op.ret, op.client))
     interner = _Interner()
     init_state = interner.intern(initial_value)
-    compiled = [
-        _compile(number, op, interner)
-        for number, op in enumerate(ordered)
-        if op.known or op.kind != "get"
-    ]
+    compiled = _compile_all(ordered, interner)
 
     outcome = _search(compiled, init_state, max_steps)
     if outcome.ok:
@@ -235,23 +231,39 @@ class _Op:
 
     number: int  # index in call order; also its bit in the linearized-set mask
     op: Operation
-    kind: str
-    arg: int  # put/delete: new state; cas: expected state; get: state read
+    known: bool
+    kind: str  # "put" (also delete), "get" or "cas"
+    arg: int  # put: new state; cas: expected state; get: state read
     new: int  # cas only: state after a successful swap
-    swapped: bool  # cas only: the observed outcome
+    swapped: bool  # known cas only: the observed outcome
+    # Unknown ops only: bit of the previous unknown op in call order with the
+    # same effect, or 0.  Such twins are interchangeable once both are called,
+    # so the search spends them in call order instead of trying every subset.
+    twin: int
 
 
-def _compile(number: int, op: Operation, interner: _Interner) -> _Op:
-    if op.kind == "put":
-        return _Op(number, op, "put", interner.intern(op.value), -1, False)
-    if op.kind == "delete":
-        return _Op(number, op, "put", interner.intern(None), -1, False)
-    if op.kind == "get":
-        return _Op(number, op, "get", interner.intern(op.output), -1, False)
-    expected, new = op.value  # type: ignore[misc]
-    return _Op(
-        number, op, "cas", interner.intern(expected), interner.intern(new), op.output is True
-    )
+def _compile_all(ordered: list[Operation], interner: _Interner) -> list[_Op]:
+    compiled: list[_Op] = []
+    last_twin: dict[tuple[str, int, int], int] = {}
+    for number, op in enumerate(ordered):
+        new = -1
+        if op.kind == "put":
+            kind, arg = "put", interner.intern(op.value)
+        elif op.kind == "delete":
+            kind, arg = "put", interner.intern(None)
+        elif op.kind == "get":
+            if not op.known:
+                continue  # its output was never seen, so it constrains nothing
+            kind, arg = "get", interner.intern(op.output)
+        else:
+            expected, new_value = op.value  # type: ignore[misc]
+            kind, arg, new = "cas", interner.intern(expected), interner.intern(new_value)
+        twin = 0
+        if not op.known:
+            twin = last_twin.get((kind, arg, new), 0)
+            last_twin[(kind, arg, new)] = 1 << number
+        compiled.append(_Op(number, op, op.known, kind, arg, new, op.output is True, twin))
+    return compiled
 
 
 def _step(op: _Op, state: int) -> int | None:
@@ -261,7 +273,7 @@ def _step(op: _Op, state: int) -> int | None:
     if op.kind == "get":
         return state if state == op.arg else None
     matches = state == op.arg
-    if not op.op.known:
+    if not op.known:
         return op.new if matches else state
     if matches != op.swapped:
         return None
@@ -326,15 +338,16 @@ class _Outcome:
 
 
 def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
-    pending_known = sum(1 for op in ops if op.op.known)
+    pending_known = sum(1 for op in ops if op.known)
     if pending_known == 0:
         return _Outcome(ok=True)
 
     head = _build_events(ops)
+    unknown_bits = sum(1 << op.number for op in ops if not op.known)
     state = init_state
     linearized = 0
-    seen: set[tuple[int, int]] = set()
-    stack: list[tuple[_Node, int]] = []  # (lifted call node, state before it)
+    seen: dict[tuple[int, int], list[int]] = {}
+    stack: list[tuple[_Node, _Op, int]] = []  # (lifted call node, its op, state before)
     best = _Outcome(ok=False)
 
     # The loop never runs off the end of the list: while a known op is still
@@ -346,14 +359,13 @@ def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
         op = node.op
         if node.match is not None:
             new_state = _step(op, state)
-            if new_state is not None:
+            if new_state is not None and _worth_trying(op, state, new_state, linearized, stack):
                 new_linearized = linearized | (1 << op.number)
-                if (new_linearized, new_state) not in seen:
-                    seen.add((new_linearized, new_state))
-                    stack.append((node, state))
+                if _first_visit(seen, new_linearized, unknown_bits, new_state):
+                    stack.append((node, op, state))
                     state, linearized = new_state, new_linearized
                     _lift(node)
-                    if op.op.known:
+                    if op.known:
                         pending_known -= 1
                         if pending_known == 0:
                             return _Outcome(ok=True)
@@ -365,10 +377,9 @@ def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
         else:
             if not stack:
                 return best
-            node, state = stack.pop()
-            assert node.op is not None
-            linearized &= ~(1 << node.op.number)
-            if node.op.op.known:
+            node, op, state = stack.pop()
+            linearized &= ~(1 << op.number)
+            if op.known:
                 pending_known += 1
             _unlift(node)
             node = node.next
@@ -376,9 +387,50 @@ def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
     return best
 
 
-def _snapshot(stack: list[tuple[_Node, int]], state: int) -> _Outcome:
-    ops = tuple(node.op for node, _ in stack if node.op is not None)
-    states_after = tuple(before for _, before in stack[1:]) + (state,)
+def _worth_trying(
+    op: _Op, state: int, new_state: int, linearized: int, stack: list[tuple[_Node, _Op, int]]
+) -> bool:
+    """Whether linearizing ``op`` next can lead anywhere its alternatives cannot.
+
+    Each rule skips a move whose every continuation is also a continuation of
+    a move the search makes anyway, so no linearization is lost:
+
+    * an unknown op that leaves the state unchanged is the same as leaving it
+      unlinearized for now;
+    * an unknown op whose earlier-called twin is still unspent could be
+      swapped for that twin;
+    * a put or delete straight after an unknown op overwrites it unobserved,
+      so that unknown op could have been left out.
+    """
+    if not op.known and (new_state == state or linearized & op.twin != op.twin):
+        return False
+    overwrites_unknown = op.kind == "put" and bool(stack) and not stack[-1][1].known
+    return not overwrites_unknown
+
+
+def _first_visit(
+    seen: dict[tuple[int, int], list[int]], linearized: int, unknown_bits: int, state: int
+) -> bool:
+    """Record a configuration; False if an explored one makes it redundant.
+
+    Configurations that agree on the linearized known ops and the state differ
+    only in which unknown ops were spent.  Spending fewer leaves strictly more
+    options open (an unknown op never has to be linearized), so a configuration
+    is redundant if one with a subset of its unknown ops was explored already.
+    Each bucket is kept as an antichain of unknown-op sets.
+    """
+    unknown = linearized & unknown_bits
+    bucket = seen.setdefault((linearized & ~unknown_bits, state), [])
+    if any(explored & ~unknown == 0 for explored in bucket):
+        return False
+    bucket[:] = [explored for explored in bucket if unknown & ~explored != 0]
+    bucket.append(unknown)
+    return True
+
+
+def _snapshot(stack: list[tuple[_Node, _Op, int]], state: int) -> _Outcome:
+    ops = tuple(op for _, op, _ in stack)
+    states_after = tuple(before for _, _, before in stack[1:]) + (state,)
     return _Outcome(ok=False, best_ops=ops, best_states=states_after)
 
 

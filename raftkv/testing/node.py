@@ -93,10 +93,13 @@ class SimNode:
     def _start(self) -> None:
         self.incarnation += 1
         rng = random.Random(f"{self.seed}/{self.id}/{self.incarnation}")
-        self.raft = Raft(Config(id=self.id, **self.config), self.storage, rng)
+        snap = self.storage.snapshot()
         self.sm = KVStateMachine()
-        self.sm.restore(self.storage.snapshot().data)
-        self.last_applied = self.storage.snapshot().index
+        self.sm.restore(snap.data)
+        self.last_applied = snap.index
+        # The state machine starts at the snapshot; the log may reach further back.
+        config = Config(id=self.id, applied=snap.index, **self.config)
+        self.raft = Raft(config, self.storage, rng)
 
     def handle_ready(self) -> ReadyOutcome:
         out = ReadyOutcome()

@@ -1,0 +1,599 @@
+"""The seeded, randomized cluster simulator and its safety checker.
+
+Theory of operation
+-------------------
+Everything runs in one process on a simulated clock (integer milliseconds) driven by an
+event heap ordered by (time, sequence number). One ``random.Random(seed)`` makes every
+choice, and nothing depends on set iteration order or wall time, so a seed replays the
+same schedule exactly, in any process.
+
+Event kinds:
+
+- ``tick``: each live node ticks every ``tick_ms``.
+- ``ready``: a node hands its Ready batch to "disk" (the memory store) ``disk_ms`` after
+  it was first stepped. A crash in between loses whatever was stepped in but not yet
+  persisted, as a real process would.
+- ``deliver``: a message arrives. At send time the network may drop it, duplicate it or
+  give it a random delay (which reorders); partitions, symmetric or one-way, are checked
+  at delivery time.
+- ``client``: each client runs one operation at a time (put, get via ReadIndex, or
+  compare-and-set) against the node it believes leads, and gives up after a timeout,
+  recording the outcome as unknown.
+- ``fault``: partitions, crashes/restarts, membership changes (add a learner, promote,
+  demote, remove, transfer leadership) and log compaction.
+
+The run ends with a settle phase: faults stop, partitions heal, crashed nodes restart,
+and the group must converge.
+
+Checks, after every event (each maps to a Raft property):
+
+- election safety: at most one leader per term;
+- log matching: every persisted entry extends a hash chain over its log prefix; two
+  entries with the same (index, term) anywhere must have the same chain hash;
+- leader completeness: a new leader's chain at the highest committed index equals the
+  committed chain;
+- state machine safety: every node applies the same entry at each index;
+- no entry applied twice: each client command is applied at one index only, and each
+  node applies contiguous indexes once per incarnation;
+- no acknowledged write lost: at the end, every acknowledged write sits at its index in
+  every converged node's applied log;
+- at most one uncommitted configuration change in a leader's log;
+- learners never counted: when a leader's commit index moves, a majority of its
+  *voters* must hold the committed entry in their stores, and every new leader must hold
+  votes from a majority of its voters, counted independently of the core's quorum code.
+
+Finally the client history goes through the linearizability checker.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from raftkv.core import (
+    ConfChange,
+    ConfChangeOp,
+    Entry,
+    EntryType,
+    Message,
+    RaftError,
+    Role,
+    bootstrap,
+)
+from raftkv.testing.linearizability import CheckResult, Operation, check_history
+from raftkv.testing.node import ReadyOutcome, SimNode, decode_command, encode_command
+from storage.log_store import MemoryLogStore
+
+ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact")
+
+
+class SafetyViolation(Exception):
+    pass
+
+
+@dataclass
+class SimConfig:
+    nodes: int = 5
+    steps: int = 2000  # ticks of simulated time (tick_ms each) before the settle phase
+    faults: tuple[str, ...] = ALL_FAULTS
+    clients: int = 3
+    keys: int = 3
+    tick_ms: int = 10
+    election_tick: int = 10
+    disk_ms: int = 1
+    drop_rate: float = 0.03
+    dup_rate: float = 0.02
+    fault_every_ms: int = 150
+    client_timeout_ms: int = 600
+    settle_ms: int = 6000
+    max_members: int = 7
+    trace_lines: int = 60
+
+
+@dataclass
+class _ClientOp:
+    op_id: int
+    kind: str
+    key: str
+    value: Any
+    call: int
+    node: str
+    index: int = 0  # writes: the proposedIndex at ``node``
+    term: int = 0
+    ctx: Any = None  # reads: the ReadIndex context
+    read_index: int = -1
+
+
+@dataclass
+class SimResult:
+    seed: int
+    violations: list[str] = field(default_factory=list)
+    linearizability: CheckResult | None = None
+    ops: int = 0
+    committed: int = 0
+    leaders: int = 0
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def linearizable(self) -> bool:
+        return self.linearizability is None or self.linearizability.ok
+
+
+class Simulation:
+    def __init__(self, seed: int, cfg: SimConfig | None = None) -> None:
+        self.seed = seed
+        self.cfg = cfg or SimConfig()
+        self.rng = random.Random(seed)
+        self.now = 0
+        self._seq = 0
+        self._events: list[tuple[int, int, str, Any]] = []
+        self.trace: deque[str] = deque(maxlen=self.cfg.trace_lines)
+        self.nodes: dict[str, SimNode] = {}
+        self._ready_scheduled: set[str] = set()
+        self._next_node = self.cfg.nodes + 1
+        self.blocked: set[tuple[str, str]] = set()
+        self.faults = set(self.cfg.faults)
+        self.settling = False
+        # -- checker state --
+        self.leader_of_term: dict[int, str] = {}
+        self.votes: dict[tuple[str, int], str] = {}
+        self.chains: dict[str, dict[int, int]] = {}
+        self.chain_at: dict[tuple[int, int], int] = {}
+        self.committed: dict[int, tuple[int, bytes]] = {}
+        self.committed_chain: dict[int, int] = {}
+        self.max_committed = 0
+        self.op_index: dict[tuple[int, int], int] = {}
+        self.acked_writes: list[tuple[int, int, int]] = []  # (index, client, op_id)
+        self.leader_commit: dict[str, int] = {}
+        # -- clients --
+        self.history: list[Operation] = []
+        self.outstanding: dict[int, _ClientOp] = {}
+        self.client_hint: dict[int, str | None] = {}
+        self._op_seq = 0
+
+        voters = [f"n{i}" for i in range(1, self.cfg.nodes + 1)]
+        for nid in voters:
+            store = MemoryLogStore()
+            bootstrap(store, voters)
+            self._add_node(nid, store)
+        for nid in voters:
+            self._schedule(self.rng.randrange(self.cfg.tick_ms), "tick", nid)
+        for c in range(self.cfg.clients):
+            self.client_hint[c] = None
+            self._schedule(self.rng.randrange(50), "client", c)
+        self._schedule(self.cfg.fault_every_ms, "fault", None)
+
+    # ================================================================ plumbing ========
+    def _add_node(self, nid: str, store: MemoryLogStore) -> SimNode:
+        node = SimNode(nid, store, self.seed, election_tick=self.cfg.election_tick)
+        self.nodes[nid] = node
+        self.chains[nid] = {}
+        self._rebuild_chain(node)
+        return node
+
+    def _schedule(self, delay: int, kind: str, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (self.now + delay, self._seq, kind, payload))
+
+    def _log(self, line: str) -> None:
+        self.trace.append(f"t={self.now:>6} {line}")
+
+    def _touch(self, nid: str) -> None:
+        """The node was stepped: its Ready goes to disk after ``disk_ms``."""
+        if nid not in self._ready_scheduled:
+            self._ready_scheduled.add(nid)
+            self._schedule(self.cfg.disk_ms, "ready", nid)
+
+    def run(self) -> SimResult:
+        end = self.cfg.steps * self.cfg.tick_ms
+        result = SimResult(self.seed)
+        try:
+            self._run_until(end)
+            self._settle()
+            self._run_until(end + self.cfg.settle_ms)
+            self._final_checks()
+        except SafetyViolation as e:
+            result.violations.append(str(e))
+        except AssertionError as e:  # an internal assertion of the core or SimNode
+            result.violations.append(f"assertion: {e}")
+        result.ops = len(self.history)
+        result.committed = self.max_committed
+        result.leaders = len(self.leader_of_term)
+        if not result.violations:
+            result.linearizability = check_history(self.history)
+        if result.violations or not result.linearizable:
+            result.trace = list(self.trace)
+        return result
+
+    def _run_until(self, end: int) -> None:
+        while self._events and self._events[0][0] <= end:
+            self.now, _, kind, payload = heapq.heappop(self._events)
+            getattr(self, f"_on_{kind}")(payload)
+
+    # ================================================================== events ========
+    def _on_tick(self, nid: str) -> None:
+        node = self.nodes[nid]
+        if node.alive:
+            node.raft.tick()
+            self._touch(nid)
+        self._schedule(self.cfg.tick_ms, "tick", nid)
+
+    def _on_ready(self, nid: str) -> None:
+        self._ready_scheduled.discard(nid)
+        node = self.nodes[nid]
+        if not node.alive:
+            return
+        while node.raft.has_ready():
+            out = node.handle_ready()
+            self._observe(node, out)
+            for m in out.messages:
+                self._send(m)
+
+    def _on_deliver(self, m: Message) -> None:
+        node = self.nodes.get(m.to)
+        if node is None or not node.alive or (m.frm, m.to) in self.blocked:
+            return
+        node.raft.step(m)
+        self._touch(m.to)
+
+    def _send(self, m: Message) -> None:
+        f = self.faults
+        if not self.settling and "drop" in f and self.rng.random() < self.cfg.drop_rate:
+            return
+        copies = 2 if ("dup" in f and self.rng.random() < self.cfg.dup_rate) else 1
+        for _ in range(copies):
+            if "delay" in f and not self.settling:
+                delay = 1 + self.rng.randrange(15)
+                if self.rng.random() < 0.02:
+                    delay += self.rng.randrange(200)  # a straggler, reordered far behind
+            else:
+                delay = 1
+            self._schedule(delay, "deliver", m)
+
+    # ================================================================== faults ========
+    def _on_fault(self, _: Any) -> None:
+        if self.settling:
+            return
+        self._schedule(self.rng.randrange(self.cfg.fault_every_ms) + 1, "fault", None)
+        choices = [f for f in ("partition", "crash", "membership", "compact") if f in self.faults]
+        if not choices:
+            return
+        getattr(self, f"_fault_{self.rng.choice(choices)}")()
+
+    def _members(self) -> list[str]:
+        leader = self._leader()
+        conf = self.nodes[leader].raft.conf if leader else self.nodes["n1"].raft.conf
+        return sorted(conf.members())
+
+    def _fault_partition(self) -> None:
+        if self.blocked:
+            self.blocked.clear()
+            self._log("heal partition")
+            return
+        ids = sorted(self.nodes)
+        if self.rng.random() < 0.3:
+            a, b = self.rng.sample(ids, 2)
+            self.blocked.add((a, b))
+            self._log(f"one-way partition {a} -/-> {b}")
+            return
+        side = set(self.rng.sample(ids, self.rng.randrange(1, len(ids) // 2 + 1)))
+        for a in ids:
+            for b in ids:
+                if (a in side) != (b in side):
+                    self.blocked.add((a, b))
+        self._log(f"partition {sorted(side)} | {sorted(set(ids) - side)}")
+
+    def _fault_crash(self) -> None:
+        down = sorted(n for n, node in self.nodes.items() if not node.alive)
+        if down and (self.rng.random() < 0.6 or len(down) * 2 >= len(self.nodes) - 1):
+            nid = self.rng.choice(down)
+            self.nodes[nid].restart()
+            self._rebuild_chain(self.nodes[nid])
+            self._touch(nid)
+            self._log(f"restart {nid} (incarnation {self.nodes[nid].incarnation})")
+            return
+        up = sorted(n for n, node in self.nodes.items() if node.alive)
+        nid = self.rng.choice(up)
+        self.nodes[nid].crash()
+        self._log(f"crash {nid}")
+
+    def _fault_compact(self) -> None:
+        nid = self.rng.choice(sorted(self.nodes))
+        node = self.nodes[nid]
+        if node.alive and node.compact(keep=self.rng.randrange(5)):
+            self._log(f"compact {nid} to {node.storage.first_index() - 1}")
+
+    def _fault_membership(self) -> None:
+        leader = self._leader()
+        if leader is None:
+            return
+        raft = self.nodes[leader].raft
+        conf = raft.conf
+        voters, learners = sorted(conf.voters), sorted(conf.learners)
+        roll = self.rng.random()
+        try:
+            if roll < 0.3 and len(conf.members()) < self.cfg.max_members:
+                nid = f"n{self._next_node}"
+                self._next_node += 1
+                self._add_node(nid, MemoryLogStore())
+                self._schedule(self.rng.randrange(self.cfg.tick_ms), "tick", nid)
+                raft.propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, nid))
+                self._log(f"{leader}: add learner {nid}")
+            elif roll < 0.55 and len(voters) > 3:
+                nid = self.rng.choice(voters + learners)
+                raft.propose_conf_change(ConfChange(ConfChangeOp.REMOVE, nid))
+                self._log(f"{leader}: remove {nid}")
+            elif roll < 0.65 and learners:
+                nid = self.rng.choice(learners)
+                raft.propose_conf_change(ConfChange(ConfChangeOp.PROMOTE, nid))
+                self._log(f"{leader}: promote {nid}")
+            elif roll < 0.72 and len(voters) > 3:
+                nid = self.rng.choice(voters)
+                raft.propose_conf_change(ConfChange(ConfChangeOp.DEMOTE, nid))
+                self._log(f"{leader}: demote {nid}")
+            else:
+                nid = self.rng.choice(voters)
+                raft.transfer_leadership(nid)
+                self._log(f"{leader}: transfer to {nid}")
+        except RaftError as e:
+            self._log(f"{leader}: membership refused: {e}")
+        self._touch(leader)
+
+    def _settle(self) -> None:
+        self.settling = True
+        self.blocked.clear()
+        for nid, node in sorted(self.nodes.items()):
+            if not node.alive:
+                node.restart()
+                self._rebuild_chain(node)
+                self._touch(nid)
+        self._log("settle: faults off, partitions healed, all nodes restarted")
+
+    # ================================================================= clients ========
+    def _on_client(self, c: int) -> None:
+        """Each client is one chain of events: poll the outstanding op, or start one."""
+        op = self.outstanding.get(c)
+        if op is not None and self.now - op.call >= self.cfg.client_timeout_ms:
+            self._finish(c, op, None, timed_out=True)
+            op = None
+        if op is None:
+            if self.settling:
+                return
+            self._start_op(c)
+        self._schedule(1 + self.rng.randrange(20), "client", c)
+
+    def _start_op(self, c: int) -> None:
+        self._op_seq += 1
+        kind = self.rng.choice(("put", "put", "get", "get", "cas"))
+        key = f"k{self.rng.randrange(self.cfg.keys)}"
+        value: Any = None
+        if kind == "put":
+            value = self._op_seq
+        elif kind == "cas":
+            value = [self.rng.choice([None, *range(max(1, self._op_seq - 10), self._op_seq)]),
+                     self._op_seq]
+        target = self.client_hint[c] or self.rng.choice(sorted(self.nodes))
+        node = self.nodes[target]
+        op = _ClientOp(self._op_seq, kind, key, value, self.now, target)
+        try:
+            if not node.alive:
+                raise RaftError("node down")
+            if kind == "get":
+                op.ctx = ("read", c, op.op_id)
+                node.raft.read_index(op.ctx)
+            else:
+                op.index = node.raft.propose(encode_command(c, op.op_id, kind, key, value))
+                op.term = node.raft.term
+        except RaftError as e:
+            # Refused before anything entered a log: not part of the history.
+            leader = getattr(e, "leader", None)
+            self.client_hint[c] = leader if leader in self.nodes else None
+            return
+        self._touch(target)
+        self.outstanding[c] = op
+
+    def _finish(self, c: int, op: _ClientOp, output: Any, timed_out: bool = False,
+                failed: bool = False) -> None:
+        del self.outstanding[c]
+        if failed or (timed_out and op.kind == "get"):
+            pass  # a definite failure, or a read with no result: no constraint
+        else:
+            value = tuple(op.value) if op.kind == "cas" else op.value
+            ret = math.inf if timed_out else float(self.now)
+            self.history.append(Operation(
+                client=c, call=float(op.call), ret=ret, kind=op.kind, key=op.key,
+                value=value, output=output,
+            ))
+        if timed_out or failed:
+            self.client_hint[c] = None
+
+    def _client_progress(self, node: SimNode, out: ReadyOutcome) -> None:
+        for c, op in list(self.outstanding.items()):
+            if op.node != node.id:
+                continue
+            if op.kind == "get":
+                for rs in out.read_states:
+                    if rs.context == op.ctx:
+                        op.read_index = rs.index
+                if op.read_index >= 0 and node.last_applied >= op.read_index:
+                    self._finish(c, op, node.sm.data.get(op.key))
+                continue
+            for a in out.applied:
+                if a.entry.index == op.index:
+                    mine = a.entry.term == op.term
+                    if mine:
+                        self.acked_writes.append((op.index, c, op.op_id))
+                    self._finish(c, op, a.result, failed=not mine)
+                    break
+
+    # ================================================================= checker ========
+    def _violation(self, what: str) -> None:
+        self._log(f"VIOLATION: {what}")
+        raise SafetyViolation(what)
+
+    def _rebuild_chain(self, node: SimNode) -> None:
+        """After (re)start: rebuild the node's chain from its store, re-verifying it."""
+        store = node.storage
+        base = store.first_index() - 1
+        chain: dict[int, int] = {0: 0}
+        if base:
+            h = self.chain_at.get((base, store.term(base)))
+            if h is None:
+                self._violation(f"{node.id}: log starts after {base}, a position no log had")
+            chain = {base: h}
+        self.chains[node.id] = chain
+        first, last = store.first_index(), store.last_index()
+        if last >= first:
+            self._extend_chain(node.id, store.entries(first, last + 1))
+
+    def _extend_chain(self, nid: str, entries: list[Entry]) -> None:
+        chain = self.chains[nid]
+        first = entries[0].index
+        for i in [i for i in chain if i >= first]:
+            del chain[i]
+        h = chain[first - 1]
+        for e in entries:
+            h = hash((h, e.term, e.type, e.data))
+            chain[e.index] = h
+            known = self.chain_at.setdefault((e.index, e.term), h)
+            if known != h:
+                self._violation(
+                    f"log matching: {nid} entry {e.index}/t{e.term} has a different prefix "
+                    "from another node's entry with the same index and term"
+                )
+
+    def _observe(self, node: SimNode, out: ReadyOutcome) -> None:
+        rd = out.ready
+        assert rd is not None
+        nid, raft = node.id, node.raft
+        if rd.snapshot is not None:
+            h = self.chain_at.get((rd.snapshot.index, rd.snapshot.term))
+            if h is None:
+                self._violation(f"{nid}: installed snapshot of unknown log position")
+            self.chains[nid] = {rd.snapshot.index: h}
+            self._log(f"{nid} installs snapshot {rd.snapshot.index}/{rd.snapshot.term}")
+        if rd.entries:
+            self._extend_chain(nid, rd.entries)
+        if rd.hard_state is not None and rd.hard_state.vote is not None:
+            self.votes[(nid, rd.hard_state.term)] = rd.hard_state.vote
+        if rd.soft_state is not None:
+            self._log(f"{nid} {rd.soft_state.role.name} term={raft.term} "
+                      f"lead={rd.soft_state.lead} {raft.conf.describe()}")
+            if rd.soft_state.role == Role.LEADER:
+                self._check_new_leader(node)
+        for a in out.applied:
+            self._check_apply(nid, a.entry)
+        if raft.role == Role.LEADER:
+            self._check_one_config_change(node)
+        if raft.role == Role.LEADER and rd.hard_state is not None:
+            if rd.hard_state.commit > self.leader_commit.get(nid, 0):
+                self._check_commit_quorum(node, rd.hard_state.commit)
+            self.leader_commit[nid] = rd.hard_state.commit
+        self._client_progress(node, out)
+
+    def _check_new_leader(self, node: SimNode) -> None:
+        raft = node.raft
+        term = raft.term
+        prev = self.leader_of_term.setdefault(term, node.id)
+        if prev != node.id:
+            self._violation(f"election safety: {prev} and {node.id} both lead term {term}")
+        voters = sorted(raft.conf.voters)
+        granted = [v for v in voters if self.votes.get((v, term)) == node.id]
+        if len(granted) * 2 <= len(voters):
+            self._violation(
+                f"{node.id} leads term {term} with votes {granted} of voters {voters}"
+            )
+        mc = self.max_committed
+        chain = self.chains[node.id]
+        if mc and mc >= min(chain) and chain.get(mc) != self.committed_chain.get(mc):
+            self._violation(
+                f"leader completeness: {node.id} (term {term}) lacks committed entry {mc}"
+            )
+
+    def _check_commit_quorum(self, node: SimNode, commit: int) -> None:
+        """Recount, from the stores themselves, who holds the newly committed entry.
+
+        The commit may have happened under the configuration just before the latest
+        one (a change appended in the same step), so any configuration still in the
+        leader's history may supply the majority; learners count in none of them.
+        """
+        want = self.chains[node.id].get(commit)
+
+        def holds(v: str) -> bool:
+            chain = self.chains.get(v)
+            # A snapshot at or past ``commit`` holds it too (snapshots hold only
+            # committed entries).
+            return chain is not None and (chain.get(commit) == want or min(chain) >= commit)
+
+        tried = []
+        for _, conf in node.raft.confs:
+            voters = sorted(conf.voters)
+            holders = [v for v in voters if holds(v)]
+            if len(holders) * 2 > len(voters):
+                return
+            tried.append(f"{holders} of voters {voters}")
+        self._violation(f"{node.id} committed {commit} held only by " + "; ".join(tried))
+
+    def _check_apply(self, nid: str, e: Entry) -> None:
+        seen = self.committed.setdefault(e.index, (e.term, e.data))
+        if seen != (e.term, e.data):
+            self._violation(
+                f"state machine safety: {nid} applied {e.index}/t{e.term} but another node "
+                f"applied t{seen[0]} there"
+            )
+        if e.index not in self.committed_chain:
+            self.committed_chain[e.index] = self.chains[nid].get(e.index, 0)
+        self.max_committed = max(self.max_committed, e.index)
+        if e.data and e.type == EntryType.NORMAL:
+            client, op_id, *_ = decode_command(e.data)
+            first = self.op_index.setdefault((client, op_id), e.index)
+            if first != e.index:
+                self._violation(
+                    f"command {client}/{op_id} applied at {first} and again at {e.index}"
+                )
+
+    def _check_one_config_change(self, node: SimNode) -> None:
+        raft = node.raft
+        pending = [i for i, _ in raft.confs if i > raft.log.committed]
+        if len(pending) > 1:
+            self._violation(
+                f"{node.id} has {len(pending)} uncommitted config changes at {pending}"
+            )
+
+    def _leader(self) -> str | None:
+        best = None
+        for nid, node in sorted(self.nodes.items()):
+            if node.alive and node.raft.role == Role.LEADER:
+                if best is None or node.raft.term > self.nodes[best].raft.term:
+                    best = nid
+        return best
+
+    def _final_checks(self) -> None:
+        leader = self._leader()
+        if leader is None:
+            self._violation("liveness: no leader after the settle phase")
+        lr = self.nodes[leader].raft
+        members = sorted(lr.conf.members())
+        for nid in members:
+            node = self.nodes[nid]
+            if node.last_applied != lr.log.committed:
+                self._violation(
+                    f"liveness: {nid} applied {node.last_applied}, leader committed "
+                    f"{lr.log.committed} after settling"
+                )
+        digests = {nid: self.nodes[nid].sm.data for nid in members}
+        ref = digests[leader]
+        for nid, data in digests.items():
+            if data != ref:
+                self._violation(f"replica {nid} state differs from leader {leader}")
+        for index, client, op_id in self.acked_writes:
+            if self.op_index.get((client, op_id)) != index:
+                self._violation(f"acknowledged write {client}/{op_id} at {index} was lost")
+
+
+def run_seed(seed: int, cfg: SimConfig | None = None) -> SimResult:
+    return Simulation(seed, cfg).run()
