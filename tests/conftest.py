@@ -10,7 +10,6 @@ Two ways to drive the core:
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -118,10 +117,6 @@ def cluster_from_logs(
     return c
 
 
-def log_pairs(c: Cluster, nid: str) -> list[tuple[int, int]]:
-    return c.logs(nid)
-
-
 def leaders(c: Cluster) -> list[str]:
     return [nid for nid, n in c.nodes.items() if n.alive and n.raft.role == Role.LEADER]
 
@@ -166,11 +161,3 @@ class Hold:
         if was:
             c.filters.append(self)
         return out
-
-
-def drop(pred: Callable[[Message], bool]) -> Callable[[Message], bool]:
-    return lambda m: not pred(m)
-
-
-def seeded(seed: int) -> random.Random:
-    return random.Random(seed)

@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import MT, cmd, drain, leaders, make_raft, msg, tick_until
+from conftest import MT, cmd, drain, leaders, make_raft, msg, terms_log, tick_until
 
 from raftkv.core import HardState, Role
 from raftkv.testing.cluster import Cluster
@@ -175,7 +175,8 @@ def test_check_quorum_step_down_bounded_by_two_timeouts_from_any_phase():
         c.elect("n1")
         c.tick(["n1"], n=phase)
         c.isolate("n1")
-        n = tick_until(c, lambda: c.raft("n1").role != Role.LEADER, ["n1"], 2 * et)
+        r = c.raft("n1")
+        n = tick_until(c, lambda r=r: r.role != Role.LEADER, ["n1"], 2 * et)
         assert n <= 2 * et
 
 
@@ -236,8 +237,6 @@ def test_up_to_date_check_compares_last_term_then_length(cand_last, cand_term, g
     """§5.4.1: "If the logs have last entries with different terms, then the log with the
     later term is more up-to-date. If the logs end with the same term, then whichever log
     is longer is more up-to-date." Voter's log: 1@t1, 2@t2, 3@t2."""
-    from conftest import terms_log
-
     r = make_raft("n2", entries=terms_log([1, 2, 2], ["n1", "n2", "n3"]),
                   hard=HardState(2, None, 1))
     r.step(msg(MT.VOTE, "n3", "n2", 5, index=cand_last, log_term=cand_term))
@@ -284,7 +283,7 @@ def _schedule(seed: int) -> tuple:
     c.heal()
     c.tick(n=10)
     lead = c.leader()
-    victim = sorted(n for n in c.nodes if n != lead)[0]
+    victim = min(n for n in c.nodes if n != lead)
     c.nodes[victim].crash()
     for i in range(5, 9):
         c.propose(lead, cmd(i))

@@ -9,7 +9,6 @@ from conftest import (
     Hold,
     cluster_from_logs,
     cmd,
-    conf_entry,
     drain,
     make_raft,
     msg,
@@ -184,24 +183,42 @@ def test_reordered_old_append_below_commit_after_progress():
 
 def test_duplicated_and_reordered_appends_in_cluster_change_nothing():
     """§5.3 in a running group: replaying every AppendEntries a follower ever received, in
-    order and reversed, leaves every log, commit index and state machine as it was, and
-    nothing is applied twice (SimNode also raises on any gap or replay)."""
+    order and reversed, while it holds entries it has not yet seen committed, leaves every
+    log, commit index and state machine as it was; nothing is applied twice (SimNode also
+    raises on any gap or replay)."""
     c = Cluster(N3, seed=21)
     c.elect("n1")
-    for i in range(10):
+    for i in range(5):
         c.propose("n1", cmd(i))
+    c.cut("n1", "n3")
+    hold = Hold(lambda m: m.type == MT.APP_RESP and m.frm == "n2")
+    c.filters.append(hold)
+    for i in range(5, 10):
+        c.propose("n1", cmd(i))
+    r2 = c.raft("n2")
+    assert r2.log.last_index() == c.raft("n1").log.last_index() > r2.log.committed
     old = [m for m in c.delivered if m.type == MT.APP and m.to == "n2"]
     assert len(old) >= 10
     snap = {n: (c.logs(n), c.raft(n).log.committed, len(c.applied[n])) for n in c.nodes}
-    match = c.raft("n1").prs["n2"].match
     for batch in (old, list(reversed(old))):
         c.deliver(batch)
         c.stabilize()
         for n in c.nodes:
             assert (c.logs(n), c.raft(n).log.committed, len(c.applied[n])) == snap[n]
-        assert c.raft("n1").prs["n2"].match == match
+    hold.release(c)
+    c.heal()
+    c.stabilize()
+    match = c.raft("n1").prs["n2"].match
+    assert match == r2.log.last_index()
+    c.deliver(old)  # once more, now that everything is committed
+    c.stabilize()
+    assert c.raft("n1").prs["n2"].match == match
     c.propose("n1", cmd(99))
-    assert c.raft("n2").log.committed == c.raft("n1").log.committed == snap["n1"][1] + 1
+    c.tick(n=2)
+    for n in c.nodes:
+        assert c.logs(n) == c.logs("n1")
+        got = [a.entry.index for a in c.applied[n]]
+        assert got == list(range(1, c.raft("n1").log.committed + 1))
 
 
 # ---------------------------------------------------------------- fast back-off --
@@ -530,17 +547,19 @@ def test_every_committed_entry_applied_once_in_order_with_its_index():
     lead = c.leader()
     c.heal()
     c.tick(n=2)
-    restart_at = len(c.applied["n3"])
-    c.nodes["n3"].crash()
+    victim = min(n for n in c.nodes if n != lead)
+    restart_at = len(c.applied[victim])
+    c.nodes[victim].crash()
     for i in range(5, 10):
         expected[c.propose(lead, cmd(i))] = cmd(i)
-    c.nodes["n3"].restart()
+    c.nodes[victim].restart()
     c.tick(n=3)
+    assert c.leader() == lead
     commit = c.raft(lead).log.committed
     by_index = {}
     for n in c.nodes:
         segments = [c.applied[n]]
-        if n == "n3":
+        if n == victim:
             segments = [c.applied[n][:restart_at], c.applied[n][restart_at:]]
         for seg in segments:
             idx = [a.entry.index for a in seg]

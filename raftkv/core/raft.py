@@ -598,7 +598,7 @@ class Raft:
                     pr.become_probe()  # the snapshot was probably lost: probe again
         if self.heartbeat_elapsed >= self.cfg.heartbeat_tick:
             self.heartbeat_elapsed = 0
-            self._bcast_heartbeat(self.read_only.last_context())
+            self._bcast_heartbeat(self.read_only.last_seq())
 
     def _quorum_active(self) -> bool:
         active = set()
@@ -670,7 +670,13 @@ class Raft:
             pr.inflights.free_first()
         if pr.match < self.log.last_index():
             self._send_append(m.frm)
-        if m.context is None or pr.learner:
+        if pr.learner:
+            # Heartbeats retry a promotion that was blocked when the learner caught up
+            # (say, by its own ADD_LEARNER not yet committed): an idle group still
+            # promotes it.
+            self._maybe_promote(m.frm, pr)
+            return
+        if m.context is None:
             return
         acks = self.read_only.ack(m.context, m.frm)
         if acks is not None and has_quorum(self.conf.voters, acks | {self.id}):
@@ -772,8 +778,8 @@ class Raft:
         index = self.log.committed
         if self.conf.voters == {self.id}:
             self._answer_read(frm, context, index)
-        elif self.read_only.add(context, index, frm):
-            self._bcast_heartbeat(context)
+        else:
+            self._bcast_heartbeat(self.read_only.add(context, index, frm))
 
     def _answer_read(self, frm: str, context: Any, index: int) -> None:
         if frm == self.id:

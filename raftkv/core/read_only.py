@@ -2,9 +2,13 @@
 
 A linearizable read must not be served by a deposed leader. The leader records its
 commit index as the read index, then proves it is still leader by getting a heartbeat
-acknowledgement for that read's context from a majority of voters. An acknowledgement
-of a later context also proves every earlier one (the heartbeats are answered in order
-of leadership), so confirming one context releases all requests queued before it.
+acknowledgement for that read from a majority of voters. An acknowledgement of a later
+read also proves every earlier one (the heartbeats are answered in order of
+leadership), so confirming one read releases all requests queued before it.
+
+Requests are keyed by a leader-local sequence number, not by the caller's context:
+two nodes may forward reads with equal contexts, and each must get its own answer at
+its own read index.
 """
 
 from __future__ import annotations
@@ -15,45 +19,40 @@ from typing import Any, NamedTuple
 class ReadRequest(NamedTuple):
     index: int
     frm: str  # who asked: the leader itself, or the follower that forwarded it
-    context: Any
+    context: Any  # the caller's context, echoed back in its ReadState
     acks: set[str]
 
 
 class ReadOnly:
-    __slots__ = ("_pending", "_queue")
+    __slots__ = ("_pending", "_seq")
 
     def __init__(self) -> None:
-        self._pending: dict[Any, ReadRequest] = {}
-        self._queue: list[Any] = []
+        # Insertion order is request order, which release_through relies on.
+        self._pending: dict[int, ReadRequest] = {}
+        self._seq = 0
 
-    def add(self, context: Any, index: int, frm: str) -> bool:
-        if context in self._pending:
-            return False
-        self._pending[context] = ReadRequest(index, frm, context, set())
-        self._queue.append(context)
-        return True
+    def add(self, context: Any, index: int, frm: str) -> int:
+        """Queue a read; returns the sequence number its heartbeats carry."""
+        self._seq += 1
+        self._pending[self._seq] = ReadRequest(index, frm, context, set())
+        return self._seq
 
-    def ack(self, context: Any, frm: str) -> set[str] | None:
-        req = self._pending.get(context)
+    def ack(self, seq: Any, frm: str) -> set[str] | None:
+        req = self._pending.get(seq)
         if req is None:
             return None
         req.acks.add(frm)
         return req.acks
 
-    def release_through(self, context: Any) -> list[ReadRequest]:
-        """Pop every request queued up to and including ``context``."""
-        if context not in self._pending:
-            return []
+    def release_through(self, seq: int) -> list[ReadRequest]:
+        """Pop every request queued up to and including ``seq``."""
         out = []
-        while self._queue:
-            ctx = self._queue.pop(0)
-            out.append(self._pending.pop(ctx))
-            if ctx == context:
-                break
+        for s in [s for s in self._pending if s <= seq]:
+            out.append(self._pending.pop(s))
         return out
 
-    def last_context(self) -> Any:
-        return self._queue[-1] if self._queue else None
+    def last_seq(self) -> int | None:
+        return self._seq if self._seq in self._pending else None
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._pending)

@@ -44,7 +44,8 @@ class Message:
     - APP_RESP: ``index`` = last index matched (accept) or rejected prevLogIndex
       (reject), with ``reject_hint``/``log_term`` giving the follower's conflict hint.
     - VOTE/PRE_VOTE: ``index``/``log_term`` = candidate's last index/term.
-    - HEARTBEAT: ``commit``; ``context`` = the newest pending ReadIndex context.
+    - HEARTBEAT: ``commit``; ``context`` = the sequence number of the newest pending
+      ReadIndex request (leader-local).
     - TIMEOUT_NOW: ``context`` = an encoded membership change the new leader must
       perform (set when the old leader is handing over in order to be removed).
     - READ_INDEX(_RESP): ``context`` = the request's context, ``index`` = read index.

@@ -80,11 +80,12 @@ class SimConfig:
     nodes: int = 5
     steps: int = 2000  # ticks of simulated time (tick_ms each) before the settle phase
     faults: tuple[str, ...] = ALL_FAULTS
-    clients: int = 3
-    keys: int = 3
+    clients: int = 4
+    keys: int = 2
     tick_ms: int = 10
     election_tick: int = 10
     disk_ms: int = 1
+    clock_skew: float = 0.3  # each node's tick period is tick_ms * U(1-skew, 1+skew)
     drop_rate: float = 0.03
     dup_rate: float = 0.02
     fault_every_ms: int = 150
@@ -133,6 +134,7 @@ class Simulation:
         self._events: list[tuple[int, int, str, Any]] = []
         self.trace: deque[str] = deque(maxlen=self.cfg.trace_lines)
         self.nodes: dict[str, SimNode] = {}
+        self.tick_period: dict[str, int] = {}
         self._ready_scheduled: set[str] = set()
         self._next_node = self.cfg.nodes + 1
         self.blocked: set[tuple[str, str]] = set()
@@ -171,6 +173,11 @@ class Simulation:
     def _add_node(self, nid: str, store: MemoryLogStore) -> SimNode:
         node = SimNode(nid, store, self.seed, election_tick=self.cfg.election_tick)
         self.nodes[nid] = node
+        # Clocks drift: each node ticks at its own rate. With identical rates,
+        # check-quorum would depose an old leader before anyone else could be elected,
+        # hiding every bug that relies on leases being safe.
+        skew = self.cfg.clock_skew
+        self.tick_period[nid] = max(1, round(self.cfg.tick_ms * self.rng.uniform(1 - skew, 1 + skew)))
         self.chains[nid] = {}
         self._rebuild_chain(node)
         return node
@@ -220,7 +227,7 @@ class Simulation:
         if node.alive:
             node.raft.tick()
             self._touch(nid)
-        self._schedule(self.cfg.tick_ms, "tick", nid)
+        self._schedule(self.tick_period[nid], "tick", nid)
 
     def _on_ready(self, nid: str) -> None:
         self._ready_scheduled.discard(nid)
@@ -275,7 +282,16 @@ class Simulation:
             self._log("heal partition")
             return
         ids = sorted(self.nodes)
-        if self.rng.random() < 0.3:
+        leader = self._leader()
+        roll = self.rng.random()
+        if leader is not None and roll < 0.4:
+            # Jepsen's favourite: cut the leader off while clients still talk to it.
+            for other in ids:
+                if other != leader:
+                    self.blocked |= {(leader, other), (other, leader)}
+            self._log(f"isolate leader {leader}")
+            return
+        if roll < 0.6:
             a, b = self.rng.sample(ids, 2)
             self.blocked.add((a, b))
             self._log(f"one-way partition {a} -/-> {b}")
