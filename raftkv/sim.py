@@ -44,18 +44,18 @@ def _run(args: tuple[int, SimConfig]) -> SimResult:
     return run_seed(*args)
 
 
-def report(result: SimResult, out=sys.stdout) -> None:  # noqa: ANN001
-    print(f"--- seed {result.seed} FAILED", file=out)
+def report(result: SimResult) -> None:
+    print(f"--- seed {result.seed} FAILED")
     for v in result.violations:
-        print(f"  violation: {v}", file=out)
+        print(f"  violation: {v}")
     if not result.linearizable and result.linearizability is not None:
-        print("  nonlinearizable history:", file=out)
+        print("  nonlinearizable history:")
         for line in result.linearizability.detail.splitlines():
-            print(f"    {line}", file=out)
-    print("  trace (most recent last):", file=out)
+            print(f"    {line}")
+    print("  trace (most recent last):")
     for line in result.trace:
-        print(f"    {line}", file=out)
-    print(f"  reproduce: python -m raftkv.sim --seeds {result.seed}", file=out)
+        print(f"    {line}")
+    print(f"  reproduce: python -m raftkv.sim --seeds {result.seed}")
 
 
 def main(argv: list[str] | None = None) -> int:

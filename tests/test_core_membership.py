@@ -177,6 +177,28 @@ def test_add_server_learner_caught_up_before_its_entry_commits_is_still_promoted
 
 
 # ------------------------------------------------------------------ removal --
+def test_conf_entry_is_committed_by_the_new_configuration():
+    """§4.1: a configuration is used as soon as it is appended, including for committing
+    its own entry. A lone voter promoting a learner must wait for the learner's ack;
+    committing by itself under the old {n1} majority is the bug simulator seed
+    (nodes=1, seed=19) found."""
+    c = Cluster(["n1"])
+    c.elect("n1")
+    c.add_empty_node("n2")
+    r = c.raft("n1")
+    r.propose_conf_change(add_learner("n2", auto=False))
+    c.stabilize()
+    hold = Hold(lambda m: m.type == MT.APP_RESP and m.frm == "n2")
+    c.filters.append(hold)
+    index = r.propose_conf_change(ConfChange(ConfChangeOp.PROMOTE, "n2"))
+    c.stabilize()
+    assert r.conf.voters == {"n1", "n2"}
+    assert r.log.committed < index, "promotion committed without the new voter"
+    hold.release(c)
+    c.stabilize()
+    assert r.log.committed >= index
+
+
 def test_remove_follower():
     """Kudu "Process for removing a node" step 2 / §4.1: the leader replicates a
     configuration without the follower; afterwards the remaining two voters are a full

@@ -233,8 +233,7 @@ class Raft:
             )
         index = self.log.last_index() + 1
         entry = Entry(self.term, index, EntryType.CONF_CHANGE, encode_conf_entry(cc, new_conf))
-        self._leader_append([entry])
-        self._track_confs([entry])
+        self._leader_append([entry], new_conf)
         return index
 
     def read_index(self, context: Any) -> None:
@@ -705,8 +704,16 @@ class Raft:
             except (ConfChangeRejected, ProposalDropped):
                 pass  # already done by someone else, or no longer valid
 
-    def _leader_append(self, ents: list[Entry]) -> None:
+    def _leader_append(self, ents: list[Entry], conf: ConfState | None = None) -> None:
+        """Append our own entries. ``conf`` is the configuration a CONF_CHANGE entry
+        produces: it takes effect before the commit index is recomputed, so the change
+        is committed by a majority of the *new* voters (dissertation §4.1). Counting
+        under the old configuration would let a lone voter commit its promotion of a
+        second one that has not seen the entry."""
         self.log.append(ents)
+        if conf is not None:
+            self.confs.append((ents[-1].index, conf))
+            self._set_conf(conf)
         me = self.prs.get(self.id)
         if me is not None:
             me.maybe_update(ents[-1].index)

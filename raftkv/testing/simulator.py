@@ -282,6 +282,8 @@ class Simulation:
             self._log("heal partition")
             return
         ids = sorted(self.nodes)
+        if len(ids) < 2:
+            return
         leader = self._leader()
         roll = self.rng.random()
         if leader is not None and roll < 0.4:
