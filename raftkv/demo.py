@@ -57,7 +57,7 @@ class Narrator:
             self.ticks += 1
             self.observe()
 
-    def until(self, pred, limit: int = 500) -> None:  # noqa: ANN001
+    def until(self, pred, limit: int = 500) -> None:
         for _ in range(limit):
             if pred():
                 return

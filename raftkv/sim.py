@@ -60,7 +60,7 @@ def report(result: SimResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m raftkv.sim", description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=parse_seeds, default=range(0, 100))
+    ap.add_argument("--seeds", type=parse_seeds, default=range(100))
     ap.add_argument("--nodes", type=int, default=5)
     ap.add_argument("--steps", type=int, default=SimConfig.steps)
     ap.add_argument("--faults", type=parse_faults, default=ALL_FAULTS,
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if violations or nonlinear else 0
 
 
-def _tally(results, verbose: bool) -> tuple[int, int]:  # noqa: ANN001
+def _tally(results, verbose: bool) -> tuple[int, int]:
     violations = nonlinear = 0
     for r in results:
         if r.violations:

@@ -32,10 +32,6 @@ class Entry(NamedTuple):
 ENTRY_OVERHEAD = 16
 
 
-def entry_size(e: Entry) -> int:
-    return len(e.data) + ENTRY_OVERHEAD
-
-
 class HardState(NamedTuple):
     """What must be durable before any message that depends on it is sent (Raft fig. 2)."""
 

@@ -76,7 +76,7 @@ def test_cli_last_line_and_exit_status(capsys: pytest.CaptureFixture[str]) -> No
 def test_cli_rejects_bad_arguments_clearly() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "raftkv.sim", "--faults", "drop,meteor"],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     assert out.returncode == 2
     assert "unknown fault(s) meteor" in out.stderr

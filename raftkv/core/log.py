@@ -18,8 +18,14 @@ from storage.records import Entry, Snapshot
 
 
 class RaftLog:
-    __slots__ = ("storage", "unstable", "unstable_offset", "pending_snapshot",
-                 "committed", "applied")
+    __slots__ = (
+        "applied",
+        "committed",
+        "pending_snapshot",
+        "storage",
+        "unstable",
+        "unstable_offset",
+    )
 
     def __init__(self, storage: LogStorage) -> None:
         self.storage = storage

@@ -29,7 +29,7 @@ class ProgressState(IntEnum):
 class Inflights:
     """In-flight AppendEntries to one follower, as (last index, bytes) in send order."""
 
-    __slots__ = ("_q", "max_count", "max_bytes", "bytes")
+    __slots__ = ("_q", "bytes", "max_bytes", "max_count")
 
     def __init__(self, max_count: int, max_bytes: int) -> None:
         self._q: deque[tuple[int, int]] = deque()
@@ -63,8 +63,15 @@ class Inflights:
 
 class Progress:
     __slots__ = (
-        "match", "next", "state", "probe_sent", "pending_snapshot", "snapshot_elapsed",
-        "recent_active", "inflights", "learner",
+        "inflights",
+        "learner",
+        "match",
+        "next",
+        "pending_snapshot",
+        "probe_sent",
+        "recent_active",
+        "snapshot_elapsed",
+        "state",
     )
 
     def __init__(self, next_index: int, inflights: Inflights, learner: bool) -> None:
@@ -110,8 +117,7 @@ class Progress:
             self.match = n
             updated = True
             self.probe_sent = False
-        if self.next < n + 1:
-            self.next = n + 1
+        self.next = max(self.next, n + 1)
         return updated
 
     def maybe_decr_to(self, rejected: int, match_hint: int) -> bool:

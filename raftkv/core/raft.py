@@ -43,9 +43,10 @@ What is implemented, and where the paper says so:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from raftkv.core.errors import (
     ConfChangeRejected,

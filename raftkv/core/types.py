@@ -53,8 +53,18 @@ class Message:
     """
 
     __slots__ = (
-        "type", "to", "frm", "term", "log_term", "index", "entries", "commit",
-        "reject", "reject_hint", "snapshot", "context",
+        "commit",
+        "context",
+        "entries",
+        "frm",
+        "index",
+        "log_term",
+        "reject",
+        "reject_hint",
+        "snapshot",
+        "term",
+        "to",
+        "type",
     )
 
     def __init__(

@@ -46,7 +46,7 @@ class Cluster:
         """A joining node: empty storage, knows no configuration, waits to be contacted."""
         return self._add(nid, MemoryLogStore())
 
-    def raft(self, nid: str):  # noqa: ANN201 - the core object, for assertions
+    def raft(self, nid: str):
         return self.nodes[nid].raft
 
     # -- faults ------------------------------------------------------------------------

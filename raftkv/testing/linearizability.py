@@ -46,9 +46,13 @@ Only operations whose call precedes the first remaining return can be
 linearized next, which is exactly the real-time constraint.  Different orders
 of the same concurrent operations often reach the same configuration, so every
 ``(set of linearized operations, model state)`` pair that has been explored is
-cached and never explored again; the set is an ``int`` bitmask.  Model values
-are interned to small ints so that states hash and compare cheaply while
-keeping ``==`` semantics (and allowing unhashable values).
+cached and never explored again; the set is an ``int`` bitmask.
+
+Model states are small ints.  Only values that some operation compares the
+register with (a read's output, a cas's expected value) get an id of their
+own; every other value maps to one shared "opaque" id, because a register
+holding any of them fails every comparison alike.  This quotient of the model
+keeps the cache small when most writes are never read.
 
 Unknown outcomes
 ----------------
@@ -59,6 +63,23 @@ as every operation with a *known* outcome has been linearized, leaving the
 unknown ones either linearized somewhere or omitted.  Because its output was
 never seen, an unknown ``cas`` is applied with whatever outcome the state
 dictates, and an unknown ``get`` constrains nothing and is dropped.
+
+Unknown operations stay candidates for the rest of the search, so the plain
+cache would see every subset of them spent at every point; refuting a history
+with a dozen of them could take millions of steps.  These refinements, each of
+which only skips configurations that some explored one makes redundant, keep
+this in check (a test compares the verdicts with an exhaustive search):
+
+* Dominance instead of equality in the cache: with the same known operations
+  linearized and the same state, having spent a *subset* of the unknown
+  operations leaves strictly more options open, so a configuration is skipped
+  if one with a subset of its unknown operations was explored.
+* Known candidates are tried before unknown ones, so that the configurations
+  with fewer unknown operations spent tend to be explored first.
+* An unknown operation is not linearized where it would not change the state,
+  nor before an earlier-called unknown operation with the same effect (such
+  twins are interchangeable), nor just before a put or delete that would
+  overwrite it unobserved.
 
 Equal timestamps
 ----------------
@@ -80,6 +101,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -170,9 +192,7 @@ def check_key(
 
     # Call order gives stable op numbers shared by the search and the report.
     ordered = sorted(ops, key=lambda op: (op.call, op.ret, op.client))
-    interner = _Interner()
-    init_state = interner.intern(initial_value)
-    compiled = _compile_all(ordered, interner)
+    compiled, init_state = _compile(ordered, initial_value)
 
     outcome = _search(compiled, init_state, max_steps)
     if outcome.ok:
@@ -181,7 +201,7 @@ def check_key(
         headline = f"undecided: search budget exhausted after {max_steps} steps on key {key!r}"
     else:
         headline = f"key {key!r} is not linearizable"
-    detail = _describe_failure(headline, ordered, compiled, outcome, interner)
+    detail = _describe_failure(headline, ordered, compiled, outcome, initial_value)
     return CheckResult(False, key, detail, undecided=outcome.undecided)
 
 
@@ -196,11 +216,16 @@ def _validate(op: Operation) -> None:
         raise ValueError(f"cas value must be a tuple (expected, new): {op!r}")
 
 
+def _cas_args(op: Operation) -> tuple[object, object]:
+    """The (expected, new) pair of a cas, whose shape _validate has checked."""
+    return cast("tuple[object, object]", op.value)
+
+
 class _Interner:
-    """Dense ids for model values, equal ids iff the values compare ``==``."""
+    """Dense ids for values, equal ids iff the values compare ``==``."""
 
     def __init__(self) -> None:
-        self.values: list[object] = []
+        self.size = 0
         self._hashable: dict[object, int] = {}
         self._unhashable: list[tuple[object, int]] = []
 
@@ -208,21 +233,18 @@ class _Interner:
         try:
             existing = self._hashable.get(value)
         except TypeError:
+            # Unhashable values (lists, dicts) are rare; a linear scan keeps
+            # them usable without asking callers to freeze them.
             for other, ident in self._unhashable:
                 if other == value:
                     return ident
-            ident = self._new(value)
-            self._unhashable.append((value, ident))
-            return ident
-        if existing is not None:
-            return existing
-        ident = self._new(value)
-        self._hashable[value] = ident
-        return ident
-
-    def _new(self, value: object) -> int:
-        self.values.append(value)
-        return len(self.values) - 1
+            self._unhashable.append((value, self.size))
+        else:
+            if existing is not None:
+                return existing
+            self._hashable[value] = self.size
+        self.size += 1
+        return self.size - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,28 +264,48 @@ class _Op:
     twin: int
 
 
-def _compile_all(ordered: list[Operation], interner: _Interner) -> list[_Op]:
+def _compile(ordered: list[Operation], initial_value: object) -> tuple[list[_Op], int]:
+    """Compile ops to abstract states; returns them and the initial abstract state.
+
+    Only values that some op compares the register against (a known read's
+    output, a cas's expected value) can ever make a difference: a register
+    holding any other value fails every comparison alike.  Those *observed*
+    values get their own state id and every other value shares one "opaque"
+    id.  This keeps the cache small when many writes are never read, and it
+    makes unknown writes of unread values twins of one another.
+    """
+    interner = _Interner()
+    for op in ordered:
+        if op.kind == "get" and op.known:
+            interner.intern(op.output)
+        elif op.kind == "cas":
+            interner.intern(_cas_args(op)[0])
+    opaque = interner.size
+
+    def state_of(value: object) -> int:
+        return min(interner.intern(value), opaque)
+
     compiled: list[_Op] = []
     last_twin: dict[tuple[str, int, int], int] = {}
     for number, op in enumerate(ordered):
         new = -1
         if op.kind == "put":
-            kind, arg = "put", interner.intern(op.value)
+            kind, arg = "put", state_of(op.value)
         elif op.kind == "delete":
-            kind, arg = "put", interner.intern(None)
+            kind, arg = "put", state_of(None)
         elif op.kind == "get":
             if not op.known:
                 continue  # its output was never seen, so it constrains nothing
-            kind, arg = "get", interner.intern(op.output)
+            kind, arg = "get", state_of(op.output)
         else:
-            expected, new_value = op.value  # type: ignore[misc]
-            kind, arg, new = "cas", interner.intern(expected), interner.intern(new_value)
+            expected, new_value = _cas_args(op)
+            kind, arg, new = "cas", state_of(expected), state_of(new_value)
         twin = 0
         if not op.known:
             twin = last_twin.get((kind, arg, new), 0)
             last_twin[(kind, arg, new)] = 1 << number
         compiled.append(_Op(number, op, op.known, kind, arg, new, op.output is True, twin))
-    return compiled
+    return compiled, state_of(initial_value)
 
 
 def _step(op: _Op, state: int) -> int | None:
@@ -332,9 +374,7 @@ def _unlift(call: _Node) -> None:
 class _Outcome:
     ok: bool
     undecided: bool = False
-    # Deepest partial linearization reached: the ops and the state after each.
-    best_ops: tuple[_Op, ...] = ()
-    best_states: tuple[int, ...] = ()
+    best: tuple[_Op, ...] = ()  # deepest partial linearization reached
 
 
 def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
@@ -350,30 +390,42 @@ def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
     stack: list[tuple[_Node, _Op, int]] = []  # (lifted call node, its op, state before)
     best = _Outcome(ok=False)
 
+    # Each configuration's candidates are scanned in two passes, known ops
+    # first, then unknown ones.  Paths that defer unknown ops reach a given
+    # (known ops, state) pair with fewer unknown ops spent, and such a
+    # configuration makes the later ones that spent more redundant.
+    #
     # The loop never runs off the end of the list: while a known op is still
-    # pending its return node is in the list, and reaching it either backtracks
-    # or fails.
+    # pending its return node is in the list, and reaching it either starts
+    # the unknown pass, backtracks or fails.
     node = head.next
+    known_pass = True
     for _ in range(max_steps):
         assert node is not None and node.op is not None
         op = node.op
         if node.match is not None:
-            new_state = _step(op, state)
-            if new_state is not None and _worth_trying(op, state, new_state, linearized, stack):
-                new_linearized = linearized | (1 << op.number)
-                if _first_visit(seen, new_linearized, unknown_bits, new_state):
+            if op.known == known_pass:
+                new_state = _step(op, state)
+                if (
+                    new_state is not None
+                    and _worth_trying(op, state, new_state, linearized, stack)
+                    and _first_visit(seen, linearized | (1 << op.number), unknown_bits, new_state)
+                ):
                     stack.append((node, op, state))
-                    state, linearized = new_state, new_linearized
+                    state = new_state
+                    linearized |= 1 << op.number
                     _lift(node)
                     if op.known:
                         pending_known -= 1
                         if pending_known == 0:
                             return _Outcome(ok=True)
-                    if len(stack) > len(best.best_ops):
-                        best = _snapshot(stack, state)
-                    node = head.next
+                    if len(stack) > len(best.best):
+                        best = _Outcome(ok=False, best=tuple(op for _, op, _ in stack))
+                    node, known_pass = head.next, True
                     continue
             node = node.next
+        elif known_pass and linearized & unknown_bits != unknown_bits:
+            node, known_pass = head.next, False
         else:
             if not stack:
                 return best
@@ -382,7 +434,7 @@ def _search(ops: Sequence[_Op], init_state: int, max_steps: int) -> _Outcome:
             if op.known:
                 pending_known += 1
             _unlift(node)
-            node = node.next
+            node, known_pass = node.next, op.known
     best.undecided = True
     return best
 
@@ -428,12 +480,6 @@ def _first_visit(
     return True
 
 
-def _snapshot(stack: list[tuple[_Node, _Op, int]], state: int) -> _Outcome:
-    ops = tuple(op for _, op, _ in stack)
-    states_after = tuple(before for _, _, before in stack[1:]) + (state,)
-    return _Outcome(ok=False, best_ops=ops, best_states=states_after)
-
-
 def _show_value(value: object) -> str:
     return "absent" if value is None else repr(value)
 
@@ -446,7 +492,7 @@ def _describe_op(op: Operation) -> str:
     elif op.kind == "get":
         action = "get()"
     else:
-        expected, new = op.value  # type: ignore[misc]
+        expected, new = _cas_args(op)
         action = f"cas({_show_value(expected)} -> {new!r})"
     if not op.known:
         result = " -> ? (unknown outcome)"
@@ -464,18 +510,25 @@ def _describe_failure(
     ordered: list[Operation],
     compiled: list[_Op],
     outcome: _Outcome,
-    interner: _Interner,
+    initial_value: object,
 ) -> str:
     kept = {op.number for op in compiled}
     lines = [headline, f"history ({len(ordered)} ops, call order):"]
     for number, op in enumerate(ordered):
         note = "" if number in kept else "  (dropped: read with unknown outcome)"
         lines.append(f"  #{number} {_describe_op(op)}{note}")
-    lines.append(
-        f"longest linearizable prefix found ({len(outcome.best_ops)} of {len(compiled)} ops):"
-    )
-    for op, state in zip(outcome.best_ops, outcome.best_states, strict=True):
-        lines.append(
-            f"  #{op.number} {_describe_op(op.op)}  => {_show_value(interner.values[state])}"
-        )
+    lines.append(f"longest linearizable prefix found ({len(outcome.best)} of {len(compiled)} ops):")
+    # Replay on the real values, since the search only tracked abstract states.
+    value = initial_value
+    for compiled_op in outcome.best:
+        op = compiled_op.op
+        if op.kind == "put":
+            value = op.value
+        elif op.kind == "delete":
+            value = None
+        elif op.kind == "cas":
+            expected, new = _cas_args(op)
+            if value == expected:
+                value = new
+        lines.append(f"  #{compiled_op.number} {_describe_op(op)}  => {_show_value(value)}")
     return "\n".join(lines)

@@ -585,9 +585,10 @@ class Simulation:
     def _leader(self) -> str | None:
         best = None
         for nid, node in sorted(self.nodes.items()):
-            if node.alive and node.raft.role == Role.LEADER:
-                if best is None or node.raft.term > self.nodes[best].raft.term:
-                    best = nid
+            if node.alive and node.raft.role == Role.LEADER and (
+                best is None or node.raft.term > self.nodes[best].raft.term
+            ):
+                best = nid
         return best
 
     def _final_checks(self) -> None:
