@@ -1,0 +1,402 @@
+"""The Raft log, hard state and membership in LMDB.
+
+Theory of operation
+-------------------
+One LMDB environment (a directory holding ``data.mdb``) with three named databases:
+
+- ``entries``: key = 8-byte big-endian index (so LMDB's byte order is log order),
+  value = ``crc32 | term | type | data``. The CRC covers the index, term, type and data,
+  so an entry that was damaged, or moved, is recognised.
+- ``confs``: the indexes of CONF_CHANGE entries, so a restarting node rebuilds its
+  membership without scanning the log.
+- ``meta``: the hard state; the snapshot metadata (index, term, configuration); and the
+  compaction boundary ``base`` (index, term of the last entry dropped), which may lie
+  below the snapshot when compaction keeps a few entries for slightly-behind followers.
+
+**Group commit.** ``save()`` writes one Ready batch (hard state, entries, snapshot) in one
+write transaction. With durability on (the default), LMDB syncs once at commit, so a
+batch of any size costs one fsync, never one per entry. Durability off (Ignite's
+``raft.fsync=false``) opens the environment without syncing; ``durable`` reports it.
+
+**Crash safety.** LMDB is copy-on-write: a transaction is either wholly in the file or
+not at all, so a process crash can never tear an entry. What checksums add is detection
+of damage from outside (bit rot, a file truncated or scribbled on). On open:
+
+1. The file length is checked against the page count recorded in LMDB's own meta pages
+   *before* mapping it: reading a page past the end of a truncated file would kill the
+   process with SIGBUS instead of raising.
+2. Entries after the commit index (the tail not yet known to be committed) are verified.
+   The first bad one and everything after it is truncated and reported (index and
+   file); the leader will send them again.
+3. Damage at or below the commit index cannot be repaired locally, because those entries
+   may be the only copy of acknowledged writes: the store refuses to open with a
+   ``CorruptLog`` naming the entry and the file.
+
+Entries below the commit index are verified when they are read (replay, or sending to
+a follower), so corruption is never applied or propagated silently.
+
+**Snapshots.** This store keeps only snapshot *metadata*. The snapshot's data is the
+state store itself (a forced checkpoint is the snapshot, IGNITE-16907), which the
+driver streams in chunks. ``snapshot().data`` is therefore empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import lmdb
+import msgpack
+
+from storage.errors import Compacted, CorruptLog, SnapshotUnavailable, StorageError, Unavailable
+from storage.log_store import limit_size
+from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
+
+log = logging.getLogger(__name__)
+
+_KEY = struct.Struct(">Q")
+_HEAD = struct.Struct(">IQB")  # crc32, term, type
+_CRC_HEAD = struct.Struct(">QQB")  # index, term, type: what the CRC covers besides data
+_MAGIC = 0xBEEFC0DE
+
+
+class OpenReport(NamedTuple):
+    """What opening the log found. ``truncated_from`` is 0 when the tail was intact."""
+
+    first_index: int
+    last_index: int
+    commit: int
+    truncated_from: int
+    truncated_entries: int
+    reason: str
+
+
+def _crc(index: int, term: int, etype: int, data: bytes) -> int:
+    return zlib.crc32(data, zlib.crc32(_CRC_HEAD.pack(index, term, etype)))
+
+
+def _encode(e: Entry) -> bytes:
+    return _HEAD.pack(_crc(e[1], e[0], e[2], e[3]), e[0], e[2]) + e[3]
+
+
+def check_lmdb_file(path: str) -> None:
+    """Refuse a ``data.mdb`` shorter than LMDB's meta pages say it must be.
+
+    Layout (lmdb.h, 64-bit): each of the first two pages holds a 16-byte page header and
+    an MDB_meta: magic, version, address, mapsize, two 48-byte MDB_db records (the first
+    one's pad field holds the page size), last_pgno, txnid. The meta with the higher
+    txnid is current; the file must hold pages ``0..last_pgno``.
+    """
+    data = os.path.join(path, "data.mdb")
+    try:
+        size = os.path.getsize(data)
+        with open(data, "rb") as f:
+            head = f.read(2 * 65536)
+    except FileNotFoundError:
+        return  # a new log
+    if size == 0:
+        return
+    best: tuple[int, int, int] | None = None  # (txnid, last_pgno, page_size)
+    page_size = 0
+    for page in (0, 1):
+        off = page * page_size + 16
+        if page == 1 and not page_size:
+            break
+        if len(head) < off + 136:
+            break
+        magic, _version = struct.unpack_from("<II", head, off)
+        if magic != _MAGIC:
+            continue
+        psize = struct.unpack_from("<I", head, off + 24)[0]
+        last_pgno, txnid = struct.unpack_from("<QQ", head, off + 24 + 96)
+        page_size = page_size or psize
+        if best is None or txnid > best[0]:
+            best = (txnid, last_pgno, psize)
+    if best is None:
+        raise CorruptLog(f"{data}: not an LMDB file, or both meta pages are damaged")
+    need = (best[1] + 1) * best[2]
+    if size < need:
+        raise CorruptLog(
+            f"{data} is truncated: LMDB's meta page needs {need} bytes, the file has {size}; "
+            "restore it from a replica or a backup"
+        )
+
+
+class LmdbLogStore:
+    """The durable ``LogStorage`` (see storage.log_store for the contract)."""
+
+    def __init__(
+        self, path: str, *, durable: bool = True, map_size: int = 1 << 36,
+        verify_from: int | None = None,
+    ) -> None:
+        """Open (or create) the log at ``path``.
+
+        ``verify_from`` is where open-time verification starts: recovery passes the
+        state store's checkpointIndex + 1, so every entry it will replay is checked
+        before anything is applied. By default only the uncommitted tail is checked.
+        """
+        self.path = path
+        self.durable = durable
+        self.syncs = 0
+        os.makedirs(path, exist_ok=True)
+        check_lmdb_file(path)
+        try:
+            self._env = lmdb.open(
+                path, map_size=map_size, max_dbs=3, subdir=True,
+                sync=durable, metasync=durable, readahead=False,
+            )
+            self._entries = self._env.open_db(b"entries")
+            self._confs = self._env.open_db(b"confs")
+            self._meta = self._env.open_db(b"meta")
+            self._load_meta()
+        except lmdb.Error as e:
+            raise CorruptLog(f"{path}: cannot open the Raft log: {e}") from e
+        self.open_report = self._verify_tail(verify_from)
+        if self.open_report.truncated_from:
+            log.warning("%s: %s", path, self.open_report.reason)
+
+    # -- open-time checks ----------------------------------------------------------------
+    def _load_meta(self) -> None:
+        with self._env.begin(db=self._meta) as txn:
+            hs = txn.get(b"hard")
+            sm = txn.get(b"snap")
+        self._hard = HardState(*msgpack.unpackb(hs)) if hs else HardState()
+        if sm:
+            index, term, voters, learners, auto = msgpack.unpackb(sm)
+            conf = ConfState(frozenset(voters), frozenset(learners), frozenset(auto))
+            self._snap = SnapshotMeta(index, term, conf)
+        else:
+            self._snap = SnapshotMeta()
+        with self._env.begin(db=self._meta) as txn:
+            base = txn.get(b"base")
+        self._base = tuple(msgpack.unpackb(base)) if base else (0, 0)
+        with self._env.begin(db=self._entries) as txn:
+            cur = txn.cursor()
+            self._last = _KEY.unpack(cur.key())[0] if cur.last() else self._base[0]
+
+    def _verify_tail(self, verify_from: int | None) -> OpenReport:
+        commit = self._hard.commit
+        start = max(commit + 1 if verify_from is None else verify_from, self._base[0] + 1)
+        bad, why = 0, ""
+        with self._env.begin(db=self._entries) as txn:
+            cur = txn.cursor()
+            expect = start
+            if cur.set_range(_KEY.pack(start)):
+                for k, v in cur:
+                    index = _KEY.unpack(k)[0]
+                    if index != expect:
+                        bad, why = expect, f"entry {expect} is missing"
+                        break
+                    if not self._valid(index, v):
+                        bad, why = index, f"entry {index} fails its checksum"
+                        break
+                    expect += 1
+        if bad and bad <= commit:
+            raise CorruptLog(
+                f"{self.path}/data.mdb: {why}, at or below the commit index {commit}; "
+                "refusing to open (committed entries cannot be repaired locally: "
+                "restore this node from a replica)"
+            )
+        if commit > self._last:
+            raise CorruptLog(
+                f"{self.path}/data.mdb: the log ends at {self._last} but entries up to "
+                f"{commit} were committed; refusing to open (restore from a replica)"
+            )
+        if not bad:
+            return OpenReport(self.first_index(), self._last, commit, 0, 0, "")
+        dropped = self._last - bad + 1
+        with self._env.begin(write=True, db=self._entries) as txn:
+            self._delete_from(txn, bad)
+        reason = (f"{why} in {self.path}/data.mdb; truncated the uncommitted tail "
+                  f"{bad}..{self._last} ({dropped} entries)")
+        self._last = bad - 1
+        return OpenReport(self.first_index(), self._last, commit, bad, dropped, reason)
+
+    @staticmethod
+    def _valid(index: int, v: bytes) -> bool:
+        if len(v) < _HEAD.size:
+            return False
+        crc, term, etype = _HEAD.unpack_from(v)
+        return crc == _crc(index, term, etype, v[_HEAD.size :])
+
+    def _decode(self, index: int, v: bytes) -> Entry:
+        crc, term, etype = _HEAD.unpack_from(v)
+        data = bytes(v[_HEAD.size :])
+        if crc != _crc(index, term, etype, data):
+            raise CorruptLog(f"{self.path}/data.mdb: entry {index} fails its checksum")
+        return tuple.__new__(Entry, (term, index, etype, data))
+
+    # -- reads ---------------------------------------------------------------------------
+    def initial_state(self) -> tuple[HardState, ConfState]:
+        return self._hard, self._snap.conf
+
+    def first_index(self) -> int:
+        return self._base[0] + 1
+
+    def last_index(self) -> int:
+        return self._last
+
+    def term(self, index: int) -> int:
+        base, base_term = self._base
+        if index < base:
+            raise Compacted(index, base + 1)
+        if index == base:
+            return base_term
+        if index > self._last:
+            raise Unavailable(index, self._last)
+        with self._env.begin(db=self._entries, buffers=True) as txn:
+            v = txn.get(_KEY.pack(index))
+        if v is None:
+            raise CorruptLog(f"{self.path}/data.mdb: entry {index} is missing")
+        return _HEAD.unpack_from(v)[1]
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        if lo <= self._base[0]:
+            raise Compacted(lo, self._base[0] + 1)
+        if hi > self._last + 1:
+            raise Unavailable(hi - 1, self._last)
+        out: list[Entry] = []
+        total = 0
+        for e in self.iter_entries(lo, hi):
+            total += len(e[3]) + 16
+            if max_bytes is not None and total > max_bytes and out:
+                break
+            out.append(e)
+        return limit_size(out, max_bytes)
+
+    def iter_entries(self, lo: int, hi: int) -> Iterator[Entry]:
+        """Stream ``[lo, hi)`` from one read transaction, verifying each checksum."""
+        with self._env.begin(db=self._entries, buffers=True) as txn:
+            cur = txn.cursor()
+            if not cur.set_key(_KEY.pack(lo)):
+                if lo < hi:
+                    raise CorruptLog(f"{self.path}/data.mdb: entry {lo} is missing")
+                return
+            expect = lo
+            for k, v in cur:
+                index = _KEY.unpack(k)[0]
+                if index >= hi:
+                    return
+                if index != expect:
+                    raise CorruptLog(f"{self.path}/data.mdb: entry {expect} is missing")
+                yield self._decode(index, v)
+                expect += 1
+
+    def conf_entries(self, lo: int) -> list[Entry]:
+        with self._env.begin(db=self._confs) as txn:
+            cur = txn.cursor()
+            indexes = (
+                [_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
+                if cur.set_range(_KEY.pack(max(lo, self._base[0] + 1))) else []
+            )
+        return [self.entries(i, i + 1)[0] for i in indexes]
+
+    def snapshot(self) -> Snapshot:
+        if not self._snap.index:
+            raise SnapshotUnavailable("no snapshot has been taken yet")
+        return Snapshot(self._snap, b"")
+
+    # -- writes --------------------------------------------------------------------------
+    def save(
+        self, hard_state: HardState | None, entries: list[Entry],
+        snapshot: Snapshot | None = None,
+    ) -> None:
+        try:
+            with self._env.begin(write=True) as txn:
+                if snapshot is not None:
+                    self._install(txn, snapshot.meta)
+                if entries:
+                    self._append(txn, entries)
+                if hard_state is not None:
+                    txn.put(b"hard", msgpack.packb(tuple(hard_state)), db=self._meta)
+        except (lmdb.Error, StorageError) as e:
+            self._load_meta()  # the transaction aborted: forget what it changed in memory
+            if isinstance(e, StorageError):
+                raise
+            raise StorageError(f"{self.path}: cannot save to the Raft log: {e}") from e
+        if hard_state is not None:
+            self._hard = hard_state
+        if entries:
+            self._last = entries[-1].index
+        self.syncs += 1
+
+    def _append(self, txn: lmdb.Transaction, entries: list[Entry]) -> None:
+        first = entries[0].index
+        if first <= self._base[0]:
+            raise StorageError(f"append at {first} overlaps the compacted prefix (to {self._base[0]})")
+        if first > self._last + 1:
+            raise StorageError(f"append at {first} leaves a gap after {self._last}")
+        if first <= self._last:
+            self._delete_from(txn, first)
+        pack = _KEY.pack
+        txn.cursor(db=self._entries).putmulti(
+            [(pack(e[1]), _encode(e)) for e in entries], append=True,
+        )
+        confs = [(pack(e[1]), b"") for e in entries if e[2] == EntryType.CONF_CHANGE]
+        if confs:
+            txn.cursor(db=self._confs).putmulti(confs)
+
+    def _delete_from(self, txn: lmdb.Transaction, first: int) -> None:
+        """Suffix truncation: drop entries ``first..`` (and their conf markers)."""
+        for db in (self._entries, self._confs):
+            cur = txn.cursor(db=db)
+            if cur.set_range(_KEY.pack(first)):
+                while cur.delete():
+                    pass
+
+    def _install(self, txn: lmdb.Transaction, meta: SnapshotMeta) -> None:
+        if meta.index <= self._snap.index:
+            raise StorageError(
+                f"snapshot {meta.index} is not newer than the current one ({self._snap.index})"
+            )
+        txn.drop(self._entries, delete=False)
+        txn.drop(self._confs, delete=False)
+        self._put_snap(txn, meta)
+        self._put_base(txn, (meta.index, meta.term))
+        self._last = meta.index
+
+    def _put_snap(self, txn: lmdb.Transaction, meta: SnapshotMeta) -> None:
+        c = meta.conf
+        txn.put(b"snap", msgpack.packb(
+            [meta.index, meta.term, sorted(c.voters), sorted(c.learners), sorted(c.auto_promote)]
+        ), db=self._meta)
+        self._snap = meta
+
+    def _put_base(self, txn: lmdb.Transaction, base: tuple[int, int]) -> None:
+        txn.put(b"base", msgpack.packb(list(base)), db=self._meta)
+        self._base = base
+
+    def create_snapshot(self, index: int, conf: ConfState, data: bytes = b"") -> Snapshot:
+        """Record that the state store is durable through ``index`` (its forced
+        checkpoint); ``data`` is ignored: the state store *is* the snapshot."""
+        if index <= self._snap.index:
+            raise SnapshotUnavailable(f"snapshot at {index} is older than {self._snap.index}")
+        meta = SnapshotMeta(index, self.term(index), conf)
+        with self._env.begin(write=True) as txn:
+            self._put_snap(txn, meta)
+        return Snapshot(meta, b"")
+
+    def compact(self, index: int) -> None:
+        """Drop entries up to ``index`` (at most the snapshot's index)."""
+        if index <= self._base[0]:
+            return
+        if index > self._snap.index:
+            raise StorageError(
+                f"cannot compact to {index}: the latest snapshot is at {self._snap.index}"
+            )
+        base = (index, self.term(index))
+        with self._env.begin(write=True) as txn:
+            self._put_base(txn, base)
+            for db in (self._entries, self._confs):
+                cur = txn.cursor(db=db)
+                if cur.first():
+                    while cur.key() and _KEY.unpack(cur.key())[0] <= index:
+                        if not cur.delete():
+                            break
+
+    def close(self) -> None:
+        self._env.close()

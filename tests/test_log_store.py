@@ -1,0 +1,218 @@
+"""The LogStorage contract (storage/log_store.py), checked against both stores, and the
+LMDB store's crash-safety and corruption handling on real files."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+
+import pytest
+
+from raftkv.core import ConfChange, ConfChangeOp, Config, Raft, bootstrap
+from raftkv.core.membership import encode_conf_entry
+from storage.errors import Compacted, CorruptLog, StorageError, Unavailable
+from storage.lmdb_log import LmdbLogStore
+from storage.log_store import MemoryLogStore
+from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
+
+V3 = ConfState(frozenset({"n1", "n2", "n3"}))
+
+
+def ents(lo: int, hi: int, term: int = 1, size: int = 10) -> list[Entry]:
+    return [Entry(term, i, EntryType.NORMAL, bytes([i % 251]) * size) for i in range(lo, hi)]
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+def make_store(request: pytest.FixtureRequest, tmp_path) -> Callable[[], object]:  # noqa: ANN001
+    if request.param == "memory":
+        return MemoryLogStore
+    return lambda: LmdbLogStore(str(tmp_path / "log"))
+
+
+# -------------------------------------------------------------------- contract ------
+def test_empty_store_has_no_entries(make_store) -> None:  # noqa: ANN001
+    s = make_store()
+    assert (s.first_index(), s.last_index(), s.term(0)) == (1, 0, 0)
+    with pytest.raises(Unavailable):
+        s.term(1)
+    assert s.initial_state() == (HardState(), ConfState())
+
+
+def test_ranges_are_half_open_and_bounded_by_named_errors(make_store) -> None:  # noqa: ANN001
+    s = make_store()
+    s.save(HardState(1, "n1", 0), ents(1, 11))
+    assert [e.index for e in s.entries(3, 6)] == [3, 4, 5]
+    assert s.entries(3, 6)[0] == ents(3, 4)[0]
+    assert s.term(10) == 1
+    with pytest.raises(Unavailable):
+        s.entries(5, 12)
+    assert len(s.entries(1, 11, max_bytes=60)) == 2  # 26 bytes each, at least one always
+    assert len(s.entries(1, 11, max_bytes=1)) == 1
+
+
+def test_append_replaces_the_suffix_from_its_first_index(make_store) -> None:  # noqa: ANN001
+    """§5.3: the core decided to overwrite; the store drops the old suffix."""
+    s = make_store()
+    s.save(None, ents(1, 11, term=1))
+    s.save(None, ents(6, 8, term=2))
+    assert s.last_index() == 7
+    assert [s.term(i) for i in range(1, 8)] == [1] * 5 + [2, 2]
+
+
+def test_append_with_a_gap_is_refused_and_changes_nothing(make_store) -> None:  # noqa: ANN001
+    s = make_store()
+    s.save(None, ents(1, 4))
+    with pytest.raises(StorageError, match="gap"):
+        s.save(HardState(9, None, 0), ents(6, 8))
+    assert s.last_index() == 3
+
+
+def test_one_sync_per_saved_batch(make_store) -> None:  # noqa: ANN001
+    """Group commit: a Ready batch of any size is one save (one fsync on LMDB)."""
+    s = make_store()
+    s.save(HardState(1, None, 0), ents(1, 1001))
+    s.save(HardState(1, None, 1000), [])
+    assert s.syncs == 2
+
+
+def test_conf_entries_are_found_without_a_scan(make_store) -> None:  # noqa: ANN001
+    s = make_store()
+    conf = ConfState(frozenset({"n1"}), frozenset({"n2"}), frozenset({"n2"}))
+    cc = Entry(1, 5, EntryType.CONF_CHANGE,
+               encode_conf_entry(ConfChange(ConfChangeOp.ADD_LEARNER, "n2"), conf))
+    s.save(None, ents(1, 5) + [cc] + ents(6, 9))
+    assert s.conf_entries(1) == [cc]
+    s.save(None, ents(5, 6, term=2))  # the conf entry is truncated away
+    assert s.conf_entries(1) == []
+
+
+def test_snapshot_then_compaction_keeps_the_boundary_term(make_store) -> None:  # noqa: ANN001
+    s = make_store()
+    s.save(HardState(1, None, 20), ents(1, 21))
+    s.create_snapshot(15, V3, b"")
+    s.compact(12)  # keep a few entries below the snapshot for slow followers
+    assert s.first_index() == 13 and s.term(12) == 1
+    with pytest.raises(Compacted):
+        s.entries(12, 14)
+    with pytest.raises(StorageError):
+        s.compact(18)  # beyond the snapshot
+    assert s.snapshot().meta == SnapshotMeta(15, 1, V3)
+
+
+def test_installing_a_snapshot_replaces_the_log(make_store) -> None:  # noqa: ANN001
+    s = make_store()
+    s.save(None, ents(1, 6))
+    s.save(HardState(3, None, 50), [], Snapshot(SnapshotMeta(50, 3, V3), b""))
+    assert (s.first_index(), s.last_index(), s.term(50)) == (51, 50, 3)
+    s.save(None, ents(51, 53, term=3))
+    assert s.last_index() == 52
+    assert s.initial_state()[1] == V3
+
+
+# ------------------------------------------------------------------ LMDB only ------
+def test_lmdb_everything_survives_reopen(tmp_path) -> None:  # noqa: ANN001
+    p = str(tmp_path / "log")
+    s = LmdbLogStore(p)
+    s.save(HardState(4, "n2", 8), ents(1, 11, term=4))
+    s.create_snapshot(5, V3)
+    s.compact(3)
+    s.close()
+    s = LmdbLogStore(p)
+    assert s.initial_state() == (HardState(4, "n2", 8), V3)
+    assert (s.first_index(), s.last_index(), s.term(3)) == (4, 10, 4)
+    assert s.entries(4, 11) == ents(4, 11, term=4)
+    assert s.open_report.truncated_from == 0
+    assert s.durable
+
+
+def test_lmdb_durability_off_is_reported(tmp_path) -> None:  # noqa: ANN001
+    assert not LmdbLogStore(str(tmp_path / "log"), durable=False).durable
+
+
+def _flip_byte_of(path: str, needle: bytes) -> None:
+    """Corrupt the entry whose payload is ``needle`` in place, as bit rot would."""
+    data_file = os.path.join(path, "data.mdb")
+    with open(data_file, "r+b") as f:
+        blob = f.read()
+        at = blob.find(needle)
+        assert at >= 0, "payload not found in the file"
+        f.seek(at + len(needle) // 2)
+        f.write(bytes([blob[at + len(needle) // 2] ^ 0xFF]))
+
+
+def _marked(lo: int, hi: int) -> list[Entry]:
+    return [Entry(1, i, EntryType.NORMAL, f"<payload-{i:06d}>".encode() * 4) for i in range(lo, hi)]
+
+
+def test_lmdb_corrupt_uncommitted_tail_is_reported_and_truncated(tmp_path) -> None:  # noqa: ANN001
+    p = str(tmp_path / "log")
+    s = LmdbLogStore(p)
+    s.save(HardState(1, None, 10), _marked(1, 21))
+    s.close()
+    _flip_byte_of(p, b"<payload-000015>" * 4)
+    s = LmdbLogStore(p)
+    r = s.open_report
+    assert (r.truncated_from, r.truncated_entries, s.last_index()) == (15, 6, 14)
+    assert "entry 15 fails its checksum" in r.reason and "data.mdb" in r.reason
+    assert s.entries(1, 15) == _marked(1, 15)
+
+
+def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:  # noqa: ANN001
+    p = str(tmp_path / "log")
+    s = LmdbLogStore(p)
+    s.save(HardState(1, None, 20), _marked(1, 21))
+    s.close()
+    _flip_byte_of(p, b"<payload-000012>" * 4)
+    with pytest.raises(CorruptLog, match=r"entry 12 fails its checksum.*commit index 20"):
+        LmdbLogStore(p, verify_from=11)
+    # Entries below where verification starts are checked when read: never served.
+    s = LmdbLogStore(p)
+    with pytest.raises(CorruptLog, match="entry 12"):
+        s.entries(10, 14)
+
+
+def test_lmdb_truncated_file_is_refused_without_crashing(tmp_path) -> None:  # noqa: ANN001
+    p = str(tmp_path / "log")
+    s = LmdbLogStore(p)
+    s.save(HardState(1, None, 0), ents(1, 5001, size=100))
+    s.close()
+    data_file = os.path.join(p, "data.mdb")
+    with open(data_file, "r+b") as f:
+        f.truncate(os.path.getsize(data_file) // 2)
+    with pytest.raises(CorruptLog, match="truncated"):
+        LmdbLogStore(p)
+
+
+def test_lmdb_garbage_file_is_refused_clearly(tmp_path) -> None:  # noqa: ANN001
+    p = tmp_path / "log"
+    p.mkdir()
+    (p / "data.mdb").write_bytes(random.Random(1).randbytes(64 * 1024))
+    with pytest.raises(CorruptLog, match="not an LMDB file"):
+        LmdbLogStore(str(p))
+
+
+def test_core_restarts_from_the_lmdb_log(tmp_path) -> None:  # noqa: ANN001
+    """The core runs on the LMDB store: hard state, log and membership come back."""
+    p = str(tmp_path / "log")
+    store = LmdbLogStore(p)
+    bootstrap(store, ["n1"])
+    raft = Raft(Config(id="n1"), store, random.Random(1))
+    raft.campaign()
+    for i in range(10):
+        raft.propose(b"cmd%d" % i)
+    applied = []
+    while raft.has_ready():
+        rd = raft.ready()
+        store.save(rd.hard_state, rd.entries, rd.snapshot)
+        applied += [e.index for e in rd.committed_entries]
+        raft.advance(rd)
+    assert applied == list(range(1, 13))
+    term = raft.term
+    store.close()
+    store = LmdbLogStore(p)
+    again = Raft(Config(id="n1"), store, random.Random(2))
+    assert (again.term, again.log.committed, again.conf.voters) == (term, 12, {"n1"})
+    assert again.log.entries(3, 4)[0].data == b"cmd0"
+    shutil.rmtree(p)
