@@ -1,0 +1,1 @@
+"""Recovery: replay from the state store's checkpoint, and compaction after checkpoints."""

@@ -53,6 +53,7 @@ import lmdb
 import msgpack
 
 from storage.errors import Compacted, CorruptLog, SnapshotUnavailable, StorageError, Unavailable
+from storage.lmdb_files import check_lmdb_file
 from storage.log_store import limit_size
 from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
 
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 _KEY = struct.Struct(">Q")
 _HEAD = struct.Struct(">IQB")  # crc32, term, type
 _CRC_HEAD = struct.Struct(">QQB")  # index, term, type: what the CRC covers besides data
-_MAGIC = 0xBEEFC0DE
 
 
 class OpenReport(NamedTuple):
@@ -83,49 +83,6 @@ def _encode(e: Entry) -> bytes:
     return _HEAD.pack(_crc(e[1], e[0], e[2], e[3]), e[0], e[2]) + e[3]
 
 
-def check_lmdb_file(path: str) -> None:
-    """Refuse a ``data.mdb`` shorter than LMDB's meta pages say it must be.
-
-    Layout (lmdb.h, 64-bit): each of the first two pages holds a 16-byte page header and
-    an MDB_meta: magic, version, address, mapsize, two 48-byte MDB_db records (the first
-    one's pad field holds the page size), last_pgno, txnid. The meta with the higher
-    txnid is current; the file must hold pages ``0..last_pgno``.
-    """
-    data = os.path.join(path, "data.mdb")
-    try:
-        size = os.path.getsize(data)
-        with open(data, "rb") as f:
-            head = f.read(2 * 65536)
-    except FileNotFoundError:
-        return  # a new log
-    if size == 0:
-        return
-    best: tuple[int, int, int] | None = None  # (txnid, last_pgno, page_size)
-    page_size = 0
-    for page in (0, 1):
-        off = page * page_size + 16
-        if page == 1 and not page_size:
-            break
-        if len(head) < off + 136:
-            break
-        magic, _version = struct.unpack_from("<II", head, off)
-        if magic != _MAGIC:
-            continue
-        psize = struct.unpack_from("<I", head, off + 24)[0]
-        last_pgno, txnid = struct.unpack_from("<QQ", head, off + 24 + 96)
-        page_size = page_size or psize
-        if best is None or txnid > best[0]:
-            best = (txnid, last_pgno, psize)
-    if best is None:
-        raise CorruptLog(f"{data}: not an LMDB file, or both meta pages are damaged")
-    need = (best[1] + 1) * best[2]
-    if size < need:
-        raise CorruptLog(
-            f"{data} is truncated: LMDB's meta page needs {need} bytes, the file has {size}; "
-            "restore it from a replica or a backup"
-        )
-
-
 class LmdbLogStore:
     """The durable ``LogStorage`` (see storage.log_store for the contract)."""
 
@@ -143,7 +100,7 @@ class LmdbLogStore:
         self.durable = durable
         self.syncs = 0
         os.makedirs(path, exist_ok=True)
-        check_lmdb_file(path)
+        check_lmdb_file(path, "Raft log", CorruptLog)
         try:
             self._env = lmdb.open(
                 path, map_size=map_size, max_dbs=3, subdir=True,

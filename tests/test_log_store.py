@@ -25,14 +25,14 @@ def ents(lo: int, hi: int, term: int = 1, size: int = 10) -> list[Entry]:
 
 
 @pytest.fixture(params=["memory", "lmdb"])
-def make_store(request: pytest.FixtureRequest, tmp_path) -> Callable[[], object]:  # noqa: ANN001
+def make_store(request: pytest.FixtureRequest, tmp_path) -> Callable[[], object]:
     if request.param == "memory":
         return MemoryLogStore
     return lambda: LmdbLogStore(str(tmp_path / "log"))
 
 
 # -------------------------------------------------------------------- contract ------
-def test_empty_store_has_no_entries(make_store) -> None:  # noqa: ANN001
+def test_empty_store_has_no_entries(make_store) -> None:
     s = make_store()
     assert (s.first_index(), s.last_index(), s.term(0)) == (1, 0, 0)
     with pytest.raises(Unavailable):
@@ -40,7 +40,7 @@ def test_empty_store_has_no_entries(make_store) -> None:  # noqa: ANN001
     assert s.initial_state() == (HardState(), ConfState())
 
 
-def test_ranges_are_half_open_and_bounded_by_named_errors(make_store) -> None:  # noqa: ANN001
+def test_ranges_are_half_open_and_bounded_by_named_errors(make_store) -> None:
     s = make_store()
     s.save(HardState(1, "n1", 0), ents(1, 11))
     assert [e.index for e in s.entries(3, 6)] == [3, 4, 5]
@@ -52,7 +52,7 @@ def test_ranges_are_half_open_and_bounded_by_named_errors(make_store) -> None:  
     assert len(s.entries(1, 11, max_bytes=1)) == 1
 
 
-def test_append_replaces_the_suffix_from_its_first_index(make_store) -> None:  # noqa: ANN001
+def test_append_replaces_the_suffix_from_its_first_index(make_store) -> None:
     """§5.3: the core decided to overwrite; the store drops the old suffix."""
     s = make_store()
     s.save(None, ents(1, 11, term=1))
@@ -61,7 +61,7 @@ def test_append_replaces_the_suffix_from_its_first_index(make_store) -> None:  #
     assert [s.term(i) for i in range(1, 8)] == [1] * 5 + [2, 2]
 
 
-def test_append_with_a_gap_is_refused_and_changes_nothing(make_store) -> None:  # noqa: ANN001
+def test_append_with_a_gap_is_refused_and_changes_nothing(make_store) -> None:
     s = make_store()
     s.save(None, ents(1, 4))
     with pytest.raises(StorageError, match="gap"):
@@ -69,7 +69,7 @@ def test_append_with_a_gap_is_refused_and_changes_nothing(make_store) -> None:  
     assert s.last_index() == 3
 
 
-def test_one_sync_per_saved_batch(make_store) -> None:  # noqa: ANN001
+def test_one_sync_per_saved_batch(make_store) -> None:
     """Group commit: a Ready batch of any size is one save (one fsync on LMDB)."""
     s = make_store()
     s.save(HardState(1, None, 0), ents(1, 1001))
@@ -77,7 +77,7 @@ def test_one_sync_per_saved_batch(make_store) -> None:  # noqa: ANN001
     assert s.syncs == 2
 
 
-def test_conf_entries_are_found_without_a_scan(make_store) -> None:  # noqa: ANN001
+def test_conf_entries_are_found_without_a_scan(make_store) -> None:
     s = make_store()
     conf = ConfState(frozenset({"n1"}), frozenset({"n2"}), frozenset({"n2"}))
     cc = Entry(1, 5, EntryType.CONF_CHANGE,
@@ -88,7 +88,7 @@ def test_conf_entries_are_found_without_a_scan(make_store) -> None:  # noqa: ANN
     assert s.conf_entries(1) == []
 
 
-def test_snapshot_then_compaction_keeps_the_boundary_term(make_store) -> None:  # noqa: ANN001
+def test_snapshot_then_compaction_keeps_the_boundary_term(make_store) -> None:
     s = make_store()
     s.save(HardState(1, None, 20), ents(1, 21))
     s.create_snapshot(15, V3, b"")
@@ -101,7 +101,7 @@ def test_snapshot_then_compaction_keeps_the_boundary_term(make_store) -> None:  
     assert s.snapshot().meta == SnapshotMeta(15, 1, V3)
 
 
-def test_installing_a_snapshot_replaces_the_log(make_store) -> None:  # noqa: ANN001
+def test_installing_a_snapshot_replaces_the_log(make_store) -> None:
     s = make_store()
     s.save(None, ents(1, 6))
     s.save(HardState(3, None, 50), [], Snapshot(SnapshotMeta(50, 3, V3), b""))
@@ -112,7 +112,7 @@ def test_installing_a_snapshot_replaces_the_log(make_store) -> None:  # noqa: AN
 
 
 # ------------------------------------------------------------------ LMDB only ------
-def test_lmdb_everything_survives_reopen(tmp_path) -> None:  # noqa: ANN001
+def test_lmdb_everything_survives_reopen(tmp_path) -> None:
     p = str(tmp_path / "log")
     s = LmdbLogStore(p)
     s.save(HardState(4, "n2", 8), ents(1, 11, term=4))
@@ -127,7 +127,7 @@ def test_lmdb_everything_survives_reopen(tmp_path) -> None:  # noqa: ANN001
     assert s.durable
 
 
-def test_lmdb_durability_off_is_reported(tmp_path) -> None:  # noqa: ANN001
+def test_lmdb_durability_off_is_reported(tmp_path) -> None:
     assert not LmdbLogStore(str(tmp_path / "log"), durable=False).durable
 
 
@@ -146,7 +146,7 @@ def _marked(lo: int, hi: int) -> list[Entry]:
     return [Entry(1, i, EntryType.NORMAL, f"<payload-{i:06d}>".encode() * 4) for i in range(lo, hi)]
 
 
-def test_lmdb_corrupt_uncommitted_tail_is_reported_and_truncated(tmp_path) -> None:  # noqa: ANN001
+def test_lmdb_corrupt_uncommitted_tail_is_reported_and_truncated(tmp_path) -> None:
     p = str(tmp_path / "log")
     s = LmdbLogStore(p)
     s.save(HardState(1, None, 10), _marked(1, 21))
@@ -159,7 +159,7 @@ def test_lmdb_corrupt_uncommitted_tail_is_reported_and_truncated(tmp_path) -> No
     assert s.entries(1, 15) == _marked(1, 15)
 
 
-def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:  # noqa: ANN001
+def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:
     p = str(tmp_path / "log")
     s = LmdbLogStore(p)
     s.save(HardState(1, None, 20), _marked(1, 21))
@@ -173,7 +173,7 @@ def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:  # noqa
         s.entries(10, 14)
 
 
-def test_lmdb_truncated_file_is_refused_without_crashing(tmp_path) -> None:  # noqa: ANN001
+def test_lmdb_truncated_file_is_refused_without_crashing(tmp_path) -> None:
     p = str(tmp_path / "log")
     s = LmdbLogStore(p)
     s.save(HardState(1, None, 0), ents(1, 5001, size=100))
@@ -185,7 +185,7 @@ def test_lmdb_truncated_file_is_refused_without_crashing(tmp_path) -> None:  # n
         LmdbLogStore(p)
 
 
-def test_lmdb_garbage_file_is_refused_clearly(tmp_path) -> None:  # noqa: ANN001
+def test_lmdb_garbage_file_is_refused_clearly(tmp_path) -> None:
     p = tmp_path / "log"
     p.mkdir()
     (p / "data.mdb").write_bytes(random.Random(1).randbytes(64 * 1024))
@@ -193,7 +193,7 @@ def test_lmdb_garbage_file_is_refused_clearly(tmp_path) -> None:  # noqa: ANN001
         LmdbLogStore(str(p))
 
 
-def test_core_restarts_from_the_lmdb_log(tmp_path) -> None:  # noqa: ANN001
+def test_core_restarts_from_the_lmdb_log(tmp_path) -> None:
     """The core runs on the LMDB store: hard state, log and membership come back."""
     p = str(tmp_path / "log")
     store = LmdbLogStore(p)

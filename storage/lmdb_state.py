@@ -1,0 +1,360 @@
+"""``LmdbStateStore``: the KV state machine in LMDB, without a per-commit sync.
+
+It keeps the ``StateStore`` contract (``storage.state_store``). Its theory of operation is
+IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
+
+- **No per-commit sync.** The env is opened with ``sync=False, metasync=False``. A commit
+  is then a ``pwrite`` into the page cache, so it is atomic, consistent and isolated but not
+  durable. A *process* crash loses nothing: the page cache survives it. A *machine* crash
+  may undo the commits since the last ``env.sync``. With ``MDB_NOSYNC``, LMDB's docs say
+  integrity across a machine crash relies on the filesystem preserving write order; without
+  that, the last transactions can be corrupted, not just lost. The Raft log keeps every
+  entry after the checkpointIndex, so a store that comes back at an older, consistent index
+  simply replays.
+- **checkpoint = ``env.sync(True)``**: one fdatasync covering everything committed so far.
+  The applied index it covers becomes the checkpointIndex. It is kept in memory. On disk
+  there is only the applied index, and after a checkpoint the two are equal.
+- **Layout.** Two named DBs. ``data`` holds key -> value. ``meta`` holds ``b"applied"``
+  (8-byte big-endian) and ``b"format"``. The applied index is written in the same write
+  transaction as the data it covers, so whatever a crash leaves, data and index agree.
+- **Open.** ``data.mdb`` is first checked against the length its meta page records:
+  reading past the end of a truncated file through the mmap would kill the process with
+  SIGBUS instead of raising. Then applied_index = checkpoint_index = the stored applied
+  index, and open syncs once: after a process crash the stored index may sit only in the
+  page cache, and calling it the checkpointIndex would let the log be compacted past what
+  is really on disk.
+- **Readers never block the writer.** ``scan`` and ``snapshot_chunks`` hold one read
+  transaction (MVCC), so a snapshot export is not a stop-the-world. A long-lived reader does
+  pin old pages, so the file can grow until it finishes. Consume or ``close()`` those
+  iterators.
+- **Errors.** Every ``lmdb.Error`` surfaces as ``StorageError`` naming the path, and a
+  failed write transaction is aborted, leaving the state untouched. One ``LmdbStateStore``
+  per path per process: LMDB forbids opening the same env twice in one process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Self, TypeVar
+
+import lmdb
+
+from storage.commands import MAX_KEY_BYTES
+from storage.digest import Digest, DigestBuilder
+from storage.errors import StorageError
+from storage.lmdb_files import check_lmdb_file
+from storage.state_store import (
+    DEFAULT_CHECKPOINT_ENTRIES,
+    DEFAULT_CHECKPOINT_SECONDS,
+    DEFAULT_CHUNK_BYTES,
+    CheckpointPolicy,
+    SnapshotLoader,
+    apply_commands,
+    check_apply,
+    check_chunk_bytes,
+    encode_snapshot,
+    storable_key,
+)
+
+T = TypeVar("T")
+
+DEFAULT_MAP_SIZE = 1 << 34  # 16 GiB of address space; the file is sparse and grows as used
+_DATA = b"data"
+_META = b"meta"
+_APPLIED = b"applied"
+_FORMAT = b"format"
+_FORMAT_V1 = b"raftkv-state-v1"
+
+
+def _index_bytes(index: int) -> bytes:
+    return index.to_bytes(8, "big")
+
+
+class _ReadIterator(Iterator[T]):
+    """An iterator over one LMDB read transaction that releases it as soon as it is done,
+    errs, is closed, or is garbage collected. A lingering reader would pin old pages."""
+
+    def __init__(self, it: Iterator[T], txn: lmdb.Transaction[bytes], path: str) -> None:
+        self._it = it
+        self._txn: lmdb.Transaction[bytes] | None = txn
+        self._path = path
+
+    def __iter__(self) -> _ReadIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._txn is None:
+            raise StopIteration
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.close()
+            raise
+        except lmdb.Error as e:
+            self.close()
+            raise StorageError(f"reading LMDB state store at {self._path}: {e}") from e
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        txn, self._txn = self._txn, None
+        if txn is not None:
+            try:
+                txn.abort()
+            except lmdb.Error:
+                pass  # the env was closed under us; the reader is gone either way
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class LmdbStateStore:
+    """The durable ``StateStore`` (contract: storage.state_store; theory: this module).
+
+    ``path`` is the env directory, created if missing. ``map_size`` is address space, not
+    disk: the file is sparse and grows as used. ``checkpoint_entries`` and
+    ``checkpoint_seconds`` configure ``maybe_checkpoint`` (see ``CheckpointPolicy``).
+    Opening anything other than a raftkv state store (a file, garbage, a truncated file,
+    another program's LMDB env) raises ``StorageError`` naming the path.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        checkpoint_entries: int = DEFAULT_CHECKPOINT_ENTRIES,
+        checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
+        self.checkpoints = 0  # count of checkpoints that made something durable (for tests)
+        check_lmdb_file(self.path, "LMDB state store")
+        try:
+            self._env = lmdb.open(
+                self.path,
+                subdir=True,
+                create=True,
+                map_size=map_size,
+                max_dbs=2,
+                sync=False,  # ACI, not D: the Raft log is the WAL (module docstring)
+                metasync=False,
+                readahead=False,  # random point reads; readahead only pollutes the cache
+            )
+        except lmdb.Error as e:
+            raise StorageError(f"cannot open LMDB state store at {self.path}: {e}") from e
+        try:
+            self._data, self._meta, applied = self._open_dbs()
+            # Make "stored applied index == checkpointIndex" true (module docstring: Open).
+            self._env.sync(True)
+        except lmdb.Error as e:
+            self._env.close()
+            raise StorageError(f"cannot open LMDB state store at {self.path}: {e}") from e
+        except StorageError:
+            self._env.close()
+            raise
+        self._applied = self._checkpoint = applied
+        self._closed = False
+
+    def _open_dbs(self) -> tuple[lmdb._Database, lmdb._Database, int]:
+        env = self._env
+        with env.begin(write=True) as txn:
+            # The main DB of an env with named DBs lists their names. Anything else here
+            # is some other program's LMDB env (a LogStore, say): refuse rather than mix.
+            names = set(txn.cursor().iternext(values=False))
+            if not names:
+                data = env.open_db(_DATA, txn=txn, create=True)
+                meta = env.open_db(_META, txn=txn, create=True)
+                txn.put(_FORMAT, _FORMAT_V1, db=meta)
+                txn.put(_APPLIED, _index_bytes(0), db=meta)
+                return data, meta, 0
+            if names != {_DATA, _META}:
+                shown = ", ".join(repr(n) for n in sorted(names)[:5])
+                raise StorageError(
+                    f"cannot open LMDB state store at {self.path}: it is an LMDB env, but not "
+                    f"a raftkv state store (its main DB holds {shown})"
+                )
+            data = env.open_db(_DATA, txn=txn, create=False)
+            meta = env.open_db(_META, txn=txn, create=False)
+            fmt = txn.get(_FORMAT, db=meta)
+            if fmt != _FORMAT_V1:
+                raise StorageError(
+                    f"cannot open LMDB state store at {self.path}: unknown format {fmt!r} "
+                    f"(expected {_FORMAT_V1!r})"
+                )
+            raw = txn.get(_APPLIED, db=meta)
+            if raw is None or len(raw) != 8:
+                raise StorageError(
+                    f"cannot open LMDB state store at {self.path}: corrupt applied index {raw!r}"
+                )
+            return data, meta, int.from_bytes(raw, "big")
+
+    def _live(self) -> None:
+        if self._closed:
+            raise StorageError(f"LMDB state store at {self.path} is closed")
+
+    def _fail(self, what: str, e: lmdb.Error) -> StorageError:
+        hint = " (raise map_size)" if isinstance(e, lmdb.MapFullError) else ""
+        return StorageError(f"{what} in LMDB state store at {self.path}: {e}{hint}")
+
+    # -- writes --------------------------------------------------------------------------------
+    def apply(self, entries: Sequence[tuple[int, bytes]]) -> list[object]:
+        self._live()
+        if not entries:
+            return []
+        last = check_apply(entries, self._applied, self._checkpoint)
+        try:
+            # db=data makes txn.get/put/delete default to the data DB: the shared apply loop
+            # calls them directly, with no per-op wrapper.
+            with self._env.begin(write=True, db=self._data) as txn:
+                results = apply_commands(entries, txn.get, txn.put, txn.delete)
+                txn.put(_APPLIED, _index_bytes(last), db=self._meta)
+        except lmdb.Error as e:  # the context manager aborted: nothing was applied
+            raise self._fail(f"apply of [{entries[0][0]}, {last}] failed", e) from e
+        self._applied = last
+        return results
+
+    def applied_index(self) -> int:
+        self._live()
+        return self._applied
+
+    def checkpoint_index(self) -> int:
+        self._live()
+        return self._checkpoint
+
+    def checkpoint(self) -> int:
+        self._live()
+        if self._applied != self._checkpoint:
+            applied = self._applied
+            try:
+                self._env.sync(True)
+            except lmdb.Error as e:
+                raise self._fail("checkpoint (sync) failed", e) from e
+            self._checkpoint = applied
+            self.checkpoints += 1
+        self._policy.reset()
+        return self._checkpoint
+
+    def maybe_checkpoint(self, now: float) -> bool:
+        self._live()
+        if self._policy.due(self._applied - self._checkpoint, now):
+            self.checkpoint()
+            return True
+        return False
+
+    # -- reads ---------------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        self._live()
+        if not storable_key(key):
+            return None
+        try:
+            with self._env.begin(db=self._data) as txn:
+                value: bytes | None = txn.get(key)
+                return value
+        except lmdb.Error as e:
+            raise self._fail("get failed", e) from e
+
+    def _read(self, make: Callable[[lmdb.Transaction[bytes]], Iterator[T]]) -> _ReadIterator[T]:
+        """Open a read txn *now* (the view is fixed at call time) and iterate it lazily."""
+        self._live()
+        try:
+            txn = self._env.begin(db=self._data)
+        except lmdb.Error as e:
+            raise self._fail("read failed", e) from e
+        return _ReadIterator(make(txn), txn, self.path)
+
+    def _range(
+        self, txn: lmdb.Transaction[bytes], lo: bytes | None, hi: bytes | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        cursor = txn.cursor()
+        # set_range with a key LMDB cannot hold would raise: position on its 511-byte prefix,
+        # which sorts at or below it, and skip the few keys between the two.
+        clamped = lo is not None and len(lo) > MAX_KEY_BYTES
+        found = cursor.set_range(lo[:MAX_KEY_BYTES]) if lo else cursor.first()
+        if not found:
+            return
+        if hi is None and not clamped:
+            yield from cursor.iternext()
+            return
+        for k, v in cursor.iternext():
+            if hi is not None and k >= hi:
+                return
+            if clamped and k < lo:  # type: ignore[operator]
+                continue
+            yield k, v
+
+    def scan(
+        self, lo: bytes | None = None, hi: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        return self._read(lambda txn: self._range(txn, lo, hi))
+
+    def digest(
+        self,
+        lo: bytes | None = None,
+        hi: bytes | None = None,
+        keys: Callable[[bytes], bool] | None = None,
+    ) -> Digest:
+        b = DigestBuilder()
+        add = b.add
+        with self._read(lambda txn: self._range(txn, lo, hi)) as rows:
+            if keys is None:
+                for k, v in rows:
+                    add(k, v)
+            else:
+                for k, v in rows:
+                    if keys(k):
+                        add(k, v)
+        return b.result()
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def snapshot_chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+        check_chunk_bytes(chunk_bytes)
+
+        def make(txn: lmdb.Transaction[bytes]) -> Iterator[bytes]:
+            # The applied index and the count come from the same read txn as the rows, so
+            # they describe exactly the exported state, even while applies continue.
+            raw = txn.get(_APPLIED, db=self._meta)
+            applied = int.from_bytes(raw or b"", "big")  # present: written at creation
+            count = txn.stat(self._data)["entries"]
+            return encode_snapshot(applied, count, txn.cursor().iternext(), chunk_bytes)
+
+        return self._read(make)
+
+    def install_snapshot(self, chunks: Iterable[bytes]) -> int:
+        self._live()
+        loader = SnapshotLoader(chunks)  # header checked before touching anything
+        try:
+            with self._env.begin(write=True, db=self._data) as txn:
+                txn.drop(self._data, delete=False)  # empty it; rolled back if we abort
+                # Rows arrive validated and strictly increasing, so append=True is safe and
+                # skips the B-tree search for every row.
+                txn.cursor().putmulti(loader.rows(), append=True)
+                if not loader.verified:  # rows() raises unless verified; belt and braces
+                    raise StorageError("snapshot stream was not verified")
+                txn.put(_APPLIED, _index_bytes(loader.applied), db=self._meta)
+            self._env.sync(True)  # the snapshot's index is the new checkpointIndex
+        except lmdb.Error as e:
+            raise self._fail("install of snapshot failed", e) from e
+        self._applied = self._checkpoint = loader.applied
+        self._policy.reset()
+        self.checkpoints += 1
+        return loader.applied
+
+    def close(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self._env.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
