@@ -139,6 +139,10 @@ class LmdbStateStore:
         self.checkpoints = 0  # count of checkpoints that made something durable (for tests)
         check_lmdb_file(self.path, "LMDB state store")
         try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot create the LMDB state store at {self.path}: {e}") from e
+        try:
             self._env = lmdb.open(
                 self.path,
                 subdir=True,

@@ -1,0 +1,1 @@
+"""The node layer: drives Raft groups over storage and transport."""

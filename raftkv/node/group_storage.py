@@ -1,0 +1,103 @@
+"""One Raft group's durable storage, as the driver uses it around each Ready.
+
+``GroupStorage`` pairs a log store with a state store and carries out the storage half
+of the Ready contract:
+
+- ``persist(rd)``: hard state, entries and the snapshot's metadata in one log
+  transaction (one fsync), then, for a received snapshot, the state store image.
+- ``apply(entries)``: committed entries go to the state store with their
+  proposedIndex, in one transaction. An entry at or below the store's checkpoint is
+  refused with ``IndexMismatch`` and skipped (IGNITE-16907): this happens after a
+  snapshot install, whose image is newer than the snapshot index the core knows.
+- ``outgoing(msg)``: a SNAPSHOT message leaves with the state store's image attached.
+
+Why the image may be newer than the snapshot's index: the log records the snapshot
+point when it compacts (the checkpoint at that moment), but the state store keeps
+applying. Exporting the *current* state is both cheaper (no historical copy is kept)
+and safe: the follower installs state at some index Y >= X, the core then replays
+X+1.. from the log, and IndexMismatch(Y) turns the overlap into no-ops.
+
+The image travels as a msgpack array of the state store's own chunks, so the
+store's integrity checks (header, ordering, trailing digest) apply on install.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import msgpack
+
+from raftkv.core import Entry, EntryType, Message, MessageType, Ready, Snapshot
+from recovery.compaction import CompactionPolicy, maybe_compact
+from recovery.local import RecoveryReport, replay
+from storage.errors import IndexMismatch, StorageError
+from storage.log_store import LogStorage
+from storage.records import ConfState
+from storage.state_store import StateStore
+
+log = logging.getLogger(__name__)
+
+# A snapshot image may hold the whole state: allow large ones, but not unbounded.
+MAX_IMAGE_BYTES = 1 << 31
+
+
+class GroupStorage:
+    def __init__(
+        self, raft_log: LogStorage, state: StateStore,
+        compaction: CompactionPolicy | None = None,
+    ) -> None:
+        self.log = raft_log
+        self.state = state
+        self.compaction = compaction or CompactionPolicy()
+
+    def recover(self) -> RecoveryReport:
+        """Replay the committed log after the state store's checkpoint. Afterwards pass
+        ``state.applied_index()`` as ``Config.applied`` so the core does not redeliver."""
+        return replay(self.log, self.state)
+
+    def persist(self, rd: Ready) -> None:
+        snap = rd.snapshot
+        if snap is not None:
+            # State first: a crash before the log records the snapshot leaves a state
+            # store ahead of its log, which replay and IndexMismatch handle. The other
+            # order would leave a log claiming a snapshot the state store never got.
+            self.state.install_snapshot(unpack_image(snap.data))
+        if rd.hard_state is not None or rd.entries or snap is not None:
+            self.log.save(rd.hard_state, rd.entries, snap)
+
+    def apply(self, entries: Sequence[Entry]) -> list[object]:
+        """Apply committed entries; returns one result per entry (None for entries the
+        store already held: at or below its checkpoint)."""
+        batch = [(e[1], e[3] if e[2] == EntryType.NORMAL else b"") for e in entries]
+        try:
+            return self.state.apply(batch)
+        except IndexMismatch as mismatch:
+            keep = [b for b in batch if b[0] > mismatch.checkpoint_index]
+            skipped = len(batch) - len(keep)
+            return [None] * skipped + (self.state.apply(keep) if keep else [])
+
+    def outgoing(self, msg: Message) -> Message:
+        if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
+            msg.snapshot = Snapshot(msg.snapshot.meta, pack_image(self.state))
+        return msg
+
+    def maybe_compact(self, conf: ConfState) -> int | None:
+        """Compact when the policy says so; ``conf`` is the membership at the state
+        store's applied index (``Raft.applied_conf()``)."""
+        return maybe_compact(self.log, self.state, conf, self.compaction)
+
+
+def pack_image(state: StateStore) -> bytes:
+    return msgpack.packb(list(state.snapshot_chunks()), use_bin_type=True)
+
+
+def unpack_image(data: bytes) -> list[bytes]:
+    try:
+        chunks = msgpack.unpackb(data, raw=False, max_bin_len=MAX_IMAGE_BYTES,
+                                 max_array_len=1 << 24)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise StorageError(f"malformed snapshot image: {e}") from e
+    if not isinstance(chunks, list) or not all(isinstance(c, bytes) for c in chunks):
+        raise StorageError("malformed snapshot image: expected a list of byte chunks")
+    return chunks
