@@ -66,7 +66,6 @@ import platform
 import pstats
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -350,8 +349,8 @@ def targets(doc: dict) -> list[tuple[str, bool | None, str]]:
             same = doc["pysyncobj_entries"] == doc["entries"]
             out.append((f">= {TARGET_SPEEDUP:.0f}x faster than PySyncObj at lag {TARGET_LAG:,}"
                         + ("" if same else " (PySyncObj on fewer entries)"),
-                        speedup >= TARGET_SPEEDUP, f"{speedup:,.1f}x ({ps:.3f} s vs "
-                        f"{at['restart_s']:.3f} s)"))
+                        speedup >= TARGET_SPEEDUP,
+                        f"{speedup:,.1f}x ({ps:.3f} s vs {at['restart_s']:.3f} s)"))
     return out
 
 

@@ -112,6 +112,11 @@ class LmdbLogStore:
             self._load_meta()
         except lmdb.Error as e:
             raise CorruptLog(f"{path}: cannot open the Raft log: {e}") from e
+        if not durable:
+            log.warning(
+                "%s: durability is OFF (like Ignite's raft.fsync=false): the log is not "
+                "synced, so a machine crash can lose acknowledged writes", path,
+            )
         self.open_report = self._verify_tail(verify_from)
         if self.open_report.truncated_from:
             log.warning("%s: %s", path, self.open_report.reason)

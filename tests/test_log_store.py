@@ -127,8 +127,9 @@ def test_lmdb_everything_survives_reopen(tmp_path) -> None:
     assert s.durable
 
 
-def test_lmdb_durability_off_is_reported(tmp_path) -> None:
+def test_lmdb_durability_off_is_reported(tmp_path, caplog) -> None:  # noqa: ANN001
     assert not LmdbLogStore(str(tmp_path / "log"), durable=False).durable
+    assert "durability is OFF" in caplog.text
 
 
 def _flip_byte_of(path: str, needle: bytes) -> None:
