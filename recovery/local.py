@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from storage.errors import IndexMismatch, StorageError
 from storage.log_store import LogStorage
-from storage.records import EntryType
 from storage.state_store import StateStore
 
 log = logging.getLogger(__name__)
@@ -90,9 +89,9 @@ def replay(
         i = checkpoint + 1
     while i <= end:
         hi = min(i + batch, end + 1)
-        entries = raft_log.entries(i, hi)
+        entries = raft_log.payloads(i, hi)
         try:
-            state.apply([(e[1], e[3] if e[2] == EntryType.NORMAL else b"") for e in entries])
+            state.apply(entries)
         except IndexMismatch as mismatch:
             skipped += 1
             i = mismatch.checkpoint_index + 1

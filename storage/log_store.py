@@ -14,6 +14,8 @@ Contract (every implementation, in memory or LMDB, keeps it):
   ``last_index``; the existing suffix from there is replaced (Raft §5.3 conflict handling
   happens in the core; by the time entries reach the store the core has decided to
   overwrite).
+- ``payloads(lo, hi)`` is ``entries`` as a state store applies them: (index, command),
+  CONF_CHANGE entries as b"".
 - ``conf_entries(lo)`` returns the CONF_CHANGE entries from ``lo`` on, so a restarting
   node rebuilds its membership without scanning the whole log.
 - ``compact(index)`` drops entries up to ``index``; it is only legal up to the latest
@@ -50,6 +52,8 @@ class LogStorage(Protocol):
 
     def conf_entries(self, lo: int) -> list[Entry]: ...
 
+    def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]: ...
+
     def snapshot(self) -> Snapshot: ...
 
     def save(
@@ -81,6 +85,12 @@ def limit_size(entries: list[Entry], max_bytes: int | None) -> list[Entry]:
 
 
 _data = itemgetter(3)  # Entry.data, without the per-entry attribute lookup
+
+
+def payloads_of(entries: list[Entry]) -> list[tuple[int, bytes]]:
+    """What a state store applies: (index, command), with CONF_CHANGE entries as b""
+    (they still take an index, so the applied index stays contiguous)."""
+    return [(e[1], e[3] if e[2] == EntryType.NORMAL else b"") for e in entries]
 
 
 class MemoryLogStore:
@@ -121,6 +131,9 @@ class MemoryLogStore:
         if hi > self.last_index() + 1:
             raise Unavailable(hi - 1, self.last_index())
         return limit_size(self._ents[lo - offset : hi - offset], max_bytes)
+
+    def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]:
+        return payloads_of(self.entries(lo, hi))
 
     def conf_entries(self, lo: int) -> list[Entry]:
         offset = self._ents[0].index

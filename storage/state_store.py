@@ -95,6 +95,7 @@ from storage.commands import (
     check_key,
     check_value,
     decode,
+    split_put,
 )
 from storage.digest import Digest, DigestBuilder
 from storage.errors import IndexMismatch, StorageError
@@ -258,6 +259,11 @@ def apply_commands(
     append = results.append
     for _, data in entries:
         if not data:  # a Raft no-op (e.g. the leader's empty entry at the start of a term)
+            append(None)
+            continue
+        kv = split_put(data)
+        if kv is not None:
+            put(*kv)
             append(None)
             continue
         try:

@@ -88,6 +88,15 @@ def test_conf_entries_are_found_without_a_scan(make_store) -> None:
     assert s.conf_entries(1) == []
 
 
+def test_payloads_are_what_a_state_store_applies(make_store) -> None:  # noqa: ANN001
+    s = make_store()
+    conf = Entry(1, 3, EntryType.CONF_CHANGE, b"membership")
+    s.save(None, ents(1, 3) + [conf] + ents(4, 6))
+    assert s.payloads(2, 5) == [(2, ents(2, 3)[0].data), (3, b""), (4, ents(4, 5)[0].data)]
+    with pytest.raises(Unavailable):
+        s.payloads(4, 7)
+
+
 def test_snapshot_then_compaction_keeps_the_boundary_term(make_store) -> None:
     s = make_store()
     s.save(HardState(1, None, 20), ents(1, 21))
@@ -127,7 +136,7 @@ def test_lmdb_everything_survives_reopen(tmp_path) -> None:
     assert s.durable
 
 
-def test_lmdb_durability_off_is_reported(tmp_path, caplog) -> None:  # noqa: ANN001
+def test_lmdb_durability_off_is_reported(tmp_path, caplog) -> None:
     assert not LmdbLogStore(str(tmp_path / "log"), durable=False).durable
     assert "durability is OFF" in caplog.text
 
@@ -172,6 +181,8 @@ def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:
     s = LmdbLogStore(p)
     with pytest.raises(CorruptLog, match="entry 12"):
         s.entries(10, 14)
+    with pytest.raises(CorruptLog, match="entry 12"):
+        s.payloads(1, 21)  # replay's read path checks too
 
 
 def test_lmdb_truncated_file_is_refused_without_crashing(tmp_path) -> None:

@@ -858,3 +858,22 @@ def test_lmdb_apply_of_a_10k_batch_is_one_fast_transaction(tmp_path: Path) -> No
         assert elapsed < 1.0, f"10k puts took {elapsed:.3f}s"
     finally:
         s.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.binary(min_size=1, max_size=300), value=st.binary(max_size=70_000))
+def test_put_fast_path_agrees_with_decode(key: bytes, value: bytes) -> None:
+    """split_put reads a put straight from its bytes; it must agree with decode on every
+    put it accepts, and decline (None) rather than guess on anything else."""
+    from storage.commands import Put, decode, encode_put, split_put
+
+    data = encode_put(key, value)
+    fast = split_put(data)
+    if fast is not None:
+        assert Put(*fast) == decode(data)
+    else:
+        assert len(key) >= 256  # only keys needing bin16 fall back
+    for bad in (data[:-1], data + b"x", data[:3] + b"\xff" + data[4:]):
+        got = split_put(bad)
+        if got is not None:
+            assert Put(*got) == decode(bad)

@@ -28,11 +28,11 @@ from collections.abc import Sequence
 
 import msgpack
 
-from raftkv.core import Entry, EntryType, Message, MessageType, Ready, Snapshot
+from raftkv.core import Entry, Message, MessageType, Ready, Snapshot
 from recovery.compaction import CompactionPolicy, maybe_compact
 from recovery.local import RecoveryReport, replay
 from storage.errors import IndexMismatch, StorageError
-from storage.log_store import LogStorage
+from storage.log_store import LogStorage, payloads_of
 from storage.records import ConfState
 from storage.state_store import StateStore
 
@@ -69,7 +69,7 @@ class GroupStorage:
     def apply(self, entries: Sequence[Entry]) -> list[object]:
         """Apply committed entries; returns one result per entry (None for entries the
         store already held: at or below its checkpoint)."""
-        batch = [(e[1], e[3] if e[2] == EntryType.NORMAL else b"") for e in entries]
+        batch = payloads_of(entries)
         try:
             return self.state.apply(batch)
         except IndexMismatch as mismatch:
