@@ -12,6 +12,7 @@ The policy triggers on the log's size in entries or bytes, whichever comes first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from storage.errors import SnapshotUnavailable
@@ -35,12 +36,22 @@ class CompactionPolicy:
 
 
 def compact(
-    raft_log: LogStorage, state: StateStore, conf: ConfState, keep: int = 0
-) -> int:
+    raft_log: LogStorage, state: StateStore,
+    conf_at: Callable[[int], ConfState | None], keep: int = 0,
+) -> int | None:
     """Force a checkpoint, record it as the snapshot point and drop the log up to it
-    (minus ``keep`` entries). ``conf`` is the membership at the state store's applied
-    index. Returns the checkpointIndex."""
+    (minus ``keep`` entries). Returns the checkpointIndex, or None when nothing was
+    compacted.
+
+    The snapshot must record the membership *at the checkpoint index*: a follower that
+    installs it, or this node after a restart, takes its voters from there. ``conf_at``
+    (``Raft.conf_at``) answers None when the core cannot know it, for instance when a
+    snapshot image put the state store ahead of the core's log, and then nothing is
+    compacted until the core has caught up."""
     checkpoint = state.checkpoint()
+    conf = conf_at(checkpoint)
+    if conf is None:
+        return None
     try:
         current = raft_log.snapshot().index
     except SnapshotUnavailable:
@@ -52,8 +63,9 @@ def compact(
 
 
 def maybe_compact(
-    raft_log: LogStorage, state: StateStore, conf: ConfState, policy: CompactionPolicy
+    raft_log: LogStorage, state: StateStore,
+    conf_at: Callable[[int], ConfState | None], policy: CompactionPolicy,
 ) -> int | None:
     if not policy.due(raft_log):
         return None
-    return compact(raft_log, state, conf, policy.keep)
+    return compact(raft_log, state, conf_at, policy.keep)

@@ -46,6 +46,7 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from itertools import islice
 from typing import NamedTuple
 
@@ -131,9 +132,12 @@ class LmdbLogStore:
 
     # -- open-time checks ----------------------------------------------------------------
     def _load_meta(self) -> None:
-        with self._env.begin(db=self._meta) as txn:
-            hs = txn.get(b"hard")
-            sm = txn.get(b"snap")
+        with self._env.begin() as txn:
+            hs = txn.get(b"hard", db=self._meta)
+            sm = txn.get(b"snap", db=self._meta)
+            base = txn.get(b"base", db=self._meta)
+            cur = txn.cursor(db=self._entries)
+            last = _KEY.unpack(cur.key())[0] if cur.last() else None
         self._hard = HardState(*msgpack.unpackb(hs)) if hs else HardState()
         if sm:
             index, term, voters, learners, auto = msgpack.unpackb(sm)
@@ -141,12 +145,8 @@ class LmdbLogStore:
             self._snap = SnapshotMeta(index, term, conf)
         else:
             self._snap = SnapshotMeta()
-        with self._env.begin(db=self._meta) as txn:
-            base = txn.get(b"base")
         self._base = tuple(msgpack.unpackb(base)) if base else (0, 0)
-        with self._env.begin(db=self._entries) as txn:
-            cur = txn.cursor()
-            self._last = _KEY.unpack(cur.key())[0] if cur.last() else self._base[0]
+        self._last = last if last is not None else self._base[0]
 
     def _verify_tail(self, verify_from: int | None) -> OpenReport:
         commit = self._hard.commit
@@ -205,7 +205,7 @@ class LmdbLogStore:
             return base_term
         if index > self._last:
             raise Unavailable(index, self._last)
-        with self._env.begin(db=self._entries, buffers=True) as txn:
+        with self._env.begin(db=self._entries) as txn:
             v = txn.get(_KEY.pack(index))
         if v is None:
             raise CorruptLog(f"{self.path}/data.mdb: entry {index} is missing")
@@ -305,19 +305,15 @@ class LmdbLogStore:
         self, hard_state: HardState | None, entries: list[Entry],
         snapshot: Snapshot | None = None,
     ) -> None:
-        try:
-            with self._env.begin(write=True) as txn:
-                if snapshot is not None:
-                    self._install(txn, snapshot.meta)
-                if entries:
-                    self._append(txn, entries)
-                if hard_state is not None:
-                    txn.put(b"hard", msgpack.packb(tuple(hard_state)), db=self._meta)
-        except (lmdb.Error, StorageError) as e:
-            self._load_meta()  # the transaction aborted: forget what it changed in memory
-            if isinstance(e, StorageError):
-                raise
-            raise StorageError(f"{self.path}: cannot save to the Raft log: {e}") from e
+        def batch(txn: lmdb.Transaction) -> None:
+            if snapshot is not None:
+                self._install(txn, snapshot.meta)
+            if entries:
+                self._append(txn, entries)
+            if hard_state is not None:
+                txn.put(b"hard", msgpack.packb(tuple(hard_state)), db=self._meta)
+
+        self._write(batch, "save to the Raft log")
         if hard_state is not None:
             self._hard = hard_state
         if entries:
@@ -373,9 +369,20 @@ class LmdbLogStore:
         if index <= self._snap.index:
             raise SnapshotUnavailable(f"snapshot at {index} is older than {self._snap.index}")
         meta = SnapshotMeta(index, self.term(index), conf)
-        with self._env.begin(write=True) as txn:
-            self._put_snap(txn, meta)
+        self._write(lambda txn: self._put_snap(txn, meta), "record a snapshot")
         return Snapshot(meta, b"")
+
+    def _write(self, body: Callable[[lmdb.Transaction], None], what: str) -> None:
+        """Run ``body`` in a write transaction; if it fails, reload the in-memory view
+        (``body`` may have updated it before the transaction aborted)."""
+        try:
+            with self._env.begin(write=True) as txn:
+                body(txn)
+        except (lmdb.Error, StorageError) as e:
+            self._load_meta()
+            if isinstance(e, StorageError):
+                raise
+            raise StorageError(f"{self.path}: cannot {what}: {e}") from e
 
     def compact(self, index: int) -> None:
         """Drop entries up to ``index`` (at most the snapshot's index)."""
@@ -386,7 +393,8 @@ class LmdbLogStore:
                 f"cannot compact to {index}: the latest snapshot is at {self._snap.index}"
             )
         base = (index, self.term(index))
-        with self._env.begin(write=True) as txn:
+
+        def drop_prefix(txn: lmdb.Transaction) -> None:
             self._put_base(txn, base)
             for db in (self._entries, self._confs):
                 cur = txn.cursor(db=db)
@@ -394,6 +402,8 @@ class LmdbLogStore:
                     while cur.key() and _KEY.unpack(cur.key())[0] <= index:
                         if not cur.delete():
                             break
+
+        self._write(drop_prefix, "compact the log")
 
     def close(self) -> None:
         self._env.close()

@@ -36,8 +36,8 @@ class LmdbGroup:
             bootstrap(raft_log, IDS)
         gs = GroupStorage(raft_log, state, self.policy)
         self.report = gs.recover()
-        raft = Raft(Config(id=nid, applied=state.applied_index()), raft_log,
-                    random.Random(nid))
+        config = Config(id=nid, applied=state.applied_index(), vote_floor=gs.vote_floor)
+        raft = Raft(config, raft_log, random.Random(nid))
         self.nodes[nid] = (raft, gs)
         self.down.discard(nid)
         return gs
@@ -59,13 +59,15 @@ class LmdbGroup:
                 msgs += [gs.outgoing(m) for m in rd.messages]
                 gs.apply(rd.committed_entries)
                 raft.advance(rd)
-                gs.maybe_compact(raft.applied_conf())
+                gs.maybe_compact(raft.conf_at)
             if not msgs:
                 return
             for m in msgs:
                 if m.to in self.down or m.to in self.cut or m.frm in self.cut:
                     continue
-                self.nodes[m.to][0].step(m)
+                raft, gs = self.nodes[m.to]
+                if gs.accept(m):
+                    raft.step(m)
         raise AssertionError("did not stabilize")
 
     def tick(self, n: int) -> None:

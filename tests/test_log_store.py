@@ -88,7 +88,7 @@ def test_conf_entries_are_found_without_a_scan(make_store) -> None:
     assert s.conf_entries(1) == []
 
 
-def test_payloads_are_what_a_state_store_applies(make_store) -> None:  # noqa: ANN001
+def test_payloads_are_what_a_state_store_applies(make_store) -> None:
     s = make_store()
     conf = Entry(1, 3, EntryType.CONF_CHANGE, b"membership")
     s.save(None, ents(1, 3) + [conf] + ents(4, 6))

@@ -75,7 +75,7 @@ def test_seed_worked_example_checkpoint_buffer_3() -> None:
     assert (state.applied_index(), state.checkpoint_index()) == (4, 3)
 
     # 8. raft log truncation: forceCheckpoint, then the log keeps only what follows it
-    assert compact(raft_log, state, CONF) == 4
+    assert compact(raft_log, state, lambda _: CONF) == 4
     assert state.checkpoint_index() == 4
     assert (raft_log.first_index(), raft_log.last_index(), raft_log.term(4)) == (5, 4, 1)
 
@@ -133,9 +133,9 @@ def test_compaction_never_passes_the_checkpoint_and_the_policy_triggers(tmp_path
     state = LmdbStateStore(str(tmp_path / "state"))
     _fill(raft_log, state, 1, 501)
     policy = CompactionPolicy(max_entries=1000, keep=50)
-    assert maybe_compact(raft_log, state, CONF, policy) is None
+    assert maybe_compact(raft_log, state, lambda _: CONF, policy) is None
     _fill(raft_log, state, 501, 1201)
-    assert maybe_compact(raft_log, state, CONF, policy) == 1200
+    assert maybe_compact(raft_log, state, lambda _: CONF, policy) == 1200
     assert raft_log.first_index() == 1151  # kept 50 entries below the checkpoint
     assert raft_log.snapshot().index == 1200 == state.checkpoint_index()
 
@@ -144,7 +144,7 @@ def test_state_store_behind_the_compacted_log_needs_a_snapshot(tmp_path) -> None
     raft_log = MemoryLogStore()
     state = MemoryStateStore()
     _fill(raft_log, state, 1, 101)
-    compact(raft_log, state, CONF)
+    compact(raft_log, state, lambda _: CONF)
     fresh = MemoryStateStore()  # a wiped replica: behind the log's first index
     with pytest.raises(StorageError, match="needs a snapshot"):
         replay(raft_log, fresh)

@@ -149,24 +149,6 @@ class RaftLog:
         else:
             self.unstable = self.unstable[: after - off] + list(ents)
 
-    def maybe_append(
-        self, index: int, log_term: int, committed: int, ents: list[Entry]
-    ) -> int | None:
-        """AppendEntries receiver (§5.3). Returns the last index now known to match the
-        leader, or None if the log does not contain (index, log_term)."""
-        if not self.match_term(index, log_term):
-            return None
-        last_new = index + len(ents)
-        conflict = self.find_conflict(ents)
-        if conflict:
-            if conflict <= self.committed:
-                raise AssertionError(
-                    f"entry {conflict} conflicts with committed entry (commit {self.committed})"
-                )
-            self.append(ents[conflict - index - 1 :])
-        self.commit_to(min(committed, last_new))
-        return last_new
-
     def commit_to(self, index: int) -> bool:
         if index <= self.committed:
             return False

@@ -23,6 +23,9 @@ import msgpack
 from raftkv.core.errors import ConfChangeRejected
 from storage.records import ConfState
 
+# A membership record lists node ids; nothing legitimate comes near this size.
+MAX_CONF_BYTES = 1 << 20
+
 
 class ConfChangeOp(IntEnum):
     # Written into the log: never renumber, only append.
@@ -88,9 +91,37 @@ def encode_change(cc: ConfChange) -> bytes:
     return msgpack.packb(_change_fields(cc), use_bin_type=True)
 
 
-def decode_change(data: bytes) -> ConfChange:
-    op, node, context, auto_promote = msgpack.unpackb(data, raw=False)
+def _unpack(data: object) -> object:
+    if not isinstance(data, bytes) or len(data) > MAX_CONF_BYTES:
+        raise ValueError("malformed membership record: not bytes, or too large")
+    try:
+        return msgpack.unpackb(data, raw=False)
+    except (ValueError, TypeError) as e:  # msgpack errors, bad UTF-8, unhashable keys
+        raise ValueError(f"malformed membership record: {e}") from None
+
+
+def _change(fields: object) -> ConfChange:
+    if not (isinstance(fields, list) and len(fields) == 4):
+        raise ValueError("malformed membership change: expected [op, node, context, auto]")
+    op, node, context, auto_promote = fields
+    if (
+        not isinstance(op, int) or op not in ConfChangeOp._value2member_map_
+        or not isinstance(node, str) or not node
+        or not isinstance(context, bytes) or not isinstance(auto_promote, bool)
+    ):
+        raise ValueError(f"malformed membership change: {fields!r:.200}")
     return ConfChange(ConfChangeOp(op), node, context, auto_promote)
+
+
+def _members(names: object) -> frozenset[str]:
+    if not (isinstance(names, list) and all(isinstance(n, str) and n for n in names)):
+        raise ValueError("malformed membership record: member lists must hold node ids")
+    return frozenset(names)
+
+
+def decode_change(data: object) -> ConfChange:
+    """Raises ValueError, and only ValueError, on anything malformed (peer input)."""
+    return _change(_unpack(data))
 
 
 def encode_conf_entry(cc: ConfChange | None, conf: ConfState) -> bytes:
@@ -105,10 +136,11 @@ def encode_conf_entry(cc: ConfChange | None, conf: ConfState) -> bytes:
     )
 
 
-def decode_conf_entry(data: bytes) -> tuple[ConfChange | None, ConfState]:
-    change, voters, learners, auto = msgpack.unpackb(data, raw=False)
-    cc = None
-    if change is not None:
-        op, node, context, auto_promote = change
-        cc = ConfChange(ConfChangeOp(op), node, context, auto_promote)
-    return cc, ConfState(frozenset(voters), frozenset(learners), frozenset(auto))
+def decode_conf_entry(data: object) -> tuple[ConfChange | None, ConfState]:
+    """Raises ValueError, and only ValueError, on anything malformed (peer input)."""
+    fields = _unpack(data)
+    if not (isinstance(fields, list) and len(fields) == 4):
+        raise ValueError("malformed configuration entry: expected [change, voters, learners, auto]")
+    change, voters, learners, auto = fields
+    cc = None if change is None else _change(change)
+    return cc, ConfState(_members(voters), _members(learners), _members(auto))

@@ -125,6 +125,10 @@ class Config:
     # The state machine's durable applied index (its checkpointIndex): entries up to it
     # are not redelivered on restart.
     applied: int = 0
+    # The log's last index before storage truncated a damaged tail at open. This node
+    # may have acknowledged entries up to it, so until its log reaches it again it
+    # neither votes nor campaigns: either could elect a leader lacking a committed entry.
+    vote_floor: int = 0
 
 
 def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
@@ -138,6 +142,12 @@ def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
     conf = ConfState(voters=frozenset(voters))
     entry = Entry(1, 1, EntryType.CONF_CHANGE, encode_conf_entry(None, conf))
     storage.save(HardState(term=1, vote=None, commit=1), [entry])
+
+
+def _decode_confs(ents: list[Entry]) -> list[tuple[int, ConfState]]:
+    """The configurations carried by ``ents`` (ValueError if one is malformed)."""
+    # The truthiness test keeps the common case (no CONF_CHANGE) cheap.
+    return [(e.index, decode_conf_entry(e.data)[1]) for e in ents if e.type]
 
 
 class Raft:
@@ -156,6 +166,7 @@ class Raft:
         for e in storage.conf_entries(first):
             self.confs.append((e.index, decode_conf_entry(e.data)[1]))
         self.conf: ConfState = self.confs[-1][1]
+        self._trim_confs()  # applied may start past some of them (Config.applied)
 
         self.term = hard.term
         self.vote: str | None = hard.vote
@@ -353,8 +364,25 @@ class Raft:
         """The configuration in effect at the applied index (what a snapshot records)."""
         return self.confs[0][1]
 
+    def conf_at(self, index: int) -> ConfState | None:
+        """The configuration in effect at ``index``, or None when that is not known: it
+        lies before the retained history or after the applied index (a later config
+        entry may not have reached this log yet)."""
+        if index < self.confs[0][0] or index > self.log.applied:
+            return None
+        conf = self.confs[0][1]
+        for i, c in self.confs:
+            if i > index:
+                break
+            conf = c
+        return conf
+
     def promotable(self) -> bool:
-        return self.id in self.conf.voters and self.log.pending_snapshot is None
+        return (
+            self.id in self.conf.voters
+            and self.log.pending_snapshot is None
+            and self.log.last_index() >= self.cfg.vote_floor
+        )
 
     # ============================================================== role changes ======
     def _reset(self, term: int) -> None:
@@ -470,7 +498,8 @@ class Raft:
             or (m.type == MT.PRE_VOTE and m.term > self.term)
         )
         resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
-        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+        caught_up = self.log.last_index() >= self.cfg.vote_floor
+        if can_vote and caught_up and self.log.is_up_to_date(m.index, m.log_term):
             # A granted pre-vote answers in the candidate's future term, so it is not
             # mistaken for a rejection from a newer term.
             self._send(Message(resp, m.frm, self.id, m.term))
@@ -520,7 +549,10 @@ class Raft:
         elif t == MT.TIMEOUT_NOW:
             if self.promotable():
                 if m.context is not None:
-                    self.handover = (decode_change(m.context), self.term + 1)
+                    try:
+                        self.handover = (decode_change(m.context), self.term + 1)
+                    except ValueError:
+                        return  # malformed: an honest leader never sends it, so ignore it
                 # §3.10: start an election at once, bypassing pre-vote and stickiness.
                 self._campaign(CampaignKind.TRANSFER)
         elif t == MT.READ_INDEX_RESP:
@@ -552,9 +584,13 @@ class Raft:
                     f"{self.id}: entry {conflict} conflicts with committed {log.committed}"
                 )
             new = list(ents[conflict - m.index - 1 :])
+            try:
+                confs = _decode_confs(new)
+            except ValueError:
+                return  # malformed configuration entry: drop the message, change nothing
             self._truncate_confs(conflict)
             log.append(new)
-            self._track_confs(new)
+            self._track_confs(confs)
         log.commit_to(min(m.commit, last_new))
         self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=last_new))
 
@@ -576,7 +612,9 @@ class Raft:
             log.restore(snap)
             self.confs = [(snap.index, snap.meta.conf)]
             self._set_conf(snap.meta.conf)
-        self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.last_index()))
+        # Claim only what the snapshot proves (etcd answers with the commit index too):
+        # entries after it in our log have not been checked against the leader's.
+        self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.committed))
 
     # ================================================================= leader =========
     def _tick_heartbeat(self) -> None:
@@ -861,11 +899,10 @@ class Raft:
         ):
             self.propose_conf_change(ConfChange(ConfChangeOp.PROMOTE, nid))
 
-    def _track_confs(self, ents: list[Entry]) -> None:
-        for e in ents:
-            if e.type:  # CONF_CHANGE; the truthiness test keeps the common case cheap
-                self.confs.append((e.index, decode_conf_entry(e.data)[1]))
-                self._set_conf(self.confs[-1][1])
+    def _track_confs(self, confs: list[tuple[int, ConfState]]) -> None:
+        for index, conf in confs:
+            self.confs.append((index, conf))
+            self._set_conf(conf)
 
     def _truncate_confs(self, index: int) -> None:
         """Entries from ``index`` on are being replaced: forget the configurations they

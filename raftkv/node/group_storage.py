@@ -24,7 +24,7 @@ store's integrity checks (header, ordering, trailing digest) apply on install.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgpack
 
@@ -82,10 +82,30 @@ class GroupStorage:
             msg.snapshot = Snapshot(msg.snapshot.meta, pack_image(self.state))
         return msg
 
-    def maybe_compact(self, conf: ConfState) -> int | None:
-        """Compact when the policy says so; ``conf`` is the membership at the state
-        store's applied index (``Raft.applied_conf()``)."""
-        return maybe_compact(self.log, self.state, conf, self.compaction)
+    def maybe_compact(self, conf_at: Callable[[int], ConfState | None]) -> int | None:
+        """Compact when the policy says so; ``conf_at`` is ``Raft.conf_at``."""
+        return maybe_compact(self.log, self.state, conf_at, self.compaction)
+
+    @property
+    def vote_floor(self) -> int:
+        """``Config.vote_floor``: where the log ended before open truncated a damaged
+        tail (entries this node may have acknowledged), else 0."""
+        report = getattr(self.log, "open_report", None)
+        if report is None or not report.truncated_from:
+            return 0
+        return report.truncated_from + report.truncated_entries - 1
+
+    def accept(self, msg: Message) -> bool:
+        """Check what the core cannot: a snapshot image must at least be well formed
+        before the core adopts the snapshot, since a failed install after that cannot
+        be undone. (Its digest is checked again, in full, on install.)"""
+        if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
+            try:
+                unpack_image(msg.snapshot.data)
+            except StorageError as e:
+                log.warning("dropping a snapshot from %s: %s", msg.frm, e)
+                return False
+        return True
 
 
 def pack_image(state: StateStore) -> bytes:

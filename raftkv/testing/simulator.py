@@ -60,6 +60,7 @@ from raftkv.core import (
     Entry,
     EntryType,
     Message,
+    MessageType,
     RaftError,
     Role,
     bootstrap,
@@ -248,6 +249,14 @@ class Simulation:
         self._touch(m.to)
 
     def _send(self, m: Message) -> None:
+        if m.type == MessageType.APP:
+            # Leadership seen on the wire too: a node can lead and step down before
+            # its Ready ever shows the LEADER role, yet still send AppendEntries.
+            prev = self.leader_of_term.setdefault(m.term, m.frm)
+            if prev != m.frm:
+                self._violation(
+                    f"election safety: {prev} and {m.frm} both lead term {m.term}"
+                )
         f = self.faults
         if not self.settling and "drop" in f and self.rng.random() < self.cfg.drop_rate:
             return
@@ -497,7 +506,10 @@ class Simulation:
         if rd.entries:
             self._extend_chain(nid, rd.entries)
         if rd.hard_state is not None and rd.hard_state.vote is not None:
-            self.votes[(nid, rd.hard_state.term)] = rd.hard_state.vote
+            hs = rd.hard_state
+            cast = self.votes.setdefault((nid, hs.term), hs.vote)
+            if cast != hs.vote:
+                self._violation(f"{nid} voted for {cast} and then {hs.vote} in term {hs.term}")
         if rd.soft_state is not None:
             self._log(f"{nid} {rd.soft_state.role.name} term={raft.term} "
                       f"lead={rd.soft_state.lead} {raft.conf.describe()}")
@@ -535,9 +547,10 @@ class Simulation:
     def _check_commit_quorum(self, node: SimNode, commit: int) -> None:
         """Recount, from the stores themselves, who holds the newly committed entry.
 
-        The commit may have happened under the configuration just before the latest
-        one (a change appended in the same step), so any configuration still in the
-        leader's history may supply the majority; learners count in none of them.
+        The majority must come from the configuration in effect when the commit index
+        moved: the latest one if its entry is at or below ``commit`` (it was appended
+        first), otherwise the latest or the one before it (a change appended in the same
+        step, at most one being uncommitted). Learners count in neither.
         """
         want = self.chains[node.id].get(commit)
 
@@ -547,8 +560,10 @@ class Simulation:
             # committed entries).
             return chain is not None and (chain.get(commit) == want or min(chain) >= commit)
 
+        confs = node.raft.confs
+        candidates = [confs[-1]] if confs[-1][0] <= commit else confs[-2:]
         tried = []
-        for _, conf in node.raft.confs:
+        for _, conf in candidates:
             voters = sorted(conf.voters)
             holders = [v for v in voters if holds(v)]
             if len(holders) * 2 > len(voters):

@@ -1,0 +1,107 @@
+"""Regressions for defects found in review, each named after the rule it restores."""
+
+from __future__ import annotations
+
+import random
+
+from conftest import MT
+
+from raftkv.core import (
+    ConfChange,
+    ConfChangeOp,
+    Config,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    Raft,
+    Snapshot,
+    SnapshotMeta,
+    bootstrap,
+)
+from raftkv.node.group_storage import GroupStorage
+from raftkv.testing.cluster import Cluster
+from storage.log_store import MemoryLogStore
+from storage.state_store import MemoryStateStore
+
+
+def _grown_cluster() -> Cluster:
+    """n1..n3 plus n4, added as a learner and promoted: config entries in the log."""
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.add_empty_node("n4")
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, "n4"))
+    c.stabilize()
+    c.tick(n=3)
+    assert c.raft("n1").conf.voters == {"n1", "n2", "n3", "n4"}
+    return c
+
+
+def test_restart_past_config_entries_reports_the_applied_config() -> None:
+    """Config.applied may start the core after its config entries; applied_conf() and
+    conf_at() must still answer with the configuration in effect there, or compaction
+    records a wrong membership in the snapshot (and a restart then uses it)."""
+    c = _grown_cluster()
+    store = c.nodes["n2"].storage
+    commit = store.initial_state()[0].commit
+    r = Raft(Config(id="n2", applied=commit), store, random.Random(1))
+    assert not r.has_ready()  # an idle restart: advance() never runs to trim the history
+    want = c.raft("n1").conf
+    assert r.applied_conf() == want and r.conf_at(commit) == want
+    assert r.conf_at(commit + 1) is None  # beyond what the core has applied: unknown
+
+    gs = GroupStorage(store, MemoryStateStore())
+    gs.state.apply([(i, b"") for i in range(1, commit + 1)])
+    gs.compaction = gs.compaction.__class__(max_entries=1, keep=0)
+    assert gs.maybe_compact(r.conf_at) == commit
+    again = Raft(Config(id="n2", applied=commit), store, random.Random(2))
+    assert again.conf == want and store.snapshot().meta.conf == want
+
+
+def test_malformed_peer_bytes_are_dropped_without_changing_the_log() -> None:
+    """A garbage TIMEOUT_NOW context or configuration entry must neither escape step()
+    nor leave the log half-updated (DESIGN: bad input never corrupts state)."""
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    r = c.raft("n2")
+    term, last = r.term, r.log.last_index()
+    r.step(Message(MT.TIMEOUT_NOW, "n2", "n1", term, context=b"\x93\x01\x02\x03"))
+    bad = Entry(term, last + 1, EntryType.CONF_CHANGE, b"\xc1 not msgpack")
+    r.step(Message(MT.APP, "n2", "n1", term, log_term=r.log.last_term(), index=last,
+                   entries=[bad], commit=r.log.committed))
+    assert r.log.last_index() == last and r.term == term
+    assert len(r.confs) == 1
+
+
+def test_snapshot_fast_forward_claims_only_the_snapshot_index() -> None:
+    """When the follower already holds the snapshot's last entry it commits to it, but
+    must acknowledge only what the snapshot proves (etcd answers with the commit index)."""
+    store = MemoryLogStore()
+    store.save(HardState(2, None, 0), [Entry(1, i) for i in range(1, 11)])
+    r = Raft(Config(id="n2"), store, random.Random(1))
+    snap = Snapshot(SnapshotMeta(5, 1), b"")
+    r.step(Message(MT.SNAPSHOT, "n2", "n1", 2, snapshot=snap))
+    resp = r.msgs[-1]
+    assert resp.type == MT.APP_RESP and resp.index == 5 and r.log.committed == 5
+
+
+def test_truncated_tail_keeps_the_node_from_voting_until_caught_up() -> None:
+    """Entries dropped at open may have been acknowledged: until the log again reaches
+    the old last index, the node neither votes nor campaigns."""
+    store = MemoryLogStore()
+    bootstrap(store, ["n1", "n2", "n3"])
+    store.save(HardState(3, None, 4), [Entry(3, i) for i in range(2, 6)])
+    r = Raft(Config(id="n2", vote_floor=8), store, random.Random(1))
+    assert not r.promotable()
+    r.step(Message(MT.VOTE, "n2", "n3", 4, log_term=3, index=9))
+    assert r.msgs[-1].reject
+    r2 = Raft(Config(id="n2", vote_floor=5), store, random.Random(1))
+    r2.step(Message(MT.VOTE, "n2", "n3", 4, log_term=3, index=9))
+    assert not r2.msgs[-1].reject
+
+
+def test_a_malformed_snapshot_image_is_refused_before_the_core_sees_it() -> None:
+    gs = GroupStorage(MemoryLogStore(), MemoryStateStore())
+    msg = Message(MT.SNAPSHOT, "n2", "n1", 3, snapshot=Snapshot(SnapshotMeta(9, 3), b"junk"))
+    assert not gs.accept(msg)
+    assert gs.accept(Message(MT.HEARTBEAT, "n2", "n1", 3))
