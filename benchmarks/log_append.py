@@ -58,7 +58,7 @@ from pathlib import Path
 import lmdb
 
 from storage.commands import encode_put
-from storage.lmdb_log import LmdbLogStore, _encode
+from storage.lmdb_log import LmdbLogStore, _record
 from storage.records import Entry, EntryType, HardState
 
 DEFAULT_ENTRIES = 200_000
@@ -124,9 +124,8 @@ def bench_raw(path: str, entries: list[Entry], batch: int, durable: bool) -> Run
     env = lmdb.open(path, map_size=1 << 36, max_dbs=3, subdir=True,
                     sync=durable, metasync=durable, readahead=False)
     db = env.open_db(b"entries")
-    pack = _KEY.pack
     # Pre-framed, so the raw loop pays for none of the store's work.
-    batches = [[(pack(e[1]), _encode(e)) for e in b] for b in _chunks(entries, batch)]
+    batches = [[_record(e) for e in b] for b in _chunks(entries, batch)]
     gc.collect()
     gc.disable()
     try:
