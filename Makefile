@@ -26,8 +26,12 @@ demo: $(STAMP)
 sim: $(STAMP)
 	$(BIN)/python -m raftkv.sim --seeds 0:200 --nodes 5
 
+# Benchmarks print tables, write JSON and draw PNGs under benchmarks/results/.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.core_throughput
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.core_throughput --sweep
+	$(BIN)/python -m benchmarks.log_append
+	$(BIN)/python -m benchmarks.recovery
 
 clean:
 	rm -rf $(VENV) build *.egg-info
