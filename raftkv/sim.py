@@ -66,11 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", type=parse_faults, default=ALL_FAULTS,
                     help=f"comma-separated subset of {','.join(ALL_FAULTS)}, or none")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--state-store", action="store_true",
+                    help="run nodes on the real storage path (GroupStorage + MemoryStateStore)")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per seed")
     args = ap.parse_args(argv)
     if args.nodes < 1:
         ap.error("--nodes must be at least 1")
-    cfg = SimConfig(nodes=args.nodes, steps=args.steps, faults=args.faults)
+    cfg = SimConfig(nodes=args.nodes, steps=args.steps, faults=args.faults,
+                    state_store=args.state_store)
     work = [(seed, cfg) for seed in args.seeds]
     violations = nonlinear = 0
     if args.jobs > 1:

@@ -14,14 +14,28 @@ class StorageError(Exception):
     pass
 
 
-class Compacted(StorageError):
+class _Rebuildable(StorageError):
+    """Errors whose constructor takes fields, not a message: pickle them by those
+    fields so they cross process boundaries (worker pools) intact."""
+
+    _fields: tuple[str, ...] = ()
+
+    def __reduce__(self) -> tuple:
+        return (type(self), tuple(getattr(self, f) for f in self._fields))
+
+
+class Compacted(_Rebuildable):
+    _fields = ("index", "first_index")
+
     def __init__(self, index: int, first_index: int) -> None:
         super().__init__(f"index {index} is compacted (first index is {first_index})")
         self.index = index
         self.first_index = first_index
 
 
-class Unavailable(StorageError):
+class Unavailable(_Rebuildable):
+    _fields = ("index", "last_index")
+
     def __init__(self, index: int, last_index: int) -> None:
         super().__init__(f"index {index} is unavailable (last index is {last_index})")
         self.index = index
@@ -32,7 +46,9 @@ class SnapshotUnavailable(StorageError):
     pass
 
 
-class IndexMismatch(StorageError):
+class IndexMismatch(_Rebuildable):
+    _fields = ("index", "checkpoint_index")
+
     def __init__(self, index: int, checkpoint_index: int) -> None:
         super().__init__(
             f"index {index} is at or below the checkpointIndex {checkpoint_index}; "

@@ -228,3 +228,14 @@ def test_core_restarts_from_the_lmdb_log(tmp_path) -> None:
     assert (again.term, again.log.committed, again.conf.voters) == (term, 12, {"n1"})
     assert again.log.entries(3, 4)[0].data == b"cmd0"
     shutil.rmtree(p)
+
+
+def test_storage_errors_survive_pickling() -> None:
+    """Worker pools (the simulator's --jobs) return errors by pickling them."""
+    import pickle
+
+    from storage.errors import IndexMismatch
+
+    for err in (Compacted(3, 7), Unavailable(9, 4), IndexMismatch(2, 5)):
+        again = pickle.loads(pickle.dumps(err))
+        assert type(again) is type(err) and str(again) == str(err)

@@ -13,7 +13,11 @@ class NotLeader(RaftError):
     def __init__(self, node: str, leader: str | None) -> None:
         hint = f"leader is {leader}" if leader is not None else "leader unknown"
         super().__init__(f"node {node} is not the leader ({hint})")
+        self.node = node
         self.leader = leader
+
+    def __reduce__(self) -> tuple:
+        return (NotLeader, (self.node, self.leader))
 
 
 class ProposalDropped(RaftError):
@@ -35,3 +39,6 @@ class LeaderStepping(ConfChangeRejected):
     def __init__(self, message: str, transferee: str) -> None:
         super().__init__(message)
         self.transferee = transferee
+
+    def __reduce__(self) -> tuple:
+        return (LeaderStepping, (str(self), self.transferee))

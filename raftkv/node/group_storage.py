@@ -38,6 +38,13 @@ from storage.state_store import StateStore
 
 log = logging.getLogger(__name__)
 
+class _AlreadyApplied:
+    def __repr__(self) -> str:
+        return "ALREADY_APPLIED"
+
+
+ALREADY_APPLIED = _AlreadyApplied()
+
 # A snapshot image may hold the whole state: allow large ones, but not unbounded.
 MAX_IMAGE_BYTES = 1 << 31
 
@@ -67,15 +74,16 @@ class GroupStorage:
             self.log.save(rd.hard_state, rd.entries, snap)
 
     def apply(self, entries: Sequence[Entry]) -> list[object]:
-        """Apply committed entries; returns one result per entry (None for entries the
-        store already held: at or below its checkpoint)."""
+        """Apply committed entries; returns one result per entry, ``ALREADY_APPLIED``
+        for entries the store held already (they came with a snapshot image, so their
+        result is not known here)."""
         batch = payloads_of(entries)
         try:
             return self.state.apply(batch)
         except IndexMismatch as mismatch:
             keep = [b for b in batch if b[0] > mismatch.checkpoint_index]
             skipped = len(batch) - len(keep)
-            return [None] * skipped + (self.state.apply(keep) if keep else [])
+            return [ALREADY_APPLIED] * skipped + (self.state.apply(keep) if keep else [])
 
     def outgoing(self, msg: Message) -> Message:
         if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:

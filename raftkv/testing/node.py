@@ -18,7 +18,11 @@ from typing import Any
 import msgpack
 
 from raftkv.core import Config, Entry, EntryType, Message, Raft, ReadState, Ready
+from raftkv.node.group_storage import ALREADY_APPLIED, GroupStorage
+from recovery.compaction import compact
+from storage.commands import Put, decode, encode_cas, encode_put
 from storage.log_store import MemoryLogStore
+from storage.state_store import MemoryStateStore
 
 
 def encode_command(client: int, op_id: int, kind: str, key: str, value: Any = None) -> bytes:
@@ -129,6 +133,23 @@ class SimNode:
         self.raft.advance(rd)
         return out
 
+    # -- what the simulator's clients and checker use ------------------------------------
+    def encode(self, client: int, op_id: int, kind: str, key: str, value: Any) -> bytes:
+        return encode_command(client, op_id, kind, key, value)
+
+    def read(self, key: str) -> Any:
+        return self.sm.data.get(key)
+
+    def op_of(self, data: bytes) -> Any:
+        """A hashable identity of the client operation in an entry (None for no-ops)."""
+        return tuple(decode_command(data)[:2]) if data else None
+
+    def state(self) -> dict:
+        return self.sm.data
+
+    def accept(self, msg: Message) -> bool:
+        return True
+
     def compact(self, keep: int = 0) -> bool:
         """Snapshot the state machine at the applied index and drop the log before it,
         keeping ``keep`` entries so slightly-behind followers need no snapshot."""
@@ -145,3 +166,82 @@ class SimNode:
     def restart(self) -> None:
         self.alive = True
         self._start()
+
+
+class StoreSimNode(SimNode):
+    """A node on the real storage path: ``GroupStorage`` over a MemoryLogStore and a
+    MemoryStateStore, with storage commands (put/cas over bytes).
+
+    A crash loses what the state store applied since its last checkpoint, exactly as
+    IGNITE-16907 describes; a restart replays the log from the checkpoint, and the core
+    starts at the store's applied index. Snapshots carry the state store's image, which
+    may be newer than the snapshot's index: the overlap comes back ALREADY_APPLIED.
+    """
+
+    def __init__(self, node_id: str, storage: MemoryLogStore, seed: int,
+                 checkpoint_entries: int = 25, **config: Any) -> None:
+        self.state_store = MemoryStateStore(
+            checkpoint_entries=checkpoint_entries, checkpoint_seconds=float("inf")
+        )
+        super().__init__(node_id, storage, seed, **config)
+
+    def _start(self) -> None:
+        self.incarnation += 1
+        self.gs = GroupStorage(self.storage, self.state_store)
+        self.gs.recover()
+        self.last_applied = self.state_store.applied_index()
+        rng = random.Random(f"{self.seed}/{self.id}/{self.incarnation}")
+        config = Config(id=self.id, applied=self.last_applied, **self.config)
+        self.raft = Raft(config, self.storage, rng)
+
+    def crash(self) -> None:
+        self.alive = False
+        self.state_store.crash()
+
+    def handle_ready(self) -> ReadyOutcome:
+        out = ReadyOutcome()
+        if not self.alive or not self.raft.has_ready():
+            return out
+        rd = self.raft.ready()
+        out.ready = rd
+        self.gs.persist(rd)
+        out.messages = [self.gs.outgoing(m) for m in rd.messages]
+        results = self.gs.apply(rd.committed_entries)
+        out.applied = [
+            Applied(e, r) for e, r in zip(rd.committed_entries, results)
+            if r is not ALREADY_APPLIED
+        ]
+        self.state_store.maybe_checkpoint(0.0)  # the entries threshold decides
+        self.last_applied = self.state_store.applied_index()
+        out.read_states = rd.read_states
+        self.raft.advance(rd)
+        return out
+
+    def compact(self, keep: int = 0) -> bool:
+        return compact(self.storage, self.state_store, self.raft.conf_at, keep) is not None
+
+    def encode(self, client: int, op_id: int, kind: str, key: str, value: Any) -> bytes:
+        k = key.encode()
+        if kind == "put":
+            return encode_put(k, b"%d" % value)
+        if kind == "cas":
+            expected, new = value
+            return encode_cas(k, None if expected is None else b"%d" % expected, b"%d" % new)
+        raise ValueError(f"no storage command for {kind!r}")
+
+    def read(self, key: str) -> Any:
+        v = self.state_store.get(key.encode())
+        return None if v is None else int(v)
+
+    def op_of(self, data: bytes) -> Any:
+        # Every write stores its globally unique op id as the value it writes.
+        if not data:
+            return None
+        cmd = decode(data)
+        return int(cmd.value if isinstance(cmd, Put) else cmd.new)
+
+    def state(self) -> dict:
+        return dict(self.state_store.scan())
+
+    def accept(self, msg: Message) -> bool:
+        return self.gs.accept(msg)

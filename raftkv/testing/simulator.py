@@ -50,6 +50,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +67,7 @@ from raftkv.core import (
     bootstrap,
 )
 from raftkv.testing.linearizability import CheckResult, Operation, check_history
-from raftkv.testing.node import ReadyOutcome, SimNode, decode_command, encode_command
+from raftkv.testing.node import ReadyOutcome, SimNode, StoreSimNode
 from storage.log_store import MemoryLogStore
 
 ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact")
@@ -94,6 +95,9 @@ class SimConfig:
     settle_ms: int = 6000
     max_members: int = 7
     trace_lines: int = 60
+    # Run nodes on the real storage path (GroupStorage, MemoryStateStore with
+    # checkpoints that a crash rolls back to) instead of the plain dict state machine.
+    state_store: bool = False
 
 
 @dataclass
@@ -107,6 +111,7 @@ class _ClientOp:
     index: int = 0  # writes: the proposedIndex at ``node``
     term: int = 0
     ctx: Any = None  # reads: the ReadIndex context
+    data: bytes = b""  # writes: the proposed command
     read_index: int = -1
 
 
@@ -150,7 +155,7 @@ class Simulation:
         self.committed_chain: dict[int, int] = {}
         self.max_committed = 0
         self.op_index: dict[tuple[int, int], int] = {}
-        self.acked_writes: list[tuple[int, int, int]] = []  # (index, client, op_id)
+        self.acked_writes: list[tuple[int, Any]] = []  # (index, operation identity)
         self.leader_commit: dict[str, int] = {}
         # -- clients --
         self.history: list[Operation] = []
@@ -172,7 +177,8 @@ class Simulation:
 
     # ================================================================ plumbing ========
     def _add_node(self, nid: str, store: MemoryLogStore) -> SimNode:
-        node = SimNode(nid, store, self.seed, election_tick=self.cfg.election_tick)
+        kind = StoreSimNode if self.cfg.state_store else SimNode
+        node = kind(nid, store, self.seed, election_tick=self.cfg.election_tick)
         self.nodes[nid] = node
         # Clocks drift: each node ticks at its own rate. With identical rates,
         # check-quorum would depose an old leader before anyone else could be elected,
@@ -208,6 +214,9 @@ class Simulation:
             result.violations.append(str(e))
         except AssertionError as e:  # an internal assertion of the core or SimNode
             result.violations.append(f"assertion: {e}")
+        except Exception as e:  # noqa: BLE001 - any crash of a node is a finding
+            self._log("".join(traceback.format_exception(e)[-6:]).rstrip())
+            result.violations.append(f"unexpected {type(e).__name__}: {e}")
         result.ops = len(self.history)
         result.committed = self.max_committed
         result.leaders = len(self.leader_of_term)
@@ -244,6 +253,8 @@ class Simulation:
     def _on_deliver(self, m: Message) -> None:
         node = self.nodes.get(m.to)
         if node is None or not node.alive or (m.frm, m.to) in self.blocked:
+            return
+        if not node.accept(m):
             return
         node.raft.step(m)
         self._touch(m.to)
@@ -413,7 +424,8 @@ class Simulation:
                 op.ctx = ("read", c, op.op_id)
                 node.raft.read_index(op.ctx)
             else:
-                op.index = node.raft.propose(encode_command(c, op.op_id, kind, key, value))
+                op.data = node.encode(c, op.op_id, kind, key, value)
+                op.index = node.raft.propose(op.data)
                 op.term = node.raft.term
         except RaftError as e:
             # Refused before anything entered a log: not part of the history.
@@ -447,13 +459,13 @@ class Simulation:
                     if rs.context == op.ctx:
                         op.read_index = rs.index
                 if op.read_index >= 0 and node.last_applied >= op.read_index:
-                    self._finish(c, op, node.sm.data.get(op.key))
+                    self._finish(c, op, node.read(op.key))
                 continue
             for a in out.applied:
                 if a.entry.index == op.index:
                     mine = a.entry.term == op.term
                     if mine:
-                        self.acked_writes.append((op.index, c, op.op_id))
+                        self.acked_writes.append((op.index, node.op_of(op.data)))
                     self._finish(c, op, a.result, failed=not mine)
                     break
 
@@ -582,12 +594,10 @@ class Simulation:
             self.committed_chain[e.index] = self.chains[nid].get(e.index, 0)
         self.max_committed = max(self.max_committed, e.index)
         if e.data and e.type == EntryType.NORMAL:
-            client, op_id, *_ = decode_command(e.data)
-            first = self.op_index.setdefault((client, op_id), e.index)
+            op_key = self.nodes[nid].op_of(e.data)
+            first = self.op_index.setdefault(op_key, e.index)
             if first != e.index:
-                self._violation(
-                    f"command {client}/{op_id} applied at {first} and again at {e.index}"
-                )
+                self._violation(f"command {op_key} applied at {first} and again at {e.index}")
 
     def _check_one_config_change(self, node: SimNode) -> None:
         raft = node.raft
@@ -619,14 +629,14 @@ class Simulation:
                     f"liveness: {nid} applied {node.last_applied}, leader committed "
                     f"{lr.log.committed} after settling"
                 )
-        digests = {nid: self.nodes[nid].sm.data for nid in members}
+        digests = {nid: self.nodes[nid].state() for nid in members}
         ref = digests[leader]
         for nid, data in digests.items():
             if data != ref:
                 self._violation(f"replica {nid} state differs from leader {leader}")
-        for index, client, op_id in self.acked_writes:
-            if self.op_index.get((client, op_id)) != index:
-                self._violation(f"acknowledged write {client}/{op_id} at {index} was lost")
+        for index, op_key in self.acked_writes:
+            if self.op_index.get(op_key) != index:
+                self._violation(f"acknowledged write {op_key} at {index} was lost")
 
 
 def run_seed(seed: int, cfg: SimConfig | None = None) -> SimResult:
