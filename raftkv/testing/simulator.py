@@ -518,10 +518,13 @@ class Simulation:
         if rd.entries:
             self._extend_chain(nid, rd.entries)
         if rd.hard_state is not None and rd.hard_state.vote is not None:
-            hs = rd.hard_state
-            cast = self.votes.setdefault((nid, hs.term), hs.vote)
-            if cast != hs.vote:
-                self._violation(f"{nid} voted for {cast} and then {hs.vote} in term {hs.term}")
+            self._record_vote(nid, rd.hard_state.term, rd.hard_state.vote)
+        for m in out.messages:
+            # A grant can also be implied rather than persisted: a node that votes and
+            # then campaigns before its Ready persists only the later (term, vote), which
+            # rules out a second vote in the earlier term. The grant on the wire counts.
+            if m.type == MessageType.VOTE_RESP and not m.reject:
+                self._record_vote(nid, m.term, m.to)
         if rd.soft_state is not None:
             self._log(f"{nid} {rd.soft_state.role.name} term={raft.term} "
                       f"lead={rd.soft_state.lead} {raft.conf.describe()}")
@@ -536,6 +539,11 @@ class Simulation:
                 self._check_commit_quorum(node, rd.hard_state.commit)
             self.leader_commit[nid] = rd.hard_state.commit
         self._client_progress(node, out)
+
+    def _record_vote(self, nid: str, term: int, vote: str) -> None:
+        cast = self.votes.setdefault((nid, term), vote)
+        if cast != vote:
+            self._violation(f"{nid} voted for {cast} and then {vote} in term {term}")
 
     def _check_new_leader(self, node: SimNode) -> None:
         raft = node.raft
