@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(BIN)/ruff check raftkv storage recovery benchmarks tests
+	$(BIN)/mypy raftkv/core storage recovery raftkv/node
 	$(BIN)/python -m pytest
 
 # Opt-in long mode: thousands of simulator seeds and longer soaks.

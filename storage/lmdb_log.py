@@ -254,7 +254,7 @@ class LmdbLogStore:
             return []
         rows = self._rows(lo, hi)
         crc32, from_bytes, new, body = zlib.crc32, int.from_bytes, tuple.__new__, _BODY.unpack_from
-        out = []
+        out: list[Entry] = []
         append = out.append
         index = lo
         for k, v in rows:
@@ -276,7 +276,7 @@ class LmdbLogStore:
             return []
         rows = self._rows(lo, hi)
         crc32, from_bytes = zlib.crc32, int.from_bytes
-        out = []
+        out: list[tuple[int, bytes]] = []
         append = out.append
         index = lo
         for k, v in rows:

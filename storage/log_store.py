@@ -24,6 +24,7 @@ Contract (every implementation, in memory or LMDB, keeps it):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import itemgetter
 from typing import Protocol
 
@@ -87,7 +88,7 @@ def limit_size(entries: list[Entry], max_bytes: int | None) -> list[Entry]:
 _data = itemgetter(3)  # Entry.data, without the per-entry attribute lookup
 
 
-def payloads_of(entries: list[Entry]) -> list[tuple[int, bytes]]:
+def payloads_of(entries: Sequence[Entry]) -> list[tuple[int, bytes]]:
     """What a state store applies: (index, command), with CONF_CHANGE entries as b""
     (they still take an index, so the applied index stays contiguous)."""
     return [(e[1], e[3] if e[2] == EntryType.NORMAL else b"") for e in entries]

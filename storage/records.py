@@ -23,7 +23,7 @@ class Entry(NamedTuple):
     """One log entry. ``index`` is the proposedIndex handed to the state machine."""
 
     term: int
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: the Raft name
     type: int = EntryType.NORMAL
     data: bytes = b""
 
@@ -64,7 +64,7 @@ class ConfState(NamedTuple):
 
 
 class SnapshotMeta(NamedTuple):
-    index: int = 0
+    index: int = 0  # type: ignore[assignment]  # as in Entry
     term: int = 0
     conf: ConfState = ConfState()
 
@@ -76,7 +76,7 @@ class Snapshot(NamedTuple):
     data: bytes = b""
 
     @property
-    def index(self) -> int:
+    def index(self) -> int:  # type: ignore[override]  # as in Entry
         return self.meta.index
 
     @property

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 
 class ReadRequest(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, as in Entry
     frm: str  # who asked: the leader itself, or the follower that forwarded it
     context: Any  # the caller's context, echoed back in its ReadState
     acks: set[str]

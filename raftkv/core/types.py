@@ -124,7 +124,7 @@ class SoftState(NamedTuple):
 class ReadState(NamedTuple):
     """A confirmed ReadIndex (§6.4): serve the read once applied >= ``index``."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index, as in Entry
     context: Any
 
 
