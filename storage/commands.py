@@ -177,6 +177,8 @@ def split_put(data: bytes) -> tuple[bytes, bytes] | None:
     lengths to add up to exactly ``len(data)`` makes this accept only what ``decode``
     would accept as a valid put, at a fraction of the cost (it is most of replay).
     """
+    if type(data) is not bytes:  # slices of other buffers would not be bytes
+        return None
     n = len(data)
     if n < 6 or data[0] != 0x93 or data[1] != _PUT or data[2] != 0xC4:
         return None

@@ -56,7 +56,16 @@ import msgpack
 from storage.errors import Compacted, CorruptLog, SnapshotUnavailable, StorageError, Unavailable
 from storage.lmdb_files import check_lmdb_file
 from storage.log_store import limit_size
-from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
+from storage.records import (
+    ENTRY_OVERHEAD,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Snapshot,
+    SnapshotMeta,
+    VoteFloor,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +145,7 @@ class LmdbLogStore:
             hs = txn.get(b"hard", db=self._meta)
             sm = txn.get(b"snap", db=self._meta)
             base = txn.get(b"base", db=self._meta)
+            floor = txn.get(b"floor", db=self._meta)
             cur = txn.cursor(db=self._entries)
             last = _KEY.unpack(cur.key())[0] if cur.last() else None
         self._hard = HardState(*msgpack.unpackb(hs)) if hs else HardState()
@@ -147,6 +157,7 @@ class LmdbLogStore:
             self._snap = SnapshotMeta()
         self._base = tuple(msgpack.unpackb(base)) if base else (0, 0)
         self._last = last if last is not None else self._base[0]
+        self._floor = VoteFloor(*msgpack.unpackb(floor)) if floor else None
 
     def _verify_tail(self, verify_from: int | None) -> OpenReport:
         commit = self._hard.commit
@@ -179,8 +190,15 @@ class LmdbLogStore:
         if not bad:
             return OpenReport(self.first_index(), self._last, commit, 0, 0, "")
         dropped = self._last - bad + 1
-        with self._env.begin(write=True, db=self._entries) as txn:
+        # Entries bad..last may have been acknowledged: remember that, durably and in
+        # the same transaction, so a second crash cannot forget it (see VoteFloor).
+        floor = VoteFloor(self._last, self._hard.term)
+        if self._floor is not None:
+            floor = VoteFloor(max(floor.index, self._floor.index), max(floor.term, self._floor.term))
+        with self._env.begin(write=True) as txn:
             self._delete_from(txn, bad)
+            txn.put(b"floor", msgpack.packb(list(floor)), db=self._meta)
+        self._floor = floor
         reason = (f"{why} in {self.path}/data.mdb; truncated the uncommitted tail "
                   f"{bad}..{self._last} ({dropped} entries)")
         self._last = bad - 1
@@ -194,6 +212,14 @@ class LmdbLogStore:
     def first_index(self) -> int:
         return self._base[0] + 1
 
+    def vote_floor(self) -> VoteFloor | None:
+        """Set while this node may lack entries it acknowledged (see VoteFloor)."""
+        return self._floor
+
+    def _commit_term(self) -> int:
+        commit = self._hard.commit
+        return self.term(commit) if self._base[0] <= commit <= self._last else 0
+
     def last_index(self) -> int:
         return self._last
 
@@ -205,17 +231,17 @@ class LmdbLogStore:
             return base_term
         if index > self._last:
             raise Unavailable(index, self._last)
+        key = _KEY.pack(index)
         with self._env.begin(db=self._entries) as txn:
-            v = txn.get(_KEY.pack(index))
+            v = txn.get(key)
         if v is None:
             raise CorruptLog(f"{self.path}/data.mdb: entry {index} is missing")
+        if not _intact(key, v):
+            raise CorruptLog(f"{self.path}/data.mdb: entry {index} fails its checksum")
         return _HEAD.unpack_from(v)[1]
 
     def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
-        if lo <= self._base[0]:
-            raise Compacted(lo, self._base[0] + 1)
-        if hi > self._last + 1:
-            raise Unavailable(hi - 1, self._last)
+        self._check_range(lo, hi)
         if max_bytes is None:
             return self._read(lo, hi)
         # A byte budget usually covers a small part of a long range: read in growing
@@ -225,7 +251,7 @@ class LmdbLogStore:
         while lo < hi:
             part = self._read(lo, min(lo + window, hi))
             out += part
-            total += sum(len(e[3]) for e in part) + 16 * len(part)
+            total += sum(len(e[3]) for e in part) + ENTRY_OVERHEAD * len(part)
             if total > max_bytes:
                 break
             lo += len(part)
@@ -244,47 +270,43 @@ class LmdbLogStore:
             raise CorruptLog(f"{self.path}/data.mdb: entry {missing} is missing")
         return rows
 
-    def _corrupt(self, rows: list[tuple[bytes, bytes]]) -> CorruptLog:
-        bad = next(k for k, v in rows if not _intact(k, v))
-        return CorruptLog(f"{self.path}/data.mdb: entry {_KEY.unpack(bad)[0]} fails its checksum")
+    def _verified(self, lo: int, hi: int) -> list[tuple[bytes, bytes]]:
+        """Records ``[lo, hi)`` with every checksum verified."""
+        rows = self._rows(lo, hi)
+        crc32, from_bytes = zlib.crc32, int.from_bytes
+        for k, v in rows:
+            if crc32(v[4:], crc32(k)) != from_bytes(v[:4], "big"):
+                raise CorruptLog(
+                    f"{self.path}/data.mdb: entry {_KEY.unpack(k)[0]} fails its checksum"
+                )
+        return rows
 
     def _read(self, lo: int, hi: int) -> list[Entry]:
         """Entries ``[lo, hi)``, each checksum verified."""
         if lo >= hi:
             return []
-        rows = self._rows(lo, hi)
-        crc32, from_bytes, new, body = zlib.crc32, int.from_bytes, tuple.__new__, _BODY.unpack_from
-        out: list[Entry] = []
-        append = out.append
-        index = lo
-        for k, v in rows:
-            if crc32(v[4:], crc32(k)) != from_bytes(v[:4], "big"):
-                raise self._corrupt(rows)
-            term, etype = body(v, 4)
-            append(new(Entry, (term, index, etype, v[_HEAD_SIZE:])))
-            index += 1
-        return out
+        new, term_of = tuple.__new__, _BODY.unpack_from
+        return [
+            new(Entry, (term_of(v, 4)[0], index, v[12], v[_HEAD_SIZE:]))
+            for index, (_, v) in enumerate(self._verified(lo, hi), lo)
+        ]
 
     def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]:
         """(index, command) for ``[lo, hi)``, checksums verified, CONF_CHANGE entries as
         b"": what a state store applies. Replay's hot path, so it skips building Entries."""
+        self._check_range(lo, hi)
+        if lo >= hi:
+            return []
+        return [
+            (index, v[_HEAD_SIZE:] if v[12] == EntryType.NORMAL else b"")
+            for index, (_, v) in enumerate(self._verified(lo, hi), lo)
+        ]
+
+    def _check_range(self, lo: int, hi: int) -> None:
         if lo <= self._base[0]:
             raise Compacted(lo, self._base[0] + 1)
         if hi > self._last + 1:
             raise Unavailable(hi - 1, self._last)
-        if lo >= hi:
-            return []
-        rows = self._rows(lo, hi)
-        crc32, from_bytes = zlib.crc32, int.from_bytes
-        out: list[tuple[int, bytes]] = []
-        append = out.append
-        index = lo
-        for k, v in rows:
-            if crc32(v[4:], crc32(k)) != from_bytes(v[:4], "big"):
-                raise self._corrupt(rows)
-            append((index, v[_HEAD_SIZE:] if v[12] == EntryType.NORMAL else b""))
-            index += 1
-        return out
 
     def conf_entries(self, lo: int) -> list[Entry]:
         with self._env.begin(db=self._confs) as txn:
@@ -319,6 +341,12 @@ class LmdbLogStore:
         if entries:
             self._last = entries[-1].index
         self.syncs += 1
+        floor = self._floor
+        if floor is not None and floor.cleared(self._last, self._commit_term()):
+            # Clearing late is harmless (the rule still holds), so no need to do it in
+            # the batch's own transaction.
+            self._write(lambda txn: txn.delete(b"floor", db=self._meta), "clear the vote floor")
+            self._floor = None
 
     def _append(self, txn: lmdb.Transaction, entries: list[Entry]) -> None:
         first = entries[0].index
@@ -372,17 +400,17 @@ class LmdbLogStore:
         self._write(lambda txn: self._put_snap(txn, meta), "record a snapshot")
         return Snapshot(meta, b"")
 
-    def _write(self, body: Callable[[lmdb.Transaction], None], what: str) -> None:
+    def _write(self, body: Callable[[lmdb.Transaction], object], what: str) -> None:
         """Run ``body`` in a write transaction; if it fails, reload the in-memory view
         (``body`` may have updated it before the transaction aborted)."""
         try:
             with self._env.begin(write=True) as txn:
                 body(txn)
-        except (lmdb.Error, StorageError) as e:
+        except BaseException as e:  # whatever aborted the transaction, memory must follow
             self._load_meta()
-            if isinstance(e, StorageError):
-                raise
-            raise StorageError(f"{self.path}: cannot {what}: {e}") from e
+            if isinstance(e, lmdb.Error):
+                raise StorageError(f"{self.path}: cannot {what}: {e}") from e
+            raise
 
     def compact(self, index: int) -> None:
         """Drop entries up to ``index`` (at most the snapshot's index)."""

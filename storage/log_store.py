@@ -16,6 +16,8 @@ Contract (every implementation, in memory or LMDB, keeps it):
   overwrite).
 - ``payloads(lo, hi)`` is ``entries`` as a state store applies them: (index, command),
   CONF_CHANGE entries as b"".
+- ``vote_floor()`` is set while this node may lack entries it acknowledged, after a
+  damaged tail was truncated at open (see records.VoteFloor).
 - ``conf_entries(lo)`` returns the CONF_CHANGE entries from ``lo`` on, so a restarting
   node rebuilds its membership without scanning the whole log.
 - ``compact(index)`` drops entries up to ``index``; it is only legal up to the latest
@@ -37,6 +39,7 @@ from storage.records import (
     HardState,
     Snapshot,
     SnapshotMeta,
+    VoteFloor,
 )
 
 
@@ -54,6 +57,8 @@ class LogStorage(Protocol):
     def conf_entries(self, lo: int) -> list[Entry]: ...
 
     def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]: ...
+
+    def vote_floor(self) -> VoteFloor | None: ...
 
     def snapshot(self) -> Snapshot: ...
 
@@ -135,6 +140,9 @@ class MemoryLogStore:
 
     def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]:
         return payloads_of(self.entries(lo, hi))
+
+    def vote_floor(self) -> VoteFloor | None:
+        return None  # nothing here can be damaged from outside and truncated
 
     def conf_entries(self, lo: int) -> list[Entry]:
         offset = self._ents[0].index

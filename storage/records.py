@@ -63,6 +63,24 @@ class ConfState(NamedTuple):
         return f"voters=({','.join(sorted(self.voters))}) learners=({learners})"
 
 
+class VoteFloor(NamedTuple):
+    """Set when storage truncated a damaged log tail at open. This node may have
+    acknowledged entries up to ``index`` (its old last index) in terms up to ``term``, so
+    it must neither vote nor campaign until it cannot be missing a committed one:
+
+    - its log reaches ``index`` again, with entries accepted from a leader; or
+    - it commits an entry of a term after ``term``: that leader was elected without this
+      node's vote, so (Raft's overlap argument) its log holds every committed entry, and
+      committing one of its entries means this log matches it up to there.
+    """
+
+    index: int  # type: ignore[assignment]  # as in Entry
+    term: int
+
+    def cleared(self, last_index: int, commit_term: int) -> bool:
+        return last_index >= self.index or commit_term > self.term
+
+
 class SnapshotMeta(NamedTuple):
     index: int = 0  # type: ignore[assignment]  # as in Entry
     term: int = 0

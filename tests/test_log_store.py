@@ -183,6 +183,8 @@ def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:
         s.entries(10, 14)
     with pytest.raises(CorruptLog, match="entry 12"):
         s.payloads(1, 21)  # replay's read path checks too
+    with pytest.raises(CorruptLog, match="entry 12"):
+        s.term(12)  # and so do term lookups (log matching must not use a bad term)
 
 
 def test_lmdb_truncated_file_is_refused_without_crashing(tmp_path) -> None:

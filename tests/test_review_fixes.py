@@ -22,6 +22,7 @@ from raftkv.core import (
 from raftkv.node.group_storage import GroupStorage
 from raftkv.testing.cluster import Cluster
 from storage.log_store import MemoryLogStore
+from storage.records import VoteFloor
 from storage.state_store import MemoryStateStore
 
 
@@ -38,8 +39,8 @@ def _grown_cluster() -> Cluster:
 
 
 def test_restart_past_config_entries_reports_the_applied_config() -> None:
-    """Config.applied may start the core after its config entries; applied_conf() and
-    conf_at() must still answer with the configuration in effect there, or compaction
+    """Config.applied may start the core after its config entries; conf_at() must
+    still answer with the configuration in effect there, or compaction
     records a wrong membership in the snapshot (and a restart then uses it)."""
     c = _grown_cluster()
     store = c.nodes["n2"].storage
@@ -47,7 +48,7 @@ def test_restart_past_config_entries_reports_the_applied_config() -> None:
     r = Raft(Config(id="n2", applied=commit), store, random.Random(1))
     assert not r.has_ready()  # an idle restart: advance() never runs to trim the history
     want = c.raft("n1").conf
-    assert r.applied_conf() == want and r.conf_at(commit) == want
+    assert r.conf_at(commit) == want
     assert r.conf_at(commit + 1) is None  # beyond what the core has applied: unknown
 
     gs = GroupStorage(store, MemoryStateStore())
@@ -86,22 +87,81 @@ def test_snapshot_fast_forward_claims_only_the_snapshot_index() -> None:
 
 
 def test_truncated_tail_keeps_the_node_from_voting_until_caught_up() -> None:
-    """Entries dropped at open may have been acknowledged: until the log again reaches
-    the old last index, the node neither votes nor campaigns."""
+    """Entries dropped at open may have been acknowledged: under a VoteFloor the node
+    neither votes nor campaigns until its log is back to the old last index, or it has
+    committed an entry of a newer term (records.VoteFloor explains why either suffices)."""
     store = MemoryLogStore()
     bootstrap(store, ["n1", "n2", "n3"])
     store.save(HardState(3, None, 4), [Entry(3, i) for i in range(2, 6)])
-    r = Raft(Config(id="n2", vote_floor=8), store, random.Random(1))
+    r = Raft(Config(id="n2", vote_floor=VoteFloor(8, 3)), store, random.Random(1))
     assert not r.promotable()
     r.step(Message(MT.VOTE, "n2", "n3", 4, log_term=3, index=9))
     assert r.msgs[-1].reject
-    r2 = Raft(Config(id="n2", vote_floor=5), store, random.Random(1))
-    r2.step(Message(MT.VOTE, "n2", "n3", 4, log_term=3, index=9))
-    assert not r2.msgs[-1].reject
+    # A leader of term 4 (elected without us) gets us to commit one of its entries.
+    r.step(Message(MT.APP, "n2", "n3", 4, log_term=3, index=5,
+                   entries=[Entry(4, 6)], commit=6))
+    assert r.log.committed == 6 and r.promotable()
+    r2 = Raft(Config(id="n2", vote_floor=VoteFloor(5, 3)), store, random.Random(1))
+    r2.step(Message(MT.VOTE, "n2", "n3", 5, log_term=4, index=9))
+    assert not r2.msgs[-1].reject  # the log already reaches the floor
+
+
+def test_the_vote_floor_survives_a_second_crash(tmp_path) -> None:
+    """The damaged tail is deleted at the first open, so the floor must be stored with
+    the truncation, or a second restart would forget it; it clears durably."""
+    from test_log_store import _flip_byte_of, _marked
+
+    from storage.lmdb_log import LmdbLogStore
+
+    p = str(tmp_path / "log")
+    s = LmdbLogStore(p)
+    s.save(HardState(2, None, 3), _marked(1, 11))
+    s.close()
+    _flip_byte_of(p, b"<payload-000006>" * 4)
+    assert LmdbLogStore(p).vote_floor() == VoteFloor(10, 2)
+    s = LmdbLogStore(p)  # the second open finds an intact, shorter log
+    assert s.vote_floor() == VoteFloor(10, 2) and s.last_index() == 5
+    s.save(HardState(3, None, 6), [Entry(3, 6)])  # committed an entry of term 3 > 2
+    assert s.vote_floor() is None
+    s.close()
+    assert LmdbLogStore(p).vote_floor() is None
+
+
+def test_entries_of_unknown_type_from_a_peer_are_refused() -> None:
+    """Only NORMAL and CONF_CHANGE exist; a type-2 entry carrying a config would change
+    the running membership but not the one rebuilt on restart."""
+    from raftkv.core.membership import encode_conf_entry
+    from storage.records import ConfState
+
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    r = c.raft("n2")
+    last, term = r.log.last_index(), r.term
+    conf = ConfState(frozenset({"n1", "n2", "n3", "n9"}))
+    odd = Entry(term, last + 1, 2, encode_conf_entry(None, conf))
+    r.step(Message(MT.APP, "n2", "n1", term, log_term=r.log.last_term(), index=last,
+                   entries=[odd], commit=r.log.committed))
+    assert r.log.last_index() == last and "n9" not in r.conf.voters
 
 
 def test_a_malformed_snapshot_image_is_refused_before_the_core_sees_it() -> None:
+    """Every chunk, the order and the trailing digest are checked before the core may
+    adopt the snapshot, and the image must reach the snapshot's index."""
+    import msgpack
+
+    donor = MemoryStateStore()
+    donor.apply([(i, b"") for i in range(1, 10)])
+    chunks = list(donor.snapshot_chunks())
     gs = GroupStorage(MemoryLogStore(), MemoryStateStore())
-    msg = Message(MT.SNAPSHOT, "n2", "n1", 3, snapshot=Snapshot(SnapshotMeta(9, 3), b"junk"))
-    assert not gs.accept(msg)
+
+    def snap(image: object, index: int = 9) -> Message:
+        data = msgpack.packb(image, use_bin_type=True)
+        return Message(MT.SNAPSHOT, "n2", "n1", 3, snapshot=Snapshot(SnapshotMeta(index, 3), data))
+
+    assert gs.accept(snap(chunks))
+    assert not gs.accept(snap(chunks[:-1]))  # no trailer
+    assert not gs.accept(snap([b"\x00garbage"]))
+    assert not gs.accept(snap(chunks, index=12))  # image older than the snapshot
+    assert not gs.accept(Message(MT.SNAPSHOT, "n2", "n1", 3,
+                                 snapshot=Snapshot(SnapshotMeta(9, 3), b"junk")))
     assert gs.accept(Message(MT.HEARTBEAT, "n2", "n1", 3))

@@ -873,6 +873,7 @@ def test_put_fast_path_agrees_with_decode(key: bytes, value: bytes) -> None:
         assert Put(*fast) == decode(data)
     else:
         assert len(key) >= 256  # only keys needing bin16 fall back
+    assert split_put(bytearray(data)) is None and split_put(memoryview(data)) is None
     for bad in (data[:-1], data + b"x", data[:3] + b"\xff" + data[4:]):
         got = split_put(bad)
         if got is not None:

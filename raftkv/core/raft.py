@@ -88,6 +88,7 @@ from storage.records import (
     EntryType,
     HardState,
     Snapshot,
+    VoteFloor,
 )
 
 MT = MessageType
@@ -127,10 +128,10 @@ class Config:
     # The state machine's durable applied index (its checkpointIndex): entries up to it
     # are not redelivered on restart.
     applied: int = 0
-    # The log's last index before storage truncated a damaged tail at open. This node
-    # may have acknowledged entries up to it, so until its log reaches it again it
-    # neither votes nor campaigns: either could elect a leader lacking a committed entry.
-    vote_floor: int = 0
+    # Set by storage when it truncated a damaged tail at open (see VoteFloor): until
+    # the floor clears, this node neither votes nor campaigns, since either could elect
+    # a leader lacking an entry this node acknowledged and the cluster committed.
+    vote_floor: VoteFloor | None = None
 
 
 def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
@@ -147,9 +148,16 @@ def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
 
 
 def _decode_confs(ents: list[Entry]) -> list[tuple[int, ConfState]]:
-    """The configurations carried by ``ents`` (ValueError if one is malformed)."""
-    # The truthiness test keeps the common case (no CONF_CHANGE) cheap.
-    return [(e.index, decode_conf_entry(e.data)[1]) for e in ents if e.type]
+    """The configurations carried by ``ents``; ValueError if one is malformed or an
+    entry has a type this version does not know (it would be misread on restart)."""
+    # The truthiness test keeps the common case (all NORMAL) cheap.
+    out = []
+    for e in ents:
+        if e.type:
+            if e.type != EntryType.CONF_CHANGE:
+                raise ValueError(f"entry {e.index} has unknown type {e.type!r}")
+            out.append((e.index, decode_conf_entry(e.data)[1]))
+    return out
 
 
 class Raft:
@@ -163,10 +171,17 @@ class Raft:
             self.log.applied = max(self.log.applied, min(config.applied, self.log.committed))
         # Configuration history: (index, conf) for every config entry not yet applied,
         # plus the one in effect at the applied index. Truncation pops from the end.
-        first = self.log.first_index()
-        self.confs: list[tuple[int, ConfState]] = [(first - 1, base_conf)]
-        for e in storage.conf_entries(first):
+        # The base configuration is the snapshot's, in effect at the snapshot's index;
+        # compaction may keep a few entries below it, whose configs it already includes.
+        try:
+            base = storage.snapshot().index
+        except SnapshotUnavailable:
+            base = 0
+        base = max(base, self.log.first_index() - 1)
+        self.confs: list[tuple[int, ConfState]] = [(base, base_conf)]
+        for e in storage.conf_entries(base + 1):
             self.confs.append((e.index, decode_conf_entry(e.data)[1]))
+        self._vote_floor = config.vote_floor
         self.conf: ConfState = self.confs[-1][1]
         self._trim_confs()  # applied may start past some of them (Config.applied)
 
@@ -362,10 +377,6 @@ class Raft:
             lead_transferee=self.lead_transferee, peers=peers,
         )
 
-    def applied_conf(self) -> ConfState:
-        """The configuration in effect at the applied index (what a snapshot records)."""
-        return self.confs[0][1]
-
     def conf_at(self, index: int) -> ConfState | None:
         """The configuration in effect at ``index``, or None when that is not known: it
         lies before the retained history or after the applied index (a later config
@@ -383,8 +394,16 @@ class Raft:
         return (
             self.id in self.conf.voters
             and self.log.pending_snapshot is None
-            and self.log.last_index() >= self.cfg.vote_floor
+            and self._above_vote_floor()
         )
+
+    def _above_vote_floor(self) -> bool:
+        floor = self._vote_floor
+        if floor is not None and floor.cleared(
+            self.log.last_index(), self.log.term_or_zero(self.log.committed)
+        ):
+            self._vote_floor = floor = None  # cleared for good
+        return floor is None
 
     # ============================================================== role changes ======
     def _reset(self, term: int) -> None:
@@ -500,8 +519,7 @@ class Raft:
             or (m.type == MT.PRE_VOTE and m.term > self.term)
         )
         resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
-        caught_up = self.log.last_index() >= self.cfg.vote_floor
-        if can_vote and caught_up and self.log.is_up_to_date(m.index, m.log_term):
+        if can_vote and self._above_vote_floor() and self.log.is_up_to_date(m.index, m.log_term):
             # A granted pre-vote answers in the candidate's future term, so it is not
             # mistaken for a rejection from a newer term.
             self._send(Message(resp, m.frm, self.id, m.term))

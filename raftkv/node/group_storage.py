@@ -33,8 +33,8 @@ from recovery.compaction import CompactionPolicy, maybe_compact
 from recovery.local import RecoveryReport, replay
 from storage.errors import IndexMismatch, StorageError
 from storage.log_store import LogStorage, payloads_of
-from storage.records import ConfState
-from storage.state_store import StateStore
+from storage.records import ConfState, VoteFloor
+from storage.state_store import SnapshotLoader, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -95,21 +95,24 @@ class GroupStorage:
         return maybe_compact(self.log, self.state, conf_at, self.compaction)
 
     @property
-    def vote_floor(self) -> int:
-        """``Config.vote_floor``: where the log ended before open truncated a damaged
-        tail (entries this node may have acknowledged), else 0."""
-        report = getattr(self.log, "open_report", None)
-        if report is None or not report.truncated_from:
-            return 0
-        return report.truncated_from + report.truncated_entries - 1
+    def vote_floor(self) -> VoteFloor | None:
+        """``Config.vote_floor``, kept durably by the log store (see VoteFloor)."""
+        return self.log.vote_floor()
 
     def accept(self, msg: Message) -> bool:
-        """Check what the core cannot: a snapshot image must at least be well formed
-        before the core adopts the snapshot, since a failed install after that cannot
-        be undone. (Its digest is checked again, in full, on install.)"""
+        """Check what the core cannot: a snapshot image must be whole and valid (every
+        chunk, the ordering, the trailing digest) and reach the snapshot's index before
+        the core adopts the snapshot, because a failed install after that cannot be
+        undone. The price is reading the image twice; images are rare."""
         if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
             try:
-                unpack_image(msg.snapshot.data)
+                loader = SnapshotLoader(unpack_image(msg.snapshot.data))
+                for _ in loader.rows():
+                    pass
+                if not loader.verified or loader.applied < msg.snapshot.index:
+                    raise StorageError(
+                        f"image at {loader.applied} does not cover snapshot {msg.snapshot.index}"
+                    )
             except StorageError as e:
                 log.warning("dropping a snapshot from %s: %s", msg.frm, e)
                 return False

@@ -156,7 +156,9 @@ class SimNode:
         applied = self.raft.log.applied
         if applied <= self.storage.snapshot().index:
             return False
-        self.storage.create_snapshot(applied, self.raft.applied_conf(), self.sm.snapshot())
+        conf = self.raft.conf_at(applied)
+        assert conf is not None, "the applied index is always within the config history"
+        self.storage.create_snapshot(applied, conf, self.sm.snapshot())
         self.storage.compact(max(applied - keep, self.storage.first_index() - 1))
         return True
 
@@ -183,6 +185,7 @@ class StoreSimNode(SimNode):
         self.state_store = MemoryStateStore(
             checkpoint_entries=checkpoint_entries, checkpoint_seconds=float("inf")
         )
+        self.image_index = 0  # the newest snapshot image installed (its applied index)
         super().__init__(node_id, storage, seed, **config)
 
     def _start(self) -> None:
@@ -205,12 +208,20 @@ class StoreSimNode(SimNode):
         rd = self.raft.ready()
         out.ready = rd
         self.gs.persist(rd)
+        if rd.snapshot is not None:
+            self.image_index = max(self.image_index, self.state_store.applied_index())
         out.messages = [self.gs.outgoing(m) for m in rd.messages]
         results = self.gs.apply(rd.committed_entries)
-        out.applied = [
-            Applied(e, r) for e, r in zip(rd.committed_entries, results)
-            if r is not ALREADY_APPLIED
-        ]
+        out.applied = []
+        for e, r in zip(rd.committed_entries, results):
+            if r is ALREADY_APPLIED:
+                # Only an installed image (newer than its snapshot index) may hold
+                # entries the core still delivers; anything else is a lost or doubled apply.
+                assert e.index <= self.image_index, (
+                    f"{self.id}: entry {e.index} reported applied, but no image covered it"
+                )
+            else:
+                out.applied.append(Applied(e, r))
         self.state_store.maybe_checkpoint(0.0)  # the entries threshold decides
         self.last_applied = self.state_store.applied_index()
         out.read_states = rd.read_states

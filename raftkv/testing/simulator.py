@@ -260,14 +260,10 @@ class Simulation:
         self._touch(m.to)
 
     def _send(self, m: Message) -> None:
-        if m.type == MessageType.APP:
+        if m.type == MessageType.APP and self.leader_of_term.get(m.term) != m.frm:
             # Leadership seen on the wire too: a node can lead and step down before
             # its Ready ever shows the LEADER role, yet still send AppendEntries.
-            prev = self.leader_of_term.setdefault(m.term, m.frm)
-            if prev != m.frm:
-                self._violation(
-                    f"election safety: {prev} and {m.frm} both lead term {m.term}"
-                )
+            self._check_leadership(m.frm, m.term, self.nodes[m.frm].raft.conf.voters)
         f = self.faults
         if not self.settling and "drop" in f and self.rng.random() < self.cfg.drop_rate:
             return
@@ -545,18 +541,21 @@ class Simulation:
         if cast != vote:
             self._violation(f"{nid} voted for {cast} and then {vote} in term {term}")
 
+    def _check_leadership(self, nid: str, term: int, voter_set: frozenset[str]) -> None:
+        """At most one leader per term, elected by a majority of its voters (counted
+        from the votes the stores and the wire recorded, not from the core's tally)."""
+        prev = self.leader_of_term.setdefault(term, nid)
+        if prev != nid:
+            self._violation(f"election safety: {prev} and {nid} both lead term {term}")
+        voters = sorted(voter_set)
+        granted = [v for v in voters if self.votes.get((v, term)) == nid]
+        if len(granted) * 2 <= len(voters):
+            self._violation(f"{nid} leads term {term} with votes {granted} of voters {voters}")
+
     def _check_new_leader(self, node: SimNode) -> None:
         raft = node.raft
         term = raft.term
-        prev = self.leader_of_term.setdefault(term, node.id)
-        if prev != node.id:
-            self._violation(f"election safety: {prev} and {node.id} both lead term {term}")
-        voters = sorted(raft.conf.voters)
-        granted = [v for v in voters if self.votes.get((v, term)) == node.id]
-        if len(granted) * 2 <= len(voters):
-            self._violation(
-                f"{node.id} leads term {term} with votes {granted} of voters {voters}"
-            )
+        self._check_leadership(node.id, term, raft.conf.voters)
         mc = self.max_committed
         chain = self.chains[node.id]
         if mc and mc >= min(chain) and chain.get(mc) != self.committed_chain.get(mc):
