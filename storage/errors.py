@@ -14,14 +14,19 @@ class StorageError(Exception):
     pass
 
 
-class _Rebuildable(StorageError):
-    """Errors whose constructor takes fields, not a message: pickle them by those
-    fields so they cross process boundaries (worker pools) intact."""
+class Rebuildable:
+    """For exceptions whose constructor takes fields, not a message: pickle them by
+    those fields (plus any attributes added later) so they cross process boundaries,
+    such as the simulator's worker pool, intact."""
 
     _fields: tuple[str, ...] = ()
 
     def __reduce__(self) -> tuple:
-        return (type(self), tuple(getattr(self, f) for f in self._fields))
+        return (type(self), tuple(getattr(self, f) for f in self._fields), self.__dict__)
+
+
+class _Rebuildable(Rebuildable, StorageError):
+    pass
 
 
 class Compacted(_Rebuildable):

@@ -236,8 +236,11 @@ def test_storage_errors_survive_pickling() -> None:
     """Worker pools (the simulator's --jobs) return errors by pickling them."""
     import pickle
 
+    from raftkv.core import LeaderStepping, NotLeader
     from storage.errors import IndexMismatch
 
-    for err in (Compacted(3, 7), Unavailable(9, 4), IndexMismatch(2, 5)):
+    for err in (Compacted(3, 7), Unavailable(9, 4), IndexMismatch(2, 5),
+                NotLeader("n1", "n2"), LeaderStepping("moving", "n3")):
         again = pickle.loads(pickle.dumps(err))
         assert type(again) is type(err) and str(again) == str(err)
+        assert again.__dict__ == err.__dict__

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+from storage.errors import Rebuildable
+
 
 class RaftError(Exception):
     pass
 
 
-class NotLeader(RaftError):
+class NotLeader(Rebuildable, RaftError):
     """The proposal must go to the leader. ``leader`` is the best hint, or None."""
+
+    _fields = ("node", "leader")
 
     def __init__(self, node: str, leader: str | None) -> None:
         hint = f"leader is {leader}" if leader is not None else "leader unknown"
         super().__init__(f"node {node} is not the leader ({hint})")
         self.node = node
         self.leader = leader
-
-    def __reduce__(self) -> tuple:
-        return (NotLeader, (self.node, self.leader))
 
 
 class ProposalDropped(RaftError):
@@ -32,13 +33,13 @@ class TransferRejected(RaftError):
     pass
 
 
-class LeaderStepping(ConfChangeRejected):
+class LeaderStepping(Rebuildable, ConfChangeRejected):
     """The change removes or demotes the leader. Leadership is being transferred to
     ``transferee``, which performs the change once it leads (Kudu design, "removing a node")."""
 
+    _fields = ("message", "transferee")
+
     def __init__(self, message: str, transferee: str) -> None:
         super().__init__(message)
+        self.message = message
         self.transferee = transferee
-
-    def __reduce__(self) -> tuple:
-        return (LeaderStepping, (str(self), self.transferee))
