@@ -33,6 +33,7 @@ REGRESSION_SEEDS = {
     (1, 17): "a lone voter committed its promotion of a second voter by itself (§4.1)",
     (1, 19): "a lone voter committed its promotion of a second voter by itself (§4.1)",
     (5, 3493): "checker: a vote granted then superseded by a campaign in one Ready was missed",
+    (5, 3978): "harness: compaction asserted a known config while a leader's snapshot was pending",
 }
 
 
