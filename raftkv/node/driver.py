@@ -1,0 +1,626 @@
+"""The driver: one event-loop thread runs every Raft group this process hosts.
+
+Theory of operation
+-------------------
+The core is pure, so everything with side effects lives here, in one thread that owns
+the cores, their stores and the transport (none of them is thread-safe, and none needs
+to be). Each loop turn:
+
+1. ``poll`` until the next tick or until woken: socket events step received messages
+   into their group's core; the wake-up pipe means other threads queued calls.
+2. Run queued calls (proposals, reads, admin) on the loop thread. Proposals queued for
+   a group in one turn become one ``propose_batch``: one log append, one fsync.
+3. Tick every group when its time has come (``tick_seconds``), checkpoint state stores
+   by policy and expire deadlines.
+4. For each group with a Ready: persist it (one fsync per group per turn), queue its
+   messages, apply committed entries and resolve their futures, serve reads whose read
+   index is now applied, then ``advance``.
+5. Flush the transport: one frame per peer with everything the turn produced, the
+   heartbeats of every group included.
+
+Callers live on other threads and get ``concurrent.futures.Future`` objects. A write's
+future resolves to ``(index, result)`` once applied here, a read's to whatever the read
+function returns, evaluated on the loop thread once ``applied >= read index`` (§6.4). A
+follower forwards writes to the leader over the peer connection and relays the answer;
+with no leader known, futures fail with ``NotLeader`` carrying the best hint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import random
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgpack
+from pysyncobj.monotonic import monotonic
+from pysyncobj.pipe_notifier import PipeNotifier
+from pysyncobj.poller import createPoller
+
+from raftkv.core import (
+    ConfChange,
+    ConfChangeOp,
+    Config,
+    EntryType,
+    Message,
+    NotLeader,
+    Raft,
+    RaftError,
+    Ready,
+    Role,
+    bootstrap,
+    decode_conf_entry,
+)
+from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
+from raftkv.node.group_storage import ALREADY_APPLIED, GroupStorage
+from raftkv.transport import codec
+from raftkv.transport.tcp import Transport
+from recovery.local import RecoveryReport
+from storage.state_store import StateStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TICK = 0.05  # 50 ms: with election_tick=10, elections time out in 0.5-1 s
+DEFAULT_REQUEST_TIMEOUT = 5.0
+COMPACT_EVERY = 1.0
+
+ReadFn = Callable[[StateStore], Any]
+
+
+class Metrics(Protocol):
+    """What the driver reports; the server plugs Prometheus in, the default drops it."""
+
+    def fsync(self, group: str, seconds: float) -> None: ...
+
+    def proposals(self, group: str, n: int) -> None: ...
+
+    def leader_change(self, group: str) -> None: ...
+
+
+class NoMetrics:
+    def fsync(self, group: str, seconds: float) -> None:
+        pass
+
+    def proposals(self, group: str, n: int) -> None:
+        pass
+
+    def leader_change(self, group: str) -> None:
+        pass
+
+
+@dataclass
+class _Read:
+    fn: ReadFn
+    fut: Future[Any]
+    deadline: float
+    index: int = -1  # the read index once confirmed
+
+
+@dataclass
+class Group:
+    """One hosted Raft group and the requests waiting on it."""
+
+    id: str
+    raft: Raft
+    storage: GroupStorage
+    recovery: RecoveryReport
+    # index -> (term proposed in, future): resolved when that index applies.
+    pending: dict[int, tuple[int, Future[Any]]] = field(default_factory=dict)
+    queued: list[tuple[bytes, Future[Any]]] = field(default_factory=list)
+    reads: dict[str, _Read] = field(default_factory=dict)
+    ready_reads: deque[_Read] = field(default_factory=deque)
+    transfers: list[tuple[str, Future[None], float]] = field(default_factory=list)
+    leader: str | None = None
+    leader_changes: int = 0
+
+    @property
+    def state(self) -> StateStore:
+        return self.storage.state
+
+
+@dataclass
+class NodeConfig:
+    node_id: str
+    raft_addr: str
+    secret: bytes
+    peers: dict[str, str] = field(default_factory=dict)
+    tick_seconds: float = DEFAULT_TICK
+    election_tick: int = 10
+    heartbeat_tick: int = 1
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    data_dir: str | None = None  # None: addresses learned at runtime are not kept
+    faults: bool = False  # enable the transport's test fault switch
+
+
+class Node:
+    """Hosts Raft groups on one transport and one loop thread. See the module docstring."""
+
+    def __init__(self, config: NodeConfig, metrics: Metrics | None = None) -> None:
+        self.cfg = config
+        self.id = config.node_id
+        self.metrics: Metrics = metrics or NoMetrics()
+        self.groups: dict[str, Group] = {}
+        self.poller = createPoller("auto")
+        self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._lock = threading.Lock()
+        self._notifier = PipeNotifier(self.poller)
+        addresses = dict(self._load_addresses())
+        addresses.update(config.peers)
+        self.transport = Transport(
+            self.id, config.raft_addr, config.secret, self.poller, self._on_items,
+            addresses=addresses, on_address=self._on_address, faults=config.faults,
+        )
+        self._seq = itertools.count(1)
+        self._forwarded: dict[int, tuple[Future[Any], float]] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+        self._next_compact = 0.0
+
+    # ================================================================ setup ============
+    def add_group(
+        self, group_id: str, storage: GroupStorage, voters: list[str] | None
+    ) -> Group:
+        """Host a group. ``voters`` bootstraps an empty log with that membership; None
+        joins with an empty log and waits for a leader to add this node. Call before
+        ``start`` (or through ``call`` once running)."""
+        if group_id in self.groups:
+            raise ValueError(f"group {group_id!r} is already hosted")
+        if voters is not None:
+            bootstrap(storage.log, voters)
+        report = storage.recover()
+        raft = Raft(
+            Config(
+                id=self.id, election_tick=self.cfg.election_tick,
+                heartbeat_tick=self.cfg.heartbeat_tick,
+                applied=storage.state.applied_index(), vote_floor=storage.vote_floor,
+            ),
+            storage.log, random.Random(),
+        )
+        g = Group(group_id, raft, storage, report)
+        self.groups[group_id] = g
+        self._learn_conf_addresses(g)
+        return g
+
+    def start(self) -> None:
+        self.transport.start()
+        self._thread = threading.Thread(target=self._run, name=f"raftkv-{self.id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop, fail what is pending, close the transport and the stores."""
+        if self._thread is not None and self._thread.is_alive():
+            self._stopping = True
+            self._notifier.notify()
+            self._thread.join(timeout=10)
+        self.transport.close()
+        err = NodeStopped(f"node {self.id} stopped")
+        for g in self.groups.values():
+            for _, fut in g.pending.values():
+                _fail(fut, err)
+            for r in list(g.reads.values()) + list(g.ready_reads):
+                _fail(r.fut, err)
+            g.storage.state.close()
+            close = getattr(g.storage.log, "close", None)
+            if close is not None:
+                close()
+        for fut, _ in self._forwarded.values():
+            _fail(fut, err)
+        with self._lock:
+            calls, self._calls = self._calls, deque()
+        for _, fut in calls:
+            _fail(fut, err)
+
+    # ================================================ thread-safe API (any thread) =====
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn`` on the loop thread; its return value (or exception) lands on the
+        future. If ``fn`` returns a Future, that one is chained through."""
+        fut: Future[Any] = Future()
+        if self._stopping or self.failure is not None:
+            fut.set_exception(NodeStopped(f"node {self.id} is not running"))
+            return fut
+        with self._lock:
+            self._calls.append((fn, fut))
+        self._notifier.notify()
+        return fut
+
+    def propose(self, group: str, data: bytes) -> Future[Any]:
+        """Replicate one command; resolves to ``(index, result)`` once applied here."""
+        out: Future[Any] = Future()
+
+        def run() -> None:
+            self._propose_or_forward(self._group(group), data, out)
+
+        self._chain(self.call(run), out)
+        return out
+
+    def read(self, group: str, fn: ReadFn, linearizable: bool = True) -> Future[Any]:
+        """Evaluate ``fn(state_store)`` on the loop thread: after a ReadIndex round
+        (linearizable) or at once on the local state (stale)."""
+        out: Future[Any] = Future()
+
+        def run() -> None:
+            g = self._group(group)
+            if not linearizable:
+                out.set_result(fn(g.state))
+                return
+            ctx = f"{self.id}/{next(self._seq)}"
+            g.raft.read_index(ctx)  # raises NotLeader when no leader is known
+            g.reads[ctx] = _Read(fn, out, monotonic() + self.cfg.request_timeout)
+
+        self._chain(self.call(run), out)
+        return out
+
+    def change_membership(self, group: str, cc: ConfChange) -> Future[Any]:
+        """Propose one membership change on the leader; resolves to ``(index, None)``
+        once applied here. ``LeaderStepping`` means a transfer started instead."""
+        out: Future[Any] = Future()
+
+        def run() -> None:
+            g = self._group(group)
+            index = g.raft.propose_conf_change(cc)
+            g.pending[index] = (g.raft.term, out)
+
+        self._chain(self.call(run), out)
+        return out
+
+    def transfer_leadership(self, group: str, to: str) -> Future[None]:
+        """Resolves once ``to`` leads, or fails with RequestTimeout."""
+        out: Future[None] = Future()
+
+        def run() -> None:
+            g = self._group(group)
+            if g.leader == to:
+                out.set_result(None)
+                return
+            g.raft.transfer_leadership(to)
+            g.transfers.append((to, out, monotonic() + 2 * self._election_seconds()))
+
+        self._chain(self.call(run), out)
+        return out
+
+    def status(self) -> Future[dict[str, Any]]:
+        return self.call(self._status)
+
+    # ============================================================ the loop =============
+    def _run(self) -> None:
+        tick = self.cfg.tick_seconds
+        next_tick = monotonic() + tick
+        try:
+            while not self._stopping:
+                self.poller.poll(max(0.0, next_tick - monotonic()))
+                self._run_calls()
+                now = monotonic()
+                if now >= next_tick:
+                    next_tick = max(next_tick + tick, now)
+                    self._tick(now)
+                self._flush_proposals()
+                for g in self.groups.values():
+                    if g.raft.has_ready():
+                        self._handle_ready(g)
+                self.transport.flush()
+        except BaseException as e:  # the loop must not die silently
+            log.critical("node %s: driver loop failed", self.id, exc_info=True)
+            self.failure = e
+            raise
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._lock:
+                if not self._calls:
+                    return
+                fn, fut = self._calls.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # noqa: BLE001  # a request's failure is its caller's
+                fut.set_exception(e)
+
+    def _tick(self, now: float) -> None:
+        self.transport.maintain()
+        compact = now >= self._next_compact
+        if compact:
+            self._next_compact = now + COMPACT_EVERY
+        for g in self.groups.values():
+            g.raft.tick()
+            g.state.maybe_checkpoint(now)
+            if compact:
+                g.storage.maybe_compact(g.raft.conf_at)
+            self._expire(g, now)
+        for rid, (fut, deadline) in list(self._forwarded.items()):
+            if now > deadline:
+                del self._forwarded[rid]
+                _fail(fut, RequestTimeout("the leader did not answer the forwarded write"))
+
+    def _expire(self, g: Group, now: float) -> None:
+        for ctx, r in list(g.reads.items()):
+            if now > r.deadline:
+                del g.reads[ctx]
+                _fail(r.fut, RequestTimeout("no read index confirmed in time (no quorum?)"))
+        if g.transfers:
+            keep = []
+            for to, fut, deadline in g.transfers:
+                if now > deadline:
+                    _fail(fut, RequestTimeout(f"{to} did not take over in time"))
+                else:
+                    keep.append((to, fut, deadline))
+            g.transfers = keep
+
+    def _flush_proposals(self) -> None:
+        for g in self.groups.values():
+            if not g.queued:
+                continue
+            queued, g.queued = g.queued, []
+            try:
+                last = g.raft.propose_batch(d for d, _ in queued)
+            except RaftError as e:
+                for _, fut in queued:
+                    _fail(fut, e)
+                continue
+            term = g.raft.term
+            first = last - len(queued) + 1
+            for i, (_, fut) in enumerate(queued):
+                g.pending[first + i] = (term, fut)
+            self.metrics.proposals(g.id, len(queued))
+
+    def _handle_ready(self, g: Group) -> None:
+        rd: Ready = g.raft.ready()
+        if rd.soft_state is not None:
+            self._on_soft_state(g, rd.soft_state.lead)
+        if rd.must_sync:
+            t0 = monotonic()
+            g.storage.persist(rd)
+            self.metrics.fsync(g.id, monotonic() - t0)
+        else:
+            g.storage.persist(rd)
+        for m in rd.messages:
+            self.transport.send(m.to, codec.encode_message(g.id, g.storage.outgoing(m)))
+        if rd.committed_entries:
+            self._apply(g, rd)
+        for rs in rd.read_states:
+            r = g.reads.pop(rs.context, None)
+            if r is not None:
+                r.index = rs.index
+                g.ready_reads.append(r)
+        self._serve_reads(g)
+        g.raft.advance(rd)
+
+    def _apply(self, g: Group, rd: Ready) -> None:
+        entries = rd.committed_entries
+        results = g.storage.apply(entries)
+        pending = g.pending
+        for e, result in zip(entries, results):
+            if e.type == EntryType.CONF_CHANGE:
+                self._on_conf_entry(g, e.data)
+            waiter = pending.pop(e.index, None) if pending else None
+            if waiter is None:
+                continue
+            term, fut = waiter
+            if term != e.term:
+                # Another leader's entry took this index: ours was never committed.
+                _fail(fut, NotLeader(self.id, g.leader))
+            elif isinstance(result, Exception):
+                _fail(fut, result)
+            else:
+                fut.set_result((e.index, None if result is ALREADY_APPLIED else result))
+
+    def _serve_reads(self, g: Group) -> None:
+        applied = g.state.applied_index()
+        while g.ready_reads and g.ready_reads[0].index <= applied:
+            r = g.ready_reads.popleft()
+            try:
+                r.fut.set_result(r.fn(g.state))
+            except Exception as e:  # noqa: BLE001  # the read function's error is its caller's
+                _fail(r.fut, e)
+
+    def _on_soft_state(self, g: Group, lead: str | None) -> None:
+        if lead != g.leader:
+            g.leader = lead
+            if lead is not None:
+                g.leader_changes += 1
+                self.metrics.leader_change(g.id)
+                log.info("group %s: leader is now %s (term %d)", g.id, lead, g.raft.term)
+            keep = []
+            for to, fut, deadline in g.transfers:
+                if lead == to:
+                    fut.set_result(None)
+                else:
+                    keep.append((to, fut, deadline))
+            g.transfers = keep
+        if g.raft.role != Role.LEADER and g.queued:
+            queued, g.queued = g.queued, []
+            for data, fut in queued:
+                self._propose_or_forward(g, data, fut)
+
+    # ====================================================== forwarding writes ========
+    def _propose_or_forward(self, g: Group, data: bytes, fut: Future[Any]) -> None:
+        if g.raft.role == Role.LEADER:
+            g.queued.append((data, fut))
+            return
+        lead = g.leader
+        if lead is None or lead == self.id:
+            raise NotLeader(self.id, None)
+        rid = next(self._seq)
+        self._forwarded[rid] = (fut, monotonic() + self.cfg.request_timeout)
+        self.transport.send(lead, codec.encode_forward(rid, g.id, data))
+
+    def _answer_forward(self, peer: str, rid: int, group: str, data: bytes) -> None:
+        def reply(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is None:
+                index, value = f.result()
+                try:
+                    msgpack.packb(value)
+                except (TypeError, ValueError, OverflowError):
+                    exc = TypeError(f"result of type {type(value).__name__} is not msgpack")
+                else:
+                    self.transport.send(peer, codec.encode_reply(rid, True, [index, value]))
+                    return
+            hint = getattr(exc, "leader", None)
+            self.transport.send(peer, codec.encode_reply(
+                rid, False, [type(exc).__name__, str(exc), hint if isinstance(hint, str) else None]
+            ))
+
+        fut: Future[Any] = Future()
+        fut.add_done_callback(reply)
+        g = self.groups.get(group)
+        if g is None:
+            _fail(fut, UnknownGroup(f"{self.id} does not host group {group!r}"))
+        elif g.raft.role != Role.LEADER:
+            _fail(fut, NotLeader(self.id, g.leader))  # one hop only: no forwarding loops
+        else:
+            g.queued.append((data, fut))
+
+    def _on_reply(self, rid: int, ok: bool, result: list[Any]) -> None:
+        waiter = self._forwarded.pop(rid, None)
+        if waiter is None:
+            return  # timed out already
+        fut = waiter[0]
+        if ok and len(result) == 2 and type(result[0]) is int:
+            fut.set_result((result[0], result[1]))
+        elif not ok and len(result) == 3:
+            kind, message, hint = result
+            if kind == "NotLeader":
+                fut.set_exception(NotLeader(self.id, hint if isinstance(hint, str) else None))
+            else:
+                fut.set_exception(RemoteError(str(kind), str(message)))
+        else:
+            fut.set_exception(RemoteError("WireError", "malformed reply from the leader"))
+
+    # ========================================================== network input ========
+    def _on_items(self, peer: str, items: list[Any]) -> None:
+        """Called by the transport (loop thread) with one authenticated frame's items."""
+        for item in items:
+            kind = codec.item_kind(item)
+            if kind == codec.RAFT:
+                group, msg = codec.decode_message(item)
+                self._step(peer, group, msg)
+            elif kind == codec.FORWARD:
+                self._answer_forward(peer, *codec.decode_forward(item))
+            elif kind == codec.FORWARD_REPLY:
+                self._on_reply(*codec.decode_reply(item))
+            else:
+                raise codec.WireError(f"unknown item kind {kind}")
+
+    def _step(self, peer: str, group: str, msg: Message) -> None:
+        if msg.frm != peer or msg.to != self.id:
+            # The authenticated identity is the only sender a message may claim.
+            raise codec.WireError(f"{peer} sent a message from {msg.frm} to {msg.to}")
+        g = self.groups.get(group)
+        if g is None:
+            log.debug("message for unhosted group %s from %s dropped", group, peer)
+            return
+        if not g.storage.accept(msg):
+            return
+        try:
+            g.raft.step(msg)
+        except ValueError as e:  # the core's strict decoding of peer-supplied records
+            raise codec.WireError(f"bad message from {peer}: {e}") from None
+
+    # ============================================================ addresses ==========
+    def _addresses_file(self) -> str | None:
+        d = self.cfg.data_dir
+        return os.path.join(d, "peers.json") if d else None
+
+    def _load_addresses(self) -> dict[str, str]:
+        path = self._addresses_file()
+        if path is None or not os.path.exists(path):
+            return {}
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return {str(k): str(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError) as e:
+            log.warning("ignoring unreadable address book %s: %s", path, e)
+            return {}
+
+    def _on_address(self, peer: str, addr: str) -> None:
+        path = self._addresses_file()
+        if path is None:
+            return
+        book = {pid: p.addr for pid, p in self.transport.peers.items() if p.addr}
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(book, f, sort_keys=True)
+        os.replace(tmp, path)
+
+    def _learn_conf_addresses(self, g: Group) -> None:
+        for e in g.storage.log.conf_entries(g.storage.log.first_index()):
+            self._on_conf_entry(g, e.data, quiet=True)
+
+    def _on_conf_entry(self, g: Group, data: bytes, quiet: bool = False) -> None:
+        cc, conf = decode_conf_entry(data)
+        if cc is None:
+            return
+        if cc.op == ConfChangeOp.ADD_LEARNER and cc.context and cc.node != self.id:
+            try:
+                self.transport.learn_address(cc.node, cc.context.decode())
+            except UnicodeDecodeError:
+                log.warning("group %s: address of %s is not UTF-8", g.id, cc.node)
+        if not quiet:
+            log.info("group %s: %s applied; now %s", g.id, cc.describe(), conf.describe())
+
+    # ============================================================ helpers ============
+    def _group(self, group: str) -> Group:
+        g = self.groups.get(group)
+        if g is None:
+            raise UnknownGroup(f"node {self.id} does not host group {group!r}")
+        return g
+
+    def _election_seconds(self) -> float:
+        return self.cfg.election_tick * self.cfg.tick_seconds
+
+    @staticmethod
+    def _chain(inner: Future[Any], outer: Future[Any]) -> None:
+        """Fail ``outer`` if the loop call that was to fill it raised."""
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                _fail(outer, exc)
+
+        inner.add_done_callback(done)
+
+    def _status(self) -> dict[str, Any]:
+        groups = {}
+        for g in self.groups.values():
+            st = g.raft.status()
+            members = {n: "voter" for n in st.conf.voters}
+            members.update({n: "pre-follower" for n in st.conf.learners})
+            groups[g.id] = {
+                "role": st.role.name.lower(), "term": st.term, "leader": st.leader,
+                "commit": st.commit, "applied": g.state.applied_index(),
+                "checkpoint": g.state.checkpoint_index(), "last_index": st.last_index,
+                "first_index": g.storage.log.first_index(),
+                "members": members,
+                "peers": {
+                    n: {"match": p.match, "next": p.next, "state": p.state,
+                        "learner": p.learner, "active": p.recent_active}
+                    for n, p in st.peers.items() if n != self.id
+                },
+                "leader_changes": g.leader_changes,
+                "recovery": g.recovery.describe(),
+            }
+        return {
+            "id": self.id, "raft_addr": self.cfg.raft_addr, "groups": groups,
+            "addresses": {pid: p.addr for pid, p in self.transport.peers.items() if p.addr},
+            "connected": self.transport.connected_peers(),
+            "transport": dict(self.transport.stats),
+        }
+
+
+def _fail(fut: Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def conf_change(op: ConfChangeOp, node: str, addr: str | None = None) -> ConfChange:
+    """A membership change carrying the member's raft address (learned by every node)."""
+    return ConfChange(op, node, (addr or "").encode())

@@ -1,0 +1,43 @@
+"""Opening a group's stores: LMDB files in the data directory (``storage.layout``), or memory."""
+
+from __future__ import annotations
+
+import os
+
+from raftkv.node.group_storage import GroupStorage
+from storage.errors import StorageError
+from storage.layout import NODE_ID_FILE, group_paths, read_node_id
+from storage.lmdb_log import LmdbLogStore
+from storage.lmdb_state import LmdbStateStore
+from storage.log_store import MemoryLogStore
+from storage.state_store import MemoryStateStore
+
+
+def claim_data_dir(data_dir: str, node_id: str) -> None:
+    """Create ``data_dir`` for ``node_id``, or check it already belongs to it: starting
+    n2 on n1's files would make one node's votes and log appear under another's name."""
+    os.makedirs(data_dir, exist_ok=True)
+    owner = read_node_id(data_dir)
+    if owner is not None:
+        if owner != node_id:
+            raise StorageError(f"{data_dir} holds node {owner!r}'s data, not {node_id!r}'s")
+        return
+    path = os.path.join(data_dir, NODE_ID_FILE)
+    with open(path + ".tmp", "w") as f:
+        f.write(node_id + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def open_group_storage(data_dir: str | None, group: str, durable: bool = True) -> GroupStorage:
+    """LMDB files under ``data_dir``, or in-memory stores when it is None (nothing
+    survives the process: such a node must rejoin as a new member)."""
+    if data_dir is None:
+        return GroupStorage(MemoryLogStore(), MemoryStateStore())
+    log_path, state_path = group_paths(data_dir, group)
+    log = LmdbLogStore(log_path, durable=durable)
+    try:
+        state = LmdbStateStore(state_path)
+    except StorageError:
+        log.close()
+        raise
+    return GroupStorage(log, state)

@@ -1,0 +1,439 @@
+"""Peer connections on PySyncObj's poller: dial, authenticate, batch, back off.
+
+Why not PySyncObj's ``TcpConnection``/``TcpServer``: the connection unpickles every frame
+it receives (arbitrary code execution for anyone who can reach the port) and the server
+hard-wires that connection class. We keep what is sound in them: the poller
+(``pysyncobj.poller``), the wake-up pipe and the monotonic clock, the non-blocking
+socket options (TCP_NODELAY, buffer sizes, keepalive), and the shape of a connection
+state machine driven by poll events.
+
+Theory of operation
+-------------------
+- **One connection per pair.** Either side may dial when it has something to send and
+  no connection. Should both dial at once, both keep the connection dialed by the
+  smaller node id and close the other, so they converge without talking about it.
+- **Handshake first** (``handshake``): until both MACs check out, the only parsing is
+  of fixed-size fields; msgpack never sees an unauthenticated byte. A failure is logged
+  and closes that connection; the node goes on.
+- **Batching.** ``send`` only queues; ``flush`` (once per loop turn) turns each peer's
+  queue into a single frame, so the heartbeats of every group bound for a peer travel
+  together.
+- **Bounded memory.** With no live connection the turn's messages are dropped (Raft
+  retransmits; nothing durable depends on delivery) and a dial is scheduled with
+  exponential back-off. A connection whose unsent bytes exceed ``max_send_buffer`` gets
+  nothing more until it drains: backpressure for a slow peer.
+- **Test fault switch.** When built with ``faults=True``, ``block`` silently drops
+  traffic to and from chosen peers, which is how real-process tests cut the network.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pysyncobj.monotonic import monotonic
+from pysyncobj.poller import POLL_EVENT_TYPE, Poller
+from pysyncobj.tcp_connection import set_keepalive
+
+from raftkv.transport import handshake as hs
+from raftkv.transport.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
+
+log = logging.getLogger(__name__)
+
+READ, WRITE, ERROR = POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR
+SOCK_BUFFER = 1 << 20
+HANDSHAKE_TIMEOUT = 5.0
+MAX_HANDSHAKE_BYTES = 1024
+BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
+RECV_CHUNK = 1 << 18
+# Bytes read from one connection per poll event, so one busy peer cannot starve the loop.
+RECV_PER_EVENT = 8 << 20
+
+ItemsHandler = Callable[[str, list[Any]], None]
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad address {addr!r}: expected host:port")
+    return host, int(port)
+
+
+class _State:
+    CONNECTING = "connecting"
+    AWAIT_CHALLENGE = "await-challenge"  # dialer
+    AWAIT_HELLO = "await-hello"  # acceptor
+    AWAIT_WELCOME = "await-welcome"  # dialer
+    READY = "ready"
+    CLOSED = "closed"
+
+
+class Connection:
+    def __init__(self, transport: Transport, sock: socket.socket, dialed_to: str | None) -> None:
+        self.t = transport
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.dialed_to = dialed_to  # the peer we dialed, or None for an accepted connection
+        self.peer: str | None = None
+        self.dialer_id = transport.node_id if dialed_to else ""
+        self.inbuf = bytearray()
+        self.outbuf = bytearray()
+        self.decoder = FrameDecoder(transport.max_frame)
+        self.deadline = monotonic() + HANDSHAKE_TIMEOUT
+        self.nonce_a = b""
+        self.nonce_d = b""
+        self._mask = 0
+        if dialed_to:
+            self.state = _State.CONNECTING
+            self._subscribe(READ | WRITE | ERROR)
+        else:
+            self.state = _State.AWAIT_HELLO
+            self.nonce_a = hs.new_nonce()
+            self.outbuf += hs.challenge(self.nonce_a)
+            self._subscribe(READ | WRITE | ERROR)
+
+    def _subscribe(self, mask: int) -> None:
+        if mask != self._mask:  # re-registering is a syscall: only when interest changes
+            self._mask = mask
+            self.t.poller.subscribe(self.fd, self._on_event, mask)
+
+    def describe(self) -> str:
+        return self.peer or self.dialed_to or "an unauthenticated peer"
+
+    # -- events ---------------------------------------------------------------------------
+    def _on_event(self, fd: int, event: int) -> None:
+        if self.state == _State.CLOSED:
+            return
+        try:
+            if self.state == _State.CONNECTING:
+                if event & (WRITE | ERROR):
+                    err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                    if err:
+                        self.close(f"connect failed: {errno.errorcode.get(err, err)}", quiet=True)
+                        return
+                    self.state = _State.AWAIT_CHALLENGE
+                    self._subscribe(READ | ERROR)
+                return
+            if event & READ:
+                self._read()
+            if self.state != _State.CLOSED and event & WRITE:
+                self._write()
+            if self.state != _State.CLOSED and event & ERROR and not event & READ:
+                self.close("socket error", quiet=True)
+        except (hs.HandshakeError, FrameError) as e:
+            self.t.stats["rejected"] += 1
+            self.close(str(e))
+        except OSError as e:
+            self.close(f"socket error: {e}", quiet=True)
+
+    def _read(self) -> None:
+        got = 0
+        while got < RECV_PER_EVENT:
+            try:
+                data = self.sock.recv(RECV_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                self.close("peer closed the connection", quiet=True)
+                return
+            got += len(data)
+            self.t.stats["bytes_in"] += len(data)
+            if self.state == _State.READY:
+                self._frames(data)
+            else:
+                self.inbuf += data
+                if len(self.inbuf) > MAX_HANDSHAKE_BYTES and self.state != _State.READY:
+                    raise hs.HandshakeError("oversized handshake")
+                self._handshake()
+            if self.state == _State.CLOSED:
+                return
+
+    def _frames(self, data: bytes) -> None:
+        for payload in self.decoder.feed(data):
+            if type(payload) is not list:
+                raise FrameError("a frame must hold a list of items")
+            assert self.peer is not None
+            if self.peer in self.t.blocked:
+                continue
+            self.t.stats["frames_in"] += 1
+            self.t.on_items(self.peer, payload)
+
+    def _handshake(self) -> None:
+        t = self.t
+        buf = self.inbuf
+        if self.state == _State.AWAIT_CHALLENGE:
+            got = hs.parse_challenge(buf)
+            if got is None:
+                return
+            self.nonce_a, used = got
+            del buf[:used]
+            self.nonce_d = hs.new_nonce()
+            self._queue(hs.hello(t.secret, self.nonce_a, self.nonce_d, t.node_id, t.listen_addr))
+            self.state = _State.AWAIT_WELCOME
+        if self.state == _State.AWAIT_WELCOME:
+            welcome = hs.parse_welcome(buf, t.secret, self.nonce_a, self.nonce_d)
+            if welcome is None:
+                return
+            peer, used = welcome
+            del buf[:used]
+            if peer != self.dialed_to:
+                raise hs.HandshakeError(f"dialed {self.dialed_to} but {peer} answered")
+            self._ready(peer)
+        elif self.state == _State.AWAIT_HELLO:
+            got_hello = hs.parse_hello(buf, t.secret, self.nonce_a)
+            if got_hello is None:
+                return
+            peer, addr, self.nonce_d, used = got_hello
+            del buf[:used]
+            if peer == t.node_id:
+                raise hs.HandshakeError("a peer claims this node's own id")
+            self.dialer_id = peer
+            self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id))
+            t.learn_address(peer, addr)
+            self._ready(peer)
+
+    def _ready(self, peer: str) -> None:
+        self.peer = peer
+        self.state = _State.READY
+        rest = bytes(self.inbuf)
+        self.inbuf = bytearray()
+        self.t.connected(self)
+        if rest and self.state == _State.READY:
+            self._frames(rest)
+
+    # -- output ---------------------------------------------------------------------------
+    def _queue(self, data: bytes) -> None:
+        self.outbuf += data
+        self._write()
+
+    def send_frame(self, frame: bytes) -> None:
+        self.t.stats["frames_out"] += 1
+        self._queue(frame)
+
+    def _write(self) -> None:
+        if self.state in (_State.CLOSED, _State.CONNECTING) or not self.outbuf:
+            return
+        try:
+            n = self.sock.send(self.outbuf)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        if n:
+            self.t.stats["bytes_out"] += n
+            del self.outbuf[:n]
+        self._subscribe(READ | ERROR | (WRITE if self.outbuf else 0))
+
+    def close(self, why: str, quiet: bool = False) -> None:
+        if self.state == _State.CLOSED:
+            return
+        authenticated = self.state == _State.READY
+        self.state = _State.CLOSED
+        (log.debug if quiet else log.warning)("connection with %s closed: %s",
+                                              self.describe(), why)
+        try:
+            self.t.poller.unsubscribe(self.fd)
+        except (KeyError, OSError, ValueError):
+            pass
+        self.sock.close()
+        self.t.disconnected(self, authenticated)
+
+
+@dataclass
+class _Peer:
+    addr: str | None = None
+    conn: Connection | None = None
+    dialing: Connection | None = None
+    next_dial: float = 0.0
+    backoff: float = BACKOFF_MIN
+    outbox: list[Any] = field(default_factory=list)
+
+
+class Transport:
+    def __init__(
+        self,
+        node_id: str,
+        listen_addr: str,
+        secret: bytes,
+        poller: Poller,
+        on_items: ItemsHandler,
+        *,
+        addresses: dict[str, str] | None = None,
+        on_address: Callable[[str, str], None] | None = None,
+        max_send_buffer: int = 64 << 20,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        faults: bool = False,
+    ) -> None:
+        if not secret:
+            raise ValueError("the cluster secret must not be empty")
+        self.node_id = node_id
+        self.listen_addr = listen_addr
+        self.secret = secret
+        self.poller = poller
+        self.on_items = on_items
+        self.on_address = on_address
+        self.max_send_buffer = max_send_buffer
+        self.max_frame = max_frame
+        self.faults = faults
+        self.blocked: frozenset[str] = frozenset()
+        self.peers: dict[str, _Peer] = {}
+        self.pending: set[Connection] = set()  # accepted, not yet authenticated
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("bytes_in", "bytes_out", "frames_in", "frames_out", "dropped", "rejected",
+             "connects"), 0,
+        )
+        for peer, addr in (addresses or {}).items():
+            if peer != node_id:
+                self.peer(peer).addr = addr
+        self._server: socket.socket | None = None
+
+    def peer(self, peer_id: str) -> _Peer:
+        p = self.peers.get(peer_id)
+        if p is None:
+            p = self.peers[peer_id] = _Peer()
+        return p
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        host, port = parse_addr(self.listen_addr)
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setblocking(False)
+        s.bind((host, port))
+        s.listen(64)
+        self._server = s
+        self.poller.subscribe(s.fileno(), self._on_accept, READ | ERROR)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self.poller.unsubscribe(self._server.fileno())
+            self._server.close()
+            self._server = None
+        for p in list(self.peers.values()):
+            for c in (p.conn, p.dialing):
+                if c is not None:
+                    c.close("transport closed", quiet=True)
+        for c in list(self.pending):
+            c.close("transport closed", quiet=True)
+
+    @staticmethod
+    def _tune(sock: socket.socket) -> None:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUFFER)
+        set_keepalive(sock)
+
+    def _on_accept(self, fd: int, event: int) -> None:
+        assert self._server is not None
+        while True:
+            try:
+                sock, _ = self._server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                log.warning("accept failed: %s", e)
+                return
+            self._tune(sock)
+            self.pending.add(Connection(self, sock, None))
+
+    # -- connection bookkeeping -----------------------------------------------------------
+    def learn_address(self, peer: str, addr: str) -> None:
+        p = self.peer(peer)
+        if p.addr != addr:
+            p.addr = addr
+            if self.on_address is not None:
+                self.on_address(peer, addr)
+
+    def connected(self, conn: Connection) -> None:
+        self.pending.discard(conn)
+        assert conn.peer is not None
+        p = self.peer(conn.peer)
+        if p.dialing is conn:
+            p.dialing = None
+        old = p.conn
+        if old is not None and old is not conn:
+            # Both dialed: keep the connection the smaller id dialed (both sides agree).
+            keep_old = old.dialer_id == min(self.node_id, conn.peer)
+            (conn if keep_old else old).close("duplicate connection", quiet=True)
+            if keep_old:
+                return
+        p.conn = conn
+        p.backoff = BACKOFF_MIN
+        self.stats["connects"] += 1
+        log.info("connected to %s", conn.peer)
+
+    def disconnected(self, conn: Connection, authenticated: bool) -> None:
+        self.pending.discard(conn)
+        for pid, p in self.peers.items():
+            if p.conn is conn:
+                p.conn = None
+                log.info("lost connection to %s", pid)
+            if p.dialing is conn:
+                p.dialing = None
+
+    def _dial(self, peer_id: str, p: _Peer, now: float) -> None:
+        if p.addr is None or p.dialing is not None or now < p.next_dial:
+            return
+        p.next_dial = now + p.backoff
+        p.backoff = min(p.backoff * 2, BACKOFF_MAX)
+        try:
+            host, port = parse_addr(p.addr)
+            sock = socket.socket(
+                socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM
+            )
+            self._tune(sock)
+            err = sock.connect_ex((host, port))
+        except (OSError, ValueError) as e:
+            log.warning("cannot dial %s at %s: %s", peer_id, p.addr, e)
+            return
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            sock.close()
+            return
+        p.dialing = Connection(self, sock, peer_id)
+
+    # -- sending --------------------------------------------------------------------------
+    def send(self, peer_id: str, item: list[Any]) -> None:
+        self.peer(peer_id).outbox.append(item)
+
+    def flush(self) -> None:
+        """Send each peer's queued items as one frame (called once per loop turn)."""
+        now = monotonic()
+        for pid, p in self.peers.items():
+            if not p.outbox:
+                continue
+            items, p.outbox = p.outbox, []
+            conn = p.conn
+            if pid in self.blocked:
+                continue
+            if conn is None:
+                self.stats["dropped"] += len(items)
+                self._dial(pid, p, now)
+                continue
+            if len(conn.outbuf) > self.max_send_buffer:
+                self.stats["dropped"] += len(items)  # backpressure: the peer is not reading
+                continue
+            conn.send_frame(encode_frame(items))
+
+    def maintain(self) -> None:
+        """Expire stalled handshakes and keep dialing peers that have work queued."""
+        now = monotonic()
+        for c in list(self.pending):
+            if now > c.deadline:
+                c.close("handshake timed out")
+        for p in self.peers.values():
+            d = p.dialing
+            if d is not None and now > d.deadline:
+                d.close("handshake timed out", quiet=True)
+
+    def connected_peers(self) -> list[str]:
+        return sorted(pid for pid, p in self.peers.items() if p.conn is not None)
+
+    # -- test fault switch ----------------------------------------------------------------
+    def block(self, peers: set[str] | frozenset[str]) -> None:
+        if not self.faults:
+            raise PermissionError("the transport fault switch is disabled (start with faults on)")
+        self.blocked = frozenset(peers)
+        log.warning("fault switch: blocking traffic with %s", sorted(peers) or "nobody")

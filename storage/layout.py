@@ -1,0 +1,27 @@
+"""The on-disk layout of a node's data directory, shared by the node and the offline tools.
+
+    DATA_DIR/node_id                  the owning node's id (a guard against mix-ups)
+    DATA_DIR/peers.json               raft addresses learned at runtime
+    DATA_DIR/groups/<group>/log       the group's Raft log (LmdbLogStore)
+    DATA_DIR/groups/<group>/state     the group's state machine (LmdbStateStore)
+"""
+
+from __future__ import annotations
+
+import os
+
+NODE_ID_FILE = "node_id"
+DEFAULT_GROUP = "default"
+
+
+def group_paths(data_dir: str, group: str) -> tuple[str, str]:
+    base = os.path.join(data_dir, "groups", group)
+    return os.path.join(base, "log"), os.path.join(base, "state")
+
+
+def read_node_id(data_dir: str) -> str | None:
+    path = os.path.join(data_dir, NODE_ID_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read().strip() or None
