@@ -1,0 +1,197 @@
+"""A Python client for a raftkv cluster's HTTP API (what the CLI uses).
+
+Give it every endpoint you know, as with etcdctl. Requests go to the current endpoint
+over one kept-alive connection; on a connection failure, a 503 (no leader yet) or a 504
+it moves on to the next endpoint and retries until its deadline. A 421 names the leader:
+the client learns each endpoint's node id from ``/v1/cluster`` and retries on the
+leader's endpoint. Writes are safe to send to any node (followers forward them), so only
+admin calls depend on finding the leader.
+
+A retried write may apply twice if the first attempt's answer was lost (a 504, or a
+dropped connection): use ``cas`` when that matters. Not thread-safe: one client per
+thread.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+RETRYABLE = {503, 504}
+
+
+class ClientError(Exception):
+    """The cluster answered with an error; ``status`` and ``body`` say which."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status}: {body.get('error', body)}")
+        self.status = status
+        self.body = body
+
+
+class Unavailable(Exception):
+    """No endpoint gave an answer before the deadline."""
+
+
+class Client:
+    def __init__(self, endpoints: list[str] | str, timeout: float = 10.0) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e]
+        if not endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self.endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
+        self.timeout = timeout
+        self._current = 0
+        self._conns: dict[str, http.client.HTTPConnection] = {}
+        self._ids: dict[str, str] = {}  # node id -> endpoint
+
+    # -- transport ----------------------------------------------------------------------
+    def _conn(self, endpoint: str) -> http.client.HTTPConnection:
+        c = self._conns.get(endpoint)
+        if c is None:
+            u = urlsplit(endpoint)
+            c = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
+                                           timeout=self.timeout)
+            self._conns[endpoint] = c
+        return c
+
+    def _once(
+        self, endpoint: str, method: str, path: str, body: bytes | None
+    ) -> tuple[int, bytes, str]:
+        c = self._conn(endpoint)
+        try:
+            c.request(method, path, body=body)
+            r = c.getresponse()
+            return r.status, r.read(), r.getheader("Content-Type", "")
+        except (OSError, http.client.HTTPException):
+            c.close()
+            self._conns.pop(endpoint, None)
+            raise
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = (200,)
+    ) -> tuple[int, bytes]:
+        deadline = time.monotonic() + self.timeout
+        last = "no attempt"
+        delay = 0.05
+        while True:
+            endpoint = self.endpoints[self._current]
+            try:
+                status, data, ctype = self._once(endpoint, method, path, body)
+            except (OSError, http.client.HTTPException) as e:
+                last = f"{endpoint}: {e}"
+                self._next()
+            else:
+                if status in ok:
+                    return status, data
+                info = _json(data, ctype)
+                if status == 421 and info.get("leader"):
+                    target = self._endpoint_of(str(info["leader"]))
+                    if target is not None:
+                        self._current = self.endpoints.index(target)
+                        continue
+                if status not in RETRYABLE and status != 421:
+                    raise ClientError(status, info)
+                last = f"{endpoint}: HTTP {status} {info.get('error', '')}"
+                if status != 421:
+                    self._next()
+            if time.monotonic() + delay > deadline:
+                raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def _next(self) -> None:
+        self._current = (self._current + 1) % len(self.endpoints)
+
+    def _endpoint_of(self, node_id: str) -> str | None:
+        if node_id not in self._ids:
+            for e in self.endpoints:
+                if e in self._ids.values():
+                    continue
+                try:
+                    status, data, ctype = self._once(e, "GET", "/health", None)
+                except (OSError, http.client.HTTPException):
+                    continue
+                if status == 200:
+                    self._ids[str(_json(data, ctype).get("id"))] = e
+        return self._ids.get(node_id)
+
+    # -- KV -----------------------------------------------------------------------------
+    @staticmethod
+    def _kv(key: bytes | str) -> str:
+        k = key.encode() if isinstance(key, str) else key
+        return "/v1/kv/" + quote(k, safe="")
+
+    def get(self, key: bytes | str, stale: bool = False) -> bytes | None:
+        path = self._kv(key) + ("?stale=true" if stale else "")
+        try:
+            return self.request("GET", path)[1]
+        except ClientError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def put(self, key: bytes | str, value: bytes | str) -> int:
+        v = value.encode() if isinstance(value, str) else value
+        return int(json.loads(self.request("PUT", self._kv(key), v)[1])["index"])
+
+    def delete(self, key: bytes | str) -> int:
+        return int(json.loads(self.request("DELETE", self._kv(key))[1])["index"])
+
+    def cas(
+        self, key: bytes | str, expected: bytes | str | None, new: bytes | str
+    ) -> tuple[bool, int]:
+        """Set ``new`` if the value is ``expected`` (None: the key must be absent)."""
+        if expected is None:
+            q = "?prev_absent=true"
+        else:
+            e = expected.encode() if isinstance(expected, str) else expected
+            q = "?prev_value=" + quote(e, safe="")
+        v = new.encode() if isinstance(new, str) else new
+        _, data = self.request("PUT", self._kv(key) + q, v, ok=(200, 412))
+        body = json.loads(data)
+        return bool(body["swapped"]), int(body["index"])
+
+    # -- admin --------------------------------------------------------------------------
+    def _post(self, path: str, body: dict[str, Any] | None = None, method: str = "POST") -> Any:
+        raw = json.dumps(body).encode() if body is not None else None
+        return json.loads(self.request(method, path, raw)[1])
+
+    def status(self, endpoint: str | None = None) -> dict[str, Any]:
+        if endpoint is None:
+            return json.loads(self.request("GET", "/v1/cluster")[1])
+        status, data, ctype = self._once(endpoint, "GET", "/v1/cluster", None)
+        if status != 200:
+            raise ClientError(status, _json(data, ctype))
+        return json.loads(data)
+
+    def add_learner(self, node_id: str, raft_addr: str) -> Any:
+        return self._post("/v1/cluster/learners", {"id": node_id, "raft_addr": raft_addr})
+
+    def promote(self, node_id: str) -> Any:
+        return self._post(f"/v1/cluster/members/{quote(node_id, safe='')}/promote")
+
+    def remove(self, node_id: str) -> Any:
+        return self._post(f"/v1/cluster/members/{quote(node_id, safe='')}", method="DELETE")
+
+    def transfer(self, to: str) -> Any:
+        return self._post("/v1/cluster/transfer", {"to": to})
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+
+def _json(data: bytes, ctype: str) -> dict[str, Any]:
+    if "json" in ctype:
+        try:
+            body = json.loads(data)
+            if isinstance(body, dict):
+                return body
+        except ValueError:
+            pass
+    return {"error": data[:200].decode(errors="replace")}

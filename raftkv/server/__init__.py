@@ -1,0 +1,1 @@
+"""``raftkv serve``: the HTTP API (aiohttp), admin endpoints and Prometheus metrics."""
