@@ -31,6 +31,7 @@ from raftkv.core import ConfChangeOp, LeaderStepping, NotLeader
 from raftkv.node.driver import Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import RequestTimeout
 from raftkv.node.stores import claim_data_dir, open_group_storage
+from recovery.compaction import CompactionPolicy
 from storage.commands import (
     check_key,
     check_value,
@@ -40,6 +41,7 @@ from storage.commands import (
     encode_put,
 )
 from storage.layout import DEFAULT_GROUP
+from storage.state_store import StateStore
 
 Key = bytes | str
 Value = bytes | str
@@ -84,6 +86,7 @@ class RaftKV:
         metrics: Metrics | None = None,
         faults: bool = False,
         group: str = DEFAULT_GROUP,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
         group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
@@ -103,7 +106,7 @@ class RaftKV:
             peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
             request_timeout=request_timeout, data_dir=data_dir, faults=faults,
         ), metrics)
-        storage = open_group_storage(data_dir, group, durable)
+        storage = open_group_storage(data_dir, group, durable, compaction)
         self.node.add_group(group, storage, None if join else sorted(peers))
         self.node.start()
 
@@ -168,9 +171,16 @@ class RaftKV:
         """Run ``fn(state_store)`` against the replica (scan, digest, ...)."""
         return self.node.read(self.group, fn, linearizable=not stale)
 
-    def digest(self, stale: bool = False) -> tuple[int, str]:
-        d = self._wait(self.read_async(lambda s: s.digest(), stale))
-        return d.count, d.hex()
+    def digest_async(self, stale: bool = False) -> Future[dict[str, Any]]:
+        """The replica's ``{"count", "digest", "applied"}``: equal digests at equal
+        applied indexes mean equal states (storage.digest)."""
+        def run(s: StateStore) -> dict[str, Any]:
+            d = s.digest()
+            return {"count": d.count, "digest": d.digest, "applied": s.applied_index()}
+        return self.read_async(run, stale)
+
+    def digest(self, stale: bool = False) -> dict[str, Any]:
+        return self._wait(self.digest_async(stale))
 
     # -- membership and leadership --------------------------------------------------------
     def add_learner(self, node_id: str, raft_addr: str) -> int:

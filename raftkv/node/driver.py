@@ -409,8 +409,12 @@ class Node:
                 _fail(fut, NotLeader(self.id, g.leader))
             elif isinstance(result, Exception):
                 _fail(fut, result)
+            elif result is ALREADY_APPLIED:
+                # It arrived inside a snapshot image: applied, but its result is unknown.
+                _fail(fut, RequestTimeout(f"entry {e.index} was applied through a snapshot; "
+                                          "its outcome is unknown"))
             else:
-                fut.set_result((e.index, None if result is ALREADY_APPLIED else result))
+                fut.set_result((e.index, result))
 
     def _serve_reads(self, g: Group) -> None:
         applied = g.state.applied_index()

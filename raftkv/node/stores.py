@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from raftkv.node.group_storage import GroupStorage
+from recovery.compaction import CompactionPolicy
 from storage.errors import StorageError
 from storage.layout import NODE_ID_FILE, group_paths, read_node_id
 from storage.lmdb_log import LmdbLogStore
@@ -28,11 +29,14 @@ def claim_data_dir(data_dir: str, node_id: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def open_group_storage(data_dir: str | None, group: str, durable: bool = True) -> GroupStorage:
+def open_group_storage(
+    data_dir: str | None, group: str, durable: bool = True,
+    compaction: CompactionPolicy | None = None,
+) -> GroupStorage:
     """LMDB files under ``data_dir``, or in-memory stores when it is None (nothing
     survives the process: such a node must rejoin as a new member)."""
     if data_dir is None:
-        return GroupStorage(MemoryLogStore(), MemoryStateStore())
+        return GroupStorage(MemoryLogStore(), MemoryStateStore(), compaction)
     log_path, state_path = group_paths(data_dir, group)
     log = LmdbLogStore(log_path, durable=durable)
     try:
@@ -40,4 +44,4 @@ def open_group_storage(data_dir: str | None, group: str, durable: bool = True) -
     except StorageError:
         log.close()
         raise
-    return GroupStorage(log, state)
+    return GroupStorage(log, state, compaction)

@@ -8,6 +8,8 @@ Endpoints (JSON bodies and errors; values travel raw as the body):
   ``?prev_value=V`` (or ``?prev_absent=true``) it is a compare-and-set: 200 with
   ``{"index", "swapped": true}``, or 412 with ``"swapped": false``.
 - ``DELETE /v1/kv/{key}``: ``{"index": N}`` (deleting an absent key is not an error).
+- ``GET /v1/digest``: ``{"count", "digest", "applied"}`` of this replica (``?stale=true``
+  for the local state as is), for comparing replicas.
 - ``GET /v1/cluster``; ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
   ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}``;
   ``POST /v1/cluster/transfer`` ``{"to"}``.
@@ -141,6 +143,7 @@ class Api:
         r.add_get("/v1/kv/{key:.+}", self.get)
         r.add_put("/v1/kv/{key:.+}", self.put)
         r.add_delete("/v1/kv/{key:.+}", self.delete)
+        r.add_get("/v1/digest", self.digest)
         r.add_get("/v1/cluster", self.cluster)
         r.add_post("/v1/cluster/learners", self.add_learner)
         r.add_post("/v1/cluster/members/{id}/promote", self.promote)
@@ -177,6 +180,9 @@ class Api:
     async def delete(self, request: web.Request) -> web.Response:
         index = await _wait(self.kv.delete_async(_key(request)))
         return web.json_response({"index": index})
+
+    async def digest(self, request: web.Request) -> web.Response:
+        return web.json_response(await _wait(self.kv.digest_async(_flag(request, "stale"))))
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ from raftkv.kv import RaftKV
 from raftkv.server.app import Api
 from raftkv.server.metrics import PrometheusMetrics
 from raftkv.transport.tcp import parse_addr
+from recovery.compaction import CompactionPolicy
 
 log = logging.getLogger("raftkv.serve")
 
@@ -59,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tick", type=float, default=0.05, help="seconds per Raft tick")
     p.add_argument("--election-ticks", type=int, default=10,
                    help="election timeout in ticks (randomized up to twice this)")
+    p.add_argument("--compact-entries", type=int, default=CompactionPolicy.max_entries,
+                   help="compact the Raft log once it holds this many entries")
+    p.add_argument("--compact-keep", type=int, default=CompactionPolicy.keep,
+                   help="entries kept after compaction for slightly-behind followers")
     p.add_argument("--enable-test-faults", action="store_true",
                    help="expose POST /v1/test/partition (tests only)")
     p.add_argument("--log-level", default="INFO")
@@ -84,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         durable=not args.no_fsync, join=args.join, tick_seconds=args.tick,
         election_tick=args.election_ticks, metrics=PrometheusMetrics(registry),
         faults=args.enable_test_faults,
+        compaction=CompactionPolicy(max_entries=args.compact_entries, keep=args.compact_keep),
     )
     try:
         group = kv.node.groups[kv.group]

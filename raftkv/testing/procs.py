@@ -1,0 +1,253 @@
+"""Real ``raftkv serve`` processes on 127.0.0.1, for tests, the demo and benchmarks.
+
+``ProcCluster`` starts nodes as subprocesses (``python -m raftkv.cli serve``), each with
+its own data directory and log file, and can SIGKILL, restart, add joining nodes and cut
+the network through the transport's test fault switch (``--enable-test-faults``). Ports
+come from the kernel (bind to port 0), so parallel runs do not collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from raftkv.client import Client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, method: str | None = None,
+              timeout: float = 2.0) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw.decode(errors="replace")
+
+
+@dataclass
+class ProcNode:
+    id: str
+    raft_port: int
+    http_port: int
+    data_dir: str
+    log_path: str
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def raft_addr(self) -> str:
+        return f"127.0.0.1:{self.raft_port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+@dataclass
+class ProcCluster:
+    base_dir: str
+    size: int = 3
+    secret: bytes = b"raftkv-test-secret"
+    tick: float = 0.05
+    election_ticks: int = 10
+    faults: bool = True
+    extra_args: list[str] = field(default_factory=list)
+    nodes: dict[str, ProcNode] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        os.makedirs(self.base_dir, exist_ok=True)
+        self.secret_file = os.path.join(self.base_dir, "secret")
+        with open(self.secret_file, "wb") as f:
+            f.write(self.secret)
+        for i in range(1, self.size + 1):
+            self._new_node(f"n{i}")
+        self.founders = dict(self.peers())
+
+    def _new_node(self, node_id: str) -> ProcNode:
+        n = ProcNode(
+            node_id, free_port(), free_port(), os.path.join(self.base_dir, node_id),
+            os.path.join(self.base_dir, f"{node_id}.log"),
+        )
+        self.nodes[node_id] = n
+        return n
+
+    def peers(self) -> dict[str, str]:
+        return {n.id: n.raft_addr for n in self.nodes.values()}
+
+    @property
+    def election_timeout(self) -> float:
+        """The longest randomized election timeout, in seconds."""
+        return 2 * self.election_ticks * self.tick
+
+    # -- processes --------------------------------------------------------------------
+    def start(self, node_id: str | None = None, join: bool = False) -> None:
+        targets = [self.nodes[node_id]] if node_id else list(self.nodes.values())
+        for n in targets:
+            peers = self.founders if not join else {n.id: n.raft_addr}
+            args = [
+                sys.executable, "-m", "raftkv.cli", "serve", "--id", n.id,
+                "--data-dir", n.data_dir, "--raft-addr", n.raft_addr,
+                "--http-addr", f"127.0.0.1:{n.http_port}",
+                "--peers", ",".join(f"{k}={v}" for k, v in peers.items()),
+                "--secret-file", self.secret_file, "--tick", str(self.tick),
+                "--election-ticks", str(self.election_ticks), *self.extra_args,
+            ]
+            if join:
+                args.append("--join")
+            if self.faults:
+                args.append("--enable-test-faults")
+            with open(n.log_path, "ab") as log:
+                n.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+            n.starts += 1
+        for n in targets:
+            self.wait_http(n.id)
+
+    def add_node(self, node_id: str) -> ProcNode:
+        """Start a new, empty node with --join (add it with ``add_learner`` after)."""
+        n = self._new_node(node_id)
+        self.start(node_id, join=True)
+        return n
+
+    def wait_http(self, node_id: str, timeout: float = 20.0) -> None:
+        n = self.nodes[node_id]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not n.alive:
+                raise RuntimeError(f"{node_id} exited at start:\n{n.log_text()[-3000:]}")
+            try:
+                status, _ = http_json(n.endpoint + "/health", timeout=0.5)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{node_id} did not serve HTTP within {timeout}s")
+
+    def kill(self, node_id: str) -> None:
+        """SIGKILL: no shutdown path runs, exactly like a crash."""
+        n = self.nodes[node_id]
+        if n.proc is not None and n.alive:
+            os.killpg(n.proc.pid, signal.SIGKILL)
+            n.proc.wait()
+
+    def stop(self, node_id: str) -> None:
+        n = self.nodes[node_id]
+        if n.proc is not None and n.alive:
+            n.proc.send_signal(signal.SIGTERM)
+            try:
+                n.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill(node_id)
+
+    def close(self) -> None:
+        for nid in self.nodes:
+            self.stop(nid)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for nid in self.nodes:
+            self.kill(nid)
+
+    # -- observation and control ------------------------------------------------------
+    def alive_ids(self) -> list[str]:
+        return [nid for nid, n in self.nodes.items() if n.alive]
+
+    def status(self, node_id: str) -> dict[str, Any] | None:
+        try:
+            code, body = http_json(self.nodes[node_id].endpoint + "/v1/cluster", timeout=2.0)
+        except OSError:
+            return None
+        return body if code == 200 else None
+
+    def group_status(self, node_id: str, group: str = "default") -> dict[str, Any] | None:
+        st = self.status(node_id)
+        return None if st is None else st["groups"][group]
+
+    def wait_leader(self, among: list[str] | None = None, timeout: float = 20.0) -> str:
+        """A leader that every node in ``among`` (default: the live ones) agrees on."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ids = among or self.alive_ids()
+            seen = {
+                (g or {}).get("leader") for g in (self.group_status(i) for i in ids)
+            }
+            if len(seen) == 1 and None not in seen:
+                lead = seen.pop()
+                if lead in ids:
+                    return str(lead)
+            time.sleep(0.05)
+        raise TimeoutError(f"no agreed leader within {timeout}s")
+
+    def wait_until(self, pred: Any, timeout: float = 20.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{what} not reached within {timeout}s")
+
+    def wait_caught_up(self, ids: list[str] | None = None, timeout: float = 30.0) -> None:
+        """Every node in ``ids`` has applied the same index (no writes in flight)."""
+        def same() -> bool:
+            gs = [self.group_status(i) for i in (ids or self.alive_ids())]
+            return all(gs) and len({g["applied"] for g in gs if g}) == 1
+        self.wait_until(same, timeout, "replicas applying the same index")
+
+    def client(self, ids: list[str] | None = None, timeout: float = 10.0) -> Client:
+        return Client([self.nodes[i].endpoint for i in (ids or list(self.nodes))], timeout)
+
+    def partition(self, *sides: list[str]) -> None:
+        """Cut traffic between the given sides (each node blocks everyone not on its side)."""
+        everyone = set(self.nodes)
+        for side in sides:
+            for nid in side:
+                block = sorted(everyone - set(side))
+                code, body = http_json(self.nodes[nid].endpoint + "/v1/test/partition",
+                                       {"block": block})
+                if code != 200:
+                    raise RuntimeError(f"partition on {nid} failed: {body}")
+
+    def heal(self) -> None:
+        for nid in self.alive_ids():
+            http_json(self.nodes[nid].endpoint + "/v1/test/partition", {"block": []})
+
+    def digest(self, node_id: str) -> dict[str, Any]:
+        """``{"count", "digest", "applied"}`` of a replica's local state."""
+        code, body = http_json(self.nodes[node_id].endpoint + "/v1/digest?stale=true")
+        if code != 200:
+            raise RuntimeError(f"digest of {node_id} failed: {body}")
+        return dict(body)
