@@ -90,14 +90,13 @@ class Client:
                 info = _json(data, ctype)
                 if status == 421 and info.get("leader"):
                     target = self._endpoint_of(str(info["leader"]))
-                    if target is not None:
+                    if target is not None and target != endpoint:
                         self._current = self.endpoints.index(target)
                         continue
-                if status not in RETRYABLE and status != 421:
-                    raise ClientError(status, info)
+                if status not in RETRYABLE:
+                    raise ClientError(status, info)  # includes 421 for a leader we cannot reach
                 last = f"{endpoint}: HTTP {status} {info.get('error', '')}"
-                if status != 421:
-                    self._next()
+                self._next()
             if time.monotonic() + delay > deadline:
                 raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
             time.sleep(delay)
@@ -175,7 +174,8 @@ class Client:
         return self._post(f"/v1/cluster/members/{quote(node_id, safe='')}/promote")
 
     def remove(self, node_id: str) -> Any:
-        return self._post(f"/v1/cluster/members/{quote(node_id, safe='')}", method="DELETE")
+        path = f"/v1/cluster/members/{quote(node_id, safe='')}"
+        return json.loads(self.request("DELETE", path, ok=(200, 202))[1])
 
     def transfer(self, to: str) -> Any:
         return self._post("/v1/cluster/transfer", {"to": to})

@@ -20,18 +20,11 @@ Writes return the log index they were applied at.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import Any, Self
+from typing import Any
 
-from pysyncobj.monotonic import monotonic
-
-from raftkv.core import ConfChangeOp, LeaderStepping, NotLeader
-from raftkv.node.driver import Metrics, Node, NodeConfig, conf_change
-from raftkv.node.errors import RequestTimeout
-from raftkv.node.stores import claim_data_dir, open_group_storage
-from recovery.compaction import CompactionPolicy
+from raftkv.embedded import EmbeddedNode
 from storage.commands import (
     check_key,
     check_value,
@@ -40,7 +33,6 @@ from storage.commands import (
     encode_delete,
     encode_put,
 )
-from storage.layout import DEFAULT_GROUP
 from storage.state_store import StateStore
 
 Key = bytes | str
@@ -69,46 +61,8 @@ def _index(fut: Future[Any]) -> Future[int]:
     return out
 
 
-class RaftKV:
-    def __init__(
-        self,
-        node_id: str,
-        raft_addr: str,
-        peers: dict[str, str],
-        secret: bytes | str,
-        *,
-        data_dir: str | None = None,
-        durable: bool = True,
-        join: bool = False,
-        tick_seconds: float = 0.05,
-        election_tick: int = 10,
-        request_timeout: float = 5.0,
-        metrics: Metrics | None = None,
-        faults: bool = False,
-        group: str = DEFAULT_GROUP,
-        compaction: CompactionPolicy | None = None,
-    ) -> None:
-        """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
-        group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
-        a machine crash may then lose acknowledged writes on this replica). ``join``
-        starts with an empty log and waits to be added with ``add_learner``; otherwise
-        the voters in ``peers`` bootstrap the group on first start."""
-        if node_id not in peers and not join:
-            raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
-        self.node_id = node_id
-        self.group = group
-        self.timeout = request_timeout
-        if data_dir is not None:
-            claim_data_dir(data_dir, node_id)
-        self.node = Node(NodeConfig(
-            node_id=node_id, raft_addr=raft_addr,
-            secret=secret.encode() if isinstance(secret, str) else secret,
-            peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
-            request_timeout=request_timeout, data_dir=data_dir, faults=faults,
-        ), metrics)
-        storage = open_group_storage(data_dir, group, durable, compaction)
-        self.node.add_group(group, storage, None if join else sorted(peers))
-        self.node.start()
+class RaftKV(EmbeddedNode):
+    """See the module docstring; construction arguments are ``EmbeddedNode``'s."""
 
     # -- writes ---------------------------------------------------------------------------
     def put_async(self, key: Key, value: Value) -> Future[int]:
@@ -182,69 +136,3 @@ class RaftKV:
     def digest(self, stale: bool = False) -> dict[str, Any]:
         return self._wait(self.digest_async(stale))
 
-    # -- membership and leadership --------------------------------------------------------
-    def add_learner(self, node_id: str, raft_addr: str) -> int:
-        """Add a PRE_FOLLOWER; the leader promotes it once it has caught up."""
-        cc = conf_change(ConfChangeOp.ADD_LEARNER, node_id, raft_addr)
-        return self._wait(self.node.change_membership(self.group, cc))[0]
-
-    def promote(self, node_id: str) -> int:
-        cc = conf_change(ConfChangeOp.PROMOTE, node_id)
-        return self._wait(self.node.change_membership(self.group, cc))[0]
-
-    def remove(self, node_id: str) -> None:
-        """Remove a member. Removing the leader transfers leadership first; the new
-        leader then performs the removal, and this waits for it to be applied here."""
-        cc = conf_change(ConfChangeOp.REMOVE, node_id)
-        try:
-            self._wait(self.node.change_membership(self.group, cc))
-        except LeaderStepping:
-            deadline = monotonic() + self.timeout
-            while node_id in self.members():
-                if monotonic() > deadline:
-                    raise RequestTimeout(f"the removal of {node_id} did not complete") from None
-                self._sleep()
-
-    def transfer_leadership(self, to: str) -> None:
-        self._wait(self.node.transfer_leadership(self.group, to))
-
-    def members(self) -> dict[str, str]:
-        return dict(self.status()["groups"][self.group]["members"])
-
-    def status(self) -> dict[str, Any]:
-        return self._wait(self.node.status())
-
-    def leader(self) -> str | None:
-        return self.status()["groups"][self.group]["leader"]
-
-    def wait_for_leader(self, timeout: float = 10.0) -> str:
-        deadline = monotonic() + timeout
-        while True:
-            lead = self.leader()
-            if lead is not None:
-                return lead
-            if monotonic() > deadline:
-                raise RequestTimeout(f"no leader elected within {timeout}s")
-            self._sleep()
-
-    def close(self) -> None:
-        self.node.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- helpers ----------------------------------------------------------------------
-    def _wait(self, fut: Future[Any]) -> Any:
-        try:
-            return fut.result(timeout=self.timeout)
-        except TimeoutError:
-            raise RequestTimeout(f"no outcome within {self.timeout}s") from None
-
-    def _sleep(self) -> None:
-        time.sleep(0.02)
-
-
-__all__ = ["NotLeader", "RaftKV", "RequestTimeout"]

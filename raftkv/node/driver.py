@@ -117,6 +117,8 @@ class Group:
     reads: dict[str, _Read] = field(default_factory=dict)
     ready_reads: deque[_Read] = field(default_factory=deque)
     transfers: list[tuple[str, Future[None], float]] = field(default_factory=list)
+    # Requests that arrived while no leader was known: retried once one is.
+    parked: list[tuple[Callable[[], None], Future[Any], float]] = field(default_factory=list)
     leader: str | None = None
     leader_changes: int = 0
 
@@ -155,10 +157,11 @@ class Node:
         addresses.update(config.peers)
         self.transport = Transport(
             self.id, config.raft_addr, config.secret, self.poller, self._on_items,
-            addresses=addresses, on_address=self._on_address, faults=config.faults,
+            addresses=addresses, on_address=self._on_address,
+            on_undelivered=self._on_undelivered, faults=config.faults,
         )
         self._seq = itertools.count(1)
-        self._forwarded: dict[int, tuple[Future[Any], float]] = {}
+        self._forwarded: dict[int, tuple[Future[Any], float, str, bytes]] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -207,11 +210,13 @@ class Node:
                 _fail(fut, err)
             for r in list(g.reads.values()) + list(g.ready_reads):
                 _fail(r.fut, err)
+            for _, fut, _ in g.parked:
+                _fail(fut, err)
             g.storage.state.close()
             close = getattr(g.storage.log, "close", None)
             if close is not None:
                 close()
-        for fut, _ in self._forwarded.values():
+        for fut, *_ in self._forwarded.values():
             _fail(fut, err)
         with self._lock:
             calls, self._calls = self._calls, deque()
@@ -236,7 +241,8 @@ class Node:
         out: Future[Any] = Future()
 
         def run() -> None:
-            self._propose_or_forward(self._group(group), data, out)
+            g = self._group(group)
+            self._when_leader(g, lambda: self._propose_or_forward(g, data, out), out)
 
         self._chain(self.call(run), out)
         return out
@@ -251,9 +257,13 @@ class Node:
             if not linearizable:
                 out.set_result(fn(g.state))
                 return
-            ctx = f"{self.id}/{next(self._seq)}"
-            g.raft.read_index(ctx)  # raises NotLeader when no leader is known
-            g.reads[ctx] = _Read(fn, out, monotonic() + self.cfg.request_timeout)
+
+            def start() -> None:
+                ctx = f"{self.id}/{next(self._seq)}"
+                g.raft.read_index(ctx)
+                g.reads[ctx] = _Read(fn, out, monotonic() + self.cfg.request_timeout)
+
+            self._when_leader(g, start, out)
 
         self._chain(self.call(run), out)
         return out
@@ -335,12 +345,29 @@ class Node:
             if compact:
                 g.storage.maybe_compact(g.raft.conf_at)
             self._expire(g, now)
-        for rid, (fut, deadline) in list(self._forwarded.items()):
+        for rid, (fut, deadline, _, _) in list(self._forwarded.items()):
             if now > deadline:
                 del self._forwarded[rid]
                 _fail(fut, RequestTimeout("the leader did not answer the forwarded write"))
 
+    def _when_leader(self, g: Group, fn: Callable[[], None], fut: Future[Any]) -> None:
+        """Run ``fn`` now if a leader is known, else when one is elected (within the
+        request timeout): right after a start or an election there is briefly none."""
+        if g.leader is not None:
+            fn()
+        else:
+            g.parked.append((fn, fut, monotonic() + self.cfg.request_timeout))
+
     def _expire(self, g: Group, now: float) -> None:
+        if g.parked:
+            parked, g.parked = g.parked, []
+            for fn, fut, deadline in parked:
+                if now > deadline:
+                    _fail(fut, NotLeader(self.id, g.leader))
+                elif g.leader is not None:
+                    self._retry(fn, fut)
+                else:
+                    g.parked.append((fn, fut, deadline))
         for ctx, r in list(g.reads.items()):
             if now > r.deadline:
                 del g.reads[ctx]
@@ -439,6 +466,10 @@ class Node:
                 else:
                     keep.append((to, fut, deadline))
             g.transfers = keep
+        if lead is not None and g.parked:
+            parked, g.parked = g.parked, []
+            for fn, fut, _ in parked:
+                self._retry(fn, fut)
         if g.raft.role != Role.LEADER and g.queued:
             queued, g.queued = g.queued, []
             for data, fut in queued:
@@ -453,8 +484,31 @@ class Node:
         if lead is None or lead == self.id:
             raise NotLeader(self.id, None)
         rid = next(self._seq)
-        self._forwarded[rid] = (fut, monotonic() + self.cfg.request_timeout)
+        self._forwarded[rid] = (fut, monotonic() + self.cfg.request_timeout, g.id, data)
         self.transport.send(lead, codec.encode_forward(rid, g.id, data))
+
+    @staticmethod
+    def _retry(fn: Callable[[], None], fut: Future[Any]) -> None:
+        try:
+            fn()
+        except RaftError as e:
+            _fail(fut, e)
+
+    def _on_undelivered(self, peer: str, items: list[Any]) -> None:
+        """Forwarded writes that never left (no connection to the leader we knew): park
+        them until a leader is reachable; they cannot have been applied."""
+        for item in items:
+            if item[0] != codec.FORWARD:
+                continue
+            waiter = self._forwarded.pop(item[1], None)
+            if waiter is None:
+                continue
+            fut, deadline, group, data = waiter
+            g = self.groups[group]
+            g.parked.append((self._forward_later(g, data, fut), fut, deadline))
+
+    def _forward_later(self, g: Group, data: bytes, fut: Future[Any]) -> Callable[[], None]:
+        return lambda: self._propose_or_forward(g, data, fut)
 
     def _answer_forward(self, peer: str, rid: int, group: str, data: bytes) -> None:
         def reply(f: Future[Any]) -> None:
@@ -487,13 +541,16 @@ class Node:
         waiter = self._forwarded.pop(rid, None)
         if waiter is None:
             return  # timed out already
-        fut = waiter[0]
+        fut, deadline, group, data = waiter
         if ok and len(result) == 2 and type(result[0]) is int:
             fut.set_result((result[0], result[1]))
         elif not ok and len(result) == 3:
-            kind, message, hint = result
+            kind, message, _ = result
             if kind == "NotLeader":
-                fut.set_exception(NotLeader(self.id, hint if isinstance(hint, str) else None))
+                # Refused before proposing (the peer no longer leads): retry with the
+                # next leader until the deadline, as for a write that never left.
+                g = self.groups[group]
+                g.parked.append((self._forward_later(g, data, fut), fut, deadline))
             else:
                 fut.set_exception(RemoteError(str(kind), str(message)))
         else:

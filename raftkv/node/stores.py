@@ -11,7 +11,7 @@ from storage.layout import NODE_ID_FILE, group_paths, read_node_id
 from storage.lmdb_log import LmdbLogStore
 from storage.lmdb_state import LmdbStateStore
 from storage.log_store import MemoryLogStore
-from storage.state_store import MemoryStateStore
+from storage.state_store import MemoryStateStore, StateStore
 
 
 def claim_data_dir(data_dir: str, node_id: str) -> None:
@@ -31,17 +31,19 @@ def claim_data_dir(data_dir: str, node_id: str) -> None:
 
 def open_group_storage(
     data_dir: str | None, group: str, durable: bool = True,
-    compaction: CompactionPolicy | None = None,
+    compaction: CompactionPolicy | None = None, state: StateStore | None = None,
 ) -> GroupStorage:
     """LMDB files under ``data_dir``, or in-memory stores when it is None (nothing
-    survives the process: such a node must rejoin as a new member)."""
+    survives the process: such a node must rejoin as a new member). ``state`` replaces
+    the KV state store (a custom state machine)."""
     if data_dir is None:
-        return GroupStorage(MemoryLogStore(), MemoryStateStore(), compaction)
+        return GroupStorage(MemoryLogStore(), state or MemoryStateStore(), compaction)
     log_path, state_path = group_paths(data_dir, group)
     log = LmdbLogStore(log_path, durable=durable)
-    try:
-        state = LmdbStateStore(state_path)
-    except StorageError:
-        log.close()
-        raise
+    if state is None:
+        try:
+            state = LmdbStateStore(state_path)
+        except StorageError:
+            log.close()
+            raise
     return GroupStorage(log, state, compaction)

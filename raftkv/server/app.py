@@ -11,7 +11,8 @@ Endpoints (JSON bodies and errors; values travel raw as the body):
 - ``GET /v1/digest``: ``{"count", "digest", "applied"}`` of this replica (``?stale=true``
   for the local state as is), for comparing replicas.
 - ``GET /v1/cluster``; ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
-  ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}``;
+  ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}`` (202
+  with the new leader when the leader removes itself: its successor completes it);
   ``POST /v1/cluster/transfer`` ``{"to"}``.
 - ``GET /health``, ``GET /metrics`` (Prometheus text format).
 - ``POST /v1/test/partition`` ``{"block": [ids]}``: only with ``--enable-test-faults``.
@@ -204,7 +205,9 @@ class Api:
 
     async def remove(self, request: web.Request) -> web.Response:
         node = request.match_info["id"]
-        await self._admin(lambda: self.kv.remove(node))
+        via = await self._admin(lambda: self.kv.remove(node))
+        if via is not None:  # the leader removed itself: its successor completes it
+            return web.json_response({"removed": node, "leader": via}, status=202)
         return web.json_response({"removed": node})
 
     async def transfer(self, request: web.Request) -> web.Response:

@@ -262,6 +262,7 @@ class Transport:
         *,
         addresses: dict[str, str] | None = None,
         on_address: Callable[[str, str], None] | None = None,
+        on_undelivered: ItemsHandler | None = None,
         max_send_buffer: int = 64 << 20,
         max_frame: int = DEFAULT_MAX_FRAME,
         faults: bool = False,
@@ -274,6 +275,7 @@ class Transport:
         self.poller = poller
         self.on_items = on_items
         self.on_address = on_address
+        self.on_undelivered = on_undelivered
         self.max_send_buffer = max_send_buffer
         self.max_frame = max_frame
         self.faults = faults
@@ -411,6 +413,8 @@ class Transport:
             if conn is None:
                 self.stats["dropped"] += len(items)
                 self._dial(pid, p, now)
+                if self.on_undelivered is not None:
+                    self.on_undelivered(pid, items)  # known never sent: safe to retry
                 continue
             if len(conn.outbuf) > self.max_send_buffer:
                 self.stats["dropped"] += len(items)  # backpressure: the peer is not reading

@@ -1,0 +1,178 @@
+"""What every embedded node offers, whatever it replicates: setup, membership, status.
+
+``EmbeddedNode`` starts a ``raftkv.node.driver.Node`` hosting one group, and wraps its
+futures in synchronous calls bounded by ``request_timeout``. ``RaftKV`` (``raftkv.kv``)
+adds the key-value operations; ``ReplicatedNode`` hosts a user's ``ReplicatedObject``,
+the way a PySyncObj ``SyncObj`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any, Self
+
+from pysyncobj.monotonic import monotonic
+
+from raftkv.core import ConfChangeOp, LeaderStepping
+from raftkv.node.driver import Metrics, Node, NodeConfig, conf_change
+from raftkv.node.errors import RequestTimeout
+from raftkv.node.stores import claim_data_dir, open_group_storage
+from raftkv.node.user_state import UserStateStore
+from raftkv.statemachine import ReplicatedObject
+from recovery.compaction import CompactionPolicy
+from storage.layout import DEFAULT_GROUP, group_paths
+from storage.state_store import StateStore
+
+
+class EmbeddedNode:
+    def __init__(
+        self,
+        node_id: str,
+        raft_addr: str,
+        peers: dict[str, str],
+        secret: bytes | str,
+        *,
+        data_dir: str | None = None,
+        durable: bool = True,
+        join: bool = False,
+        tick_seconds: float = 0.05,
+        election_tick: int = 10,
+        request_timeout: float = 5.0,
+        metrics: Metrics | None = None,
+        faults: bool = False,
+        group: str = DEFAULT_GROUP,
+        compaction: CompactionPolicy | None = None,
+        state: StateStore | None = None,
+    ) -> None:
+        """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
+        group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
+        a machine crash may then lose acknowledged writes on this replica). ``join``
+        starts with an empty log and waits to be added with ``add_learner``; otherwise
+        the voters in ``peers`` bootstrap the group on first start. ``state`` replaces
+        the KV state store (a custom state machine, see ``ReplicatedNode``)."""
+        if node_id not in peers and not join:
+            raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
+        self.node_id = node_id
+        self.group = group
+        self.timeout = request_timeout
+        if data_dir is not None:
+            claim_data_dir(data_dir, node_id)
+        self.node = Node(NodeConfig(
+            node_id=node_id, raft_addr=raft_addr,
+            secret=secret.encode() if isinstance(secret, str) else secret,
+            peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
+            request_timeout=request_timeout, data_dir=data_dir, faults=faults,
+        ), metrics)
+        storage = open_group_storage(data_dir, group, durable, compaction, state)
+        self.node.add_group(group, storage, None if join else sorted(peers))
+        self.node.start()
+
+    # -- membership and leadership --------------------------------------------------------
+    def add_learner(self, node_id: str, raft_addr: str) -> int:
+        """Add a PRE_FOLLOWER; the leader promotes it once it has caught up."""
+        cc = conf_change(ConfChangeOp.ADD_LEARNER, node_id, raft_addr)
+        return self._wait(self.node.change_membership(self.group, cc))[0]
+
+    def promote(self, node_id: str) -> int:
+        cc = conf_change(ConfChangeOp.PROMOTE, node_id)
+        return self._wait(self.node.change_membership(self.group, cc))[0]
+
+    def remove(self, node_id: str) -> str | None:
+        """Remove a member. Removing the leader itself hands leadership to the most
+        up-to-date voter, which then performs the removal (the removed node never hears
+        of it: the new configuration stops replicating to it). That case returns the
+        new leader's id once it has taken over; otherwise None once applied here."""
+        cc = conf_change(ConfChangeOp.REMOVE, node_id)
+        try:
+            self._wait(self.node.change_membership(self.group, cc))
+        except LeaderStepping as stepping:
+            deadline = monotonic() + self.timeout
+            while self.leader() in (self.node_id, None):
+                if monotonic() > deadline:
+                    raise RequestTimeout(
+                        f"{stepping.transferee} did not take over from {node_id}"
+                    ) from None
+                self._sleep()
+            return self.leader()
+        return None
+
+    def transfer_leadership(self, to: str) -> None:
+        self._wait(self.node.transfer_leadership(self.group, to))
+
+    def members(self) -> dict[str, str]:
+        return dict(self.status()["groups"][self.group]["members"])
+
+    def status(self) -> dict[str, Any]:
+        return self._wait(self.node.status())
+
+    def leader(self) -> str | None:
+        return self.status()["groups"][self.group]["leader"]
+
+    def wait_for_leader(self, timeout: float = 10.0) -> str:
+        deadline = monotonic() + timeout
+        while True:
+            lead = self.leader()
+            if lead is not None:
+                return lead
+            if monotonic() > deadline:
+                raise RequestTimeout(f"no leader elected within {timeout}s")
+            self._sleep()
+
+    def close(self) -> None:
+        self.node.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- helpers ----------------------------------------------------------------------
+    def _wait(self, fut: Future[Any]) -> Any:
+        try:
+            return fut.result(timeout=self.timeout)
+        except TimeoutError:
+            raise RequestTimeout(f"no outcome within {self.timeout}s") from None
+
+    def _sleep(self) -> None:
+        time.sleep(0.02)
+
+
+
+class ReplicatedNode(EmbeddedNode):
+    """Hosts one ``ReplicatedObject``: its ``@replicated`` methods propose through this
+    node, and the group's committed log is applied to it (``UserStateStore``). With a
+    ``data_dir`` its checkpoints go to a file there, so a restart replays only the log
+    after the last one.
+
+        counter = Counter()
+        node = ReplicatedNode(counter, "n1", "127.0.0.1:7001", peers, secret, data_dir=d)
+        counter.incr(2)   # replicated; returns the value computed at apply
+    """
+
+    def __init__(self, obj: ReplicatedObject, node_id: str, raft_addr: str,
+                 peers: dict[str, str], secret: bytes | str, **kwargs: Any) -> None:
+        data_dir = kwargs.get("data_dir")
+        path = group_paths(data_dir, kwargs.get("group", DEFAULT_GROUP))[1] if data_dir else None
+        super().__init__(node_id, raft_addr, peers, secret,
+                         state=UserStateStore(obj, path), **kwargs)
+        self.obj = obj
+        obj._attach(self._propose)
+
+    def _propose(self, data: bytes) -> Future[Any]:
+        out: Future[Any] = Future()
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(f.result()[1])
+
+        self.node.propose(self.group, data).add_done_callback(done)
+        return out
+
+    def close(self) -> None:
+        self.obj._detach()
+        super().close()

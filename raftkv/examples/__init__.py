@@ -1,0 +1,1 @@
+"""Small example state machines built on ``raftkv.statemachine``."""

@@ -1,0 +1,379 @@
+"""``UserStateStore``: the ``StateStore`` contract (``storage.state_store``) over a user's
+``StateMachine`` (``raftkv.statemachine``), so a custom state machine runs on the same driver,
+recovery, compaction and snapshot path as the KV stores.
+
+Theory of operation
+-------------------
+The state machine keeps its state in memory, and the Raft log is its write-ahead log, as
+for the KV stores (IGNITE-16907). What differs is what is durable:
+
+- **apply** runs ``sm.apply(index, data)`` for each entry. An empty entry (a leader's no-op
+  or a CONF_CHANGE, which the driver passes as ``b""``) reaches no state machine and gives
+  ``None``. If ``sm.apply`` raises, the exception becomes the entry's result and the
+  applied index still advances. A state machine must therefore be deterministic when it
+  fails too. (``ReplicatedObject.apply`` never raises; this is the safety net for
+  hand-written state machines. A poison entry must not stop a replica for good, because
+  replay would meet it again at every restart.) The applied index advances entry by entry,
+  since a state machine in memory cannot roll back a half-applied batch.
+- **checkpoint** writes ``sm.snapshot()`` and the applied index to ``<path>/statemachine.ckpt``
+  in one file: it writes a temporary file, fsyncs it, renames it over the old one and fsyncs
+  the directory. So the file always holds one whole checkpoint, the old one or the new one.
+  Its header carries a magic number, the applied index, the length and a blake2b checksum,
+  so a truncated or corrupt file is refused at open with ``StorageError``, before anything
+  is restored. A checkpoint costs a whole ``sm.snapshot()``, O(state) work on the driver
+  thread. For a large state, pass a larger ``checkpoint_seconds`` and ``checkpoint_entries``:
+  the cost is a longer replay after a restart.
+- **open** restores the checkpoint file if there is one; applied = checkpoint = its index.
+  Without a file the state machine starts as the caller built it, at index 0.
+- **path=None** (purely in memory): nothing survives the process, so the store promises
+  nothing across a crash. ``checkpoint()`` is a no-op and ``checkpoint_index()`` stays where
+  it is: 0, or the index of the last installed snapshot, which the contract says becomes
+  the checkpointIndex. Why not advance it as ``MemoryStateStore`` does: the log may be
+  compacted up to the checkpointIndex, and a restart replays only what follows it. With a
+  durable log, an advanced index would let compaction drop entries this state needs after
+  a restart. Staying at 0 keeps the whole log, so replay always rebuilds the state. The
+  price is that the log grows until a snapshot is installed: use ``path=None`` for tests
+  and short-lived or in-memory groups, and give a path otherwise. After an install the
+  log starts at the snapshot, so a restarted path=None replica on a durable log cannot
+  replay. Recovery then refuses it with "needs a snapshot from the leader", not silently.
+- **snapshots** travel in the KV stores' chunk format, because ``GroupStorage.accept`` and
+  the receiving store validate images with ``SnapshotLoader``. The bytes of ``sm.snapshot()``
+  are cut into pieces of at most ``MAX_VALUE_BYTES`` (1 MiB), stored as the rows
+  ``sm/000000000000``, ``sm/000000000001``, ... The zero padding keeps the keys in strictly
+  increasing order. ``install_snapshot`` validates the whole stream (format, order, digest,
+  contiguous piece keys) before it touches the state machine. It then restores and, with a
+  path, writes the checkpoint file. If either step fails, the previous state is restored
+  from a copy taken first. Images are rare, so the extra ``sm.snapshot()`` is affordable.
+- **reads**: ``get``, ``scan`` and ``digest`` see those same rows, computed from
+  ``sm.snapshot()`` when called. ``digest()`` compares replicas as it does for the KV
+  stores, provided ``snapshot()`` is deterministic (``ReplicatedObject``'s default is).
+  Application reads go through the object's own methods instead.
+
+Not thread-safe, like every store: the driver thread calls it, and the state machine is
+applied, snapshotted and restored on that thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from hashlib import blake2b
+
+from raftkv.statemachine import StateMachine
+from storage.commands import MAX_VALUE_BYTES
+from storage.digest import Digest, DigestBuilder
+from storage.errors import StorageError
+from storage.state_store import (
+    DEFAULT_CHECKPOINT_ENTRIES,
+    DEFAULT_CHECKPOINT_SECONDS,
+    DEFAULT_CHUNK_BYTES,
+    CheckpointPolicy,
+    SnapshotLoader,
+    check_apply,
+    check_chunk_bytes,
+    encode_snapshot,
+    in_range,
+    storable_key,
+)
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "statemachine.ckpt"
+# File layout: magic (8) | applied index, payload length (2 x u64 big-endian) |
+# blake2b-128 of those 16 bytes + payload | payload (the state machine's snapshot).
+_MAGIC = b"RKVSMCK1"  # the last byte is the format version
+_FIELDS = struct.Struct(">QQ")
+_SUM_BYTES = 16
+_HEADER_BYTES = len(_MAGIC) + _FIELDS.size + _SUM_BYTES
+
+PIECE_BYTES = MAX_VALUE_BYTES
+
+
+def piece_key(n: int) -> bytes:
+    """The row key of the ``n``-th piece of a state machine image."""
+    return b"sm/%012d" % n
+
+
+def _checksum(fields: bytes, payload: bytes) -> bytes:
+    h = blake2b(digest_size=_SUM_BYTES)
+    h.update(fields)
+    h.update(payload)
+    return h.digest()
+
+
+def _pieces(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+    view = memoryview(data)
+    for n, start in enumerate(range(0, len(data), PIECE_BYTES)):
+        yield piece_key(n), bytes(view[start : start + PIECE_BYTES])
+
+
+def _piece_count(data: bytes) -> int:
+    return -(-len(data) // PIECE_BYTES)
+
+
+class UserStateStore:
+    """A ``StateStore`` over ``sm`` (contract: storage.state_store; theory: this module).
+
+    ``path`` is a directory, created if missing, for the checkpoint file. ``None`` keeps
+    everything in memory. ``checkpoint_entries`` and ``checkpoint_seconds`` configure
+    ``maybe_checkpoint`` (see ``CheckpointPolicy``). If ``path`` holds a checkpoint, ``sm``
+    is restored from it. A corrupt file, or a ``restore`` that fails, raises
+    ``StorageError`` naming the file.
+    """
+
+    def __init__(
+        self,
+        sm: StateMachine,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        checkpoint_entries: int = DEFAULT_CHECKPOINT_ENTRIES,
+        checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
+    ) -> None:
+        self.sm = sm
+        self.path = None if path is None else os.fspath(path)
+        self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
+        self._applied = self._checkpoint = 0
+        self._closed = False
+        self.checkpoints = 0  # checkpoints that wrote something (for tests)
+        if self.path is not None:
+            self._open(self.path)
+
+    @property
+    def file(self) -> str | None:
+        return None if self.path is None else os.path.join(self.path, CHECKPOINT_FILE)
+
+    def _live(self) -> None:
+        if self._closed:
+            raise StorageError("user state store is closed")
+
+    # -- the checkpoint file -----------------------------------------------------------------
+    def _open(self, path: str) -> None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot create the state machine directory {path}: {e}") from e
+        file = os.path.join(path, CHECKPOINT_FILE)
+        try:
+            os.unlink(file + ".tmp")  # a checkpoint interrupted before its rename
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StorageError(f"cannot remove the stale {file}.tmp: {e}") from e
+        try:
+            with open(file, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise StorageError(f"cannot read the state machine checkpoint {file}: {e}") from e
+        applied, payload = _parse_checkpoint(raw, file)
+        try:
+            self.sm.restore(payload)
+        except Exception as e:
+            raise StorageError(
+                f"the state machine could not restore its checkpoint {file} (index {applied}): "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        self._applied = self._checkpoint = applied
+
+    def _write(self, applied: int, payload: bytes) -> None:
+        assert self.path is not None
+        file = os.path.join(self.path, CHECKPOINT_FILE)
+        tmp = file + ".tmp"
+        fields = _FIELDS.pack(applied, len(payload))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_MAGIC + fields + _checksum(fields, payload))
+                    f.write(payload)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            os.replace(tmp, file)
+            dfd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(dfd)  # make the rename itself durable
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            raise StorageError(f"cannot write the state machine checkpoint {file}: {e}") from e
+
+    def _image(self) -> bytes:
+        """``sm.snapshot()`` as bytes, or ``StorageError`` saying why not."""
+        try:
+            data = self.sm.snapshot()
+        except Exception as e:
+            raise StorageError(
+                f"the state machine's snapshot() failed: {type(e).__name__}: {e}"
+            ) from e
+        if isinstance(data, bytearray | memoryview):
+            data = bytes(data)
+        if type(data) is not bytes:
+            raise StorageError(
+                f"the state machine's snapshot() returned a {type(data).__name__}, not bytes"
+            )
+        return data
+
+    # -- writes ------------------------------------------------------------------------------
+    def apply(self, entries: Sequence[tuple[int, bytes]]) -> list[object]:
+        self._live()
+        if not entries:
+            return []
+        check_apply(entries, self._applied, self._checkpoint)
+        sm_apply = self.sm.apply
+        results: list[object] = []
+        for index, data in entries:
+            if not data:
+                results.append(None)
+            else:
+                try:
+                    results.append(sm_apply(index, data))
+                except Exception as e:  # noqa: BLE001 - a failing entry is its result
+                    log.warning("state machine apply at index %d raised %r", index, e)
+                    results.append(e)
+            self._applied = index
+        return results
+
+    def applied_index(self) -> int:
+        self._live()
+        return self._applied
+
+    def checkpoint_index(self) -> int:
+        self._live()
+        return self._checkpoint
+
+    def checkpoint(self) -> int:
+        self._live()
+        if self.path is not None and self._applied != self._checkpoint:
+            applied = self._applied
+            self._write(applied, self._image())
+            self._checkpoint = applied
+            self.checkpoints += 1
+        self._policy.reset()
+        return self._checkpoint
+
+    def maybe_checkpoint(self, now: float) -> bool:
+        self._live()
+        if self.path is None:
+            return False  # nothing can be made durable (module docstring)
+        if self._policy.due(self._applied - self._checkpoint, now):
+            self.checkpoint()
+            return True
+        return False
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        self._live()
+        if not storable_key(key):
+            return None
+        for k, v in _pieces(self._image()):
+            if k == key:
+                return v
+        return None
+
+    def scan(
+        self, lo: bytes | None = None, hi: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        self._live()
+        data = self._image()  # taken now: a consistent view; bytes are immutable
+        return ((k, v) for k, v in _pieces(data) if in_range(k, lo, hi))
+
+    def digest(
+        self,
+        lo: bytes | None = None,
+        hi: bytes | None = None,
+        keys: Callable[[bytes], bool] | None = None,
+    ) -> Digest:
+        self._live()
+        b = DigestBuilder()
+        for k, v in _pieces(self._image()):
+            if in_range(k, lo, hi) and (keys is None or keys(k)):
+                b.add(k, v)
+        return b.result()
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def snapshot_chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+        self._live()
+        check_chunk_bytes(chunk_bytes)
+        data = self._image()  # now, on the caller's thread; slicing it later is safe
+        return encode_snapshot(self._applied, _piece_count(data), _pieces(data), chunk_bytes)
+
+    def install_snapshot(self, chunks: Iterable[bytes]) -> int:
+        self._live()
+        loader = SnapshotLoader(chunks)
+        parts: list[bytes] = []
+        for n, (key, value) in enumerate(loader.rows()):
+            if key != piece_key(n):
+                raise StorageError(
+                    f"snapshot row {n} has key {key[:32]!r}, expected {piece_key(n)!r}: "
+                    "this is not a state machine image (a KV store's, perhaps)"
+                )
+            parts.append(value)
+        if not loader.verified:  # rows() raises unless verified; belt and braces
+            raise StorageError("snapshot stream was not verified")
+        data = b"".join(parts)
+        del parts
+        old = self._image()  # to put back if restoring or writing fails
+        try:
+            self.sm.restore(data)
+            if self.path is not None:
+                self._write(loader.applied, data)
+        except Exception as e:
+            self._rollback(old, e)
+            if isinstance(e, StorageError):
+                raise
+            raise StorageError(
+                f"the state machine could not restore a snapshot at index {loader.applied}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        self._applied = self._checkpoint = loader.applied
+        self._policy.reset()
+        return loader.applied
+
+    def _rollback(self, old: bytes, cause: Exception) -> None:
+        try:
+            self.sm.restore(old)
+        except Exception as e:
+            # The state machine is now in an unknown state: stop serving from it.
+            self._closed = True
+            raise StorageError(
+                f"installing a snapshot failed ({type(cause).__name__}: {cause}) and the "
+                f"previous state could not be restored ({type(e).__name__}: {e}); "
+                "the store is closed"
+            ) from e
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def _parse_checkpoint(raw: bytes, file: str) -> tuple[int, bytes]:
+    """(applied index, payload) of a checkpoint file, or ``StorageError`` saying what is wrong."""
+    if len(raw) < _HEADER_BYTES:
+        raise StorageError(
+            f"corrupt state machine checkpoint {file}: {len(raw)} bytes, shorter than its "
+            f"{_HEADER_BYTES}-byte header"
+        )
+    if raw[: len(_MAGIC)] != _MAGIC:
+        raise StorageError(
+            f"{file} is not a raftkv state machine checkpoint (magic {raw[:8]!r}, "
+            f"expected {_MAGIC!r})"
+        )
+    fields = raw[len(_MAGIC) : len(_MAGIC) + _FIELDS.size]
+    applied, length = _FIELDS.unpack(fields)
+    payload = raw[_HEADER_BYTES:]
+    if len(payload) != length:
+        raise StorageError(
+            f"corrupt state machine checkpoint {file}: the header announces {length} bytes "
+            f"of state, the file holds {len(payload)}"
+        )
+    if raw[len(_MAGIC) + _FIELDS.size : _HEADER_BYTES] != _checksum(fields, payload):
+        raise StorageError(f"corrupt state machine checkpoint {file}: checksum mismatch")
+    return applied, payload

@@ -1,0 +1,164 @@
+"""The embedded API in one process: three nodes on real TCP over 127.0.0.1.
+
+``RaftKV`` (LMDB files and in-memory), forwarding from followers, CAS and batches,
+restart from the data directory, and a PySyncObj-style ``ReplicatedObject``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import raftkv
+from raftkv.core import NotLeader
+from raftkv.examples.counter import Counter
+from raftkv.kv import RaftKV
+from storage.commands import CommandError
+from storage.errors import StorageError
+
+SECRET = b"embedded-test"
+
+
+def ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    out = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return out
+
+
+def peers(n: int = 3) -> dict[str, str]:
+    return {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports(n))}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[list[RaftKV]]:
+    ps = peers()
+    kvs = [RaftKV(n, a, ps, SECRET, data_dir=str(tmp_path / n)) for n, a in ps.items()]
+    yield kvs
+    for kv in kvs:
+        kv.close()
+
+
+def test_writes_on_any_node_are_forwarded_and_reads_are_linearizable(
+    cluster: list[RaftKV],
+) -> None:
+    """Followers forward writes to the leader; a ReadIndex read on any node (§6.4) sees
+    every write acknowledged before it started."""
+    lead = cluster[0].wait_for_leader()
+    for i, kv in enumerate(cluster):
+        kv.put(f"k{i}", f"v{i}")
+    for kv in cluster:
+        assert [kv.get(f"k{i}") for i in range(3)] == [b"v0", b"v1", b"v2"]
+    follower = next(kv for kv in cluster if kv.node_id != lead)
+    assert follower.cas("k0", "v0", "w0")[0] is True
+    assert follower.cas("k0", "v0", "x0")[0] is False
+    assert follower.cas("new", None, "1")[0] is True
+    follower.batch([("b1", "1"), ("b2", "2"), ("k1", None)])
+    assert cluster[0].get("b2") == b"2" and cluster[0].get("k1") is None
+    follower.delete("b1")
+    assert cluster[2].get("b1") is None
+    assert len({(d["count"], d["digest"]) for d in
+                (kv.digest() for kv in cluster)}) == 1
+
+
+def test_bad_keys_and_values_are_refused_before_proposing(cluster: list[RaftKV]) -> None:
+    cluster[0].wait_for_leader()
+    with pytest.raises(CommandError):
+        cluster[0].put("", "x")
+    with pytest.raises(CommandError):
+        cluster[0].put("k" * 600, "x")
+    with pytest.raises(CommandError):
+        cluster[0].put("k", b"x" * (1 << 20 + 1))
+
+
+def test_a_restarted_node_recovers_from_its_data_dir(tmp_path: Path) -> None:
+    """IGNITE-16907: the state store reopens at its checkpoint and replays the log."""
+    ps = peers()
+    kvs = {n: RaftKV(n, a, ps, SECRET, data_dir=str(tmp_path / n)) for n, a in ps.items()}
+    try:
+        kvs["n1"].wait_for_leader()
+        for i in range(100):
+            kvs["n2"].put(f"k{i}", str(i))
+        kvs["n3"].close()
+        kvs["n1"].put("late", "yes")
+        kvs["n3"] = RaftKV("n3", ps["n3"], ps, SECRET, data_dir=str(tmp_path / "n3"))
+        assert kvs["n3"].get("late") == b"yes"
+        assert kvs["n3"].get("k99", stale=True) == b"99"
+        assert "recovery" in kvs["n3"].status()["groups"]["default"]["recovery"]
+    finally:
+        for kv in kvs.values():
+            kv.close()
+
+
+def test_a_data_dir_belongs_to_one_node(tmp_path: Path) -> None:
+    ps = peers(1)
+    RaftKV("n1", ps["n1"], ps, SECRET, data_dir=str(tmp_path)).close()
+    with pytest.raises(StorageError, match="n1"):
+        RaftKV("n2", ps["n1"], {"n2": ps["n1"]}, SECRET, data_dir=str(tmp_path))
+
+
+def test_in_memory_nodes_and_a_learner_that_is_promoted() -> None:
+    """Kudu's add-server flow on memory storage: a joining node is added as a
+    PRE_FOLLOWER with its address, catches up, and the leader promotes it."""
+    ps = peers(4)
+    founders = {k: v for k, v in ps.items() if k != "n4"}
+    kvs = [RaftKV(n, a, founders, SECRET) for n, a in founders.items()]
+    joiner = RaftKV("n4", ps["n4"], {"n4": ps["n4"]}, SECRET, join=True)
+    try:
+        kvs[0].wait_for_leader()
+        for i in range(20):
+            kvs[1].put(f"k{i}", "v")
+        lead = next(kv for kv in kvs if kv.leader() == kv.node_id)
+        lead.add_learner("n4", ps["n4"])
+        deadline = 200
+        while kvs[0].members().get("n4") != "voter" and deadline:
+            deadline -= 1
+            kvs[0]._sleep()
+        assert kvs[0].members().get("n4") == "voter"
+        assert joiner.get("k19") == b"v"
+    finally:
+        for kv in [*kvs, joiner]:
+            kv.close()
+
+
+def test_membership_changes_on_a_follower_name_the_leader(cluster: list[RaftKV]) -> None:
+    lead = cluster[0].wait_for_leader()
+    follower = next(kv for kv in cluster if kv.node_id != lead)
+    with pytest.raises(NotLeader) as e:
+        follower.add_learner("n9", "127.0.0.1:1")
+    assert e.value.leader == lead
+
+
+def test_a_replicated_object_behaves_like_pysyncobj(tmp_path: Path) -> None:
+    """``@replicated`` methods propose and return the value computed at apply; every
+    replica's object holds the same state; a restart restores from checkpoint + log."""
+    ps = peers()
+    objs = {n: Counter() for n in ps}
+    nodes = {n: raftkv.ReplicatedNode(objs[n], n, a, ps, SECRET, data_dir=str(tmp_path / n))
+             for n, a in ps.items()}
+    try:
+        nodes["n1"].wait_for_leader()
+        assert objs["n2"].incr(5) == 5
+        assert objs["n3"].incr() == 6
+        fut = objs["n1"].incr(4, sync=False)
+        assert fut.result(timeout=5) == 10
+        nodes["n1"].node.read("default", lambda s: None).result(timeout=5)
+        for n in ps:  # a read round on each makes sure it has applied index >= 10's
+            nodes[n].node.read("default", lambda s: None).result(timeout=5)
+        assert {o.value for o in objs.values()} == {10}
+        nodes["n3"].close()
+        objs["n3"] = Counter()
+        nodes["n3"] = raftkv.ReplicatedNode(objs["n3"], "n3", ps["n3"], ps, SECRET,
+                                            data_dir=str(tmp_path / "n3"))
+        assert objs["n1"].incr() == 11
+        nodes["n3"].node.read("default", lambda s: None).result(timeout=5)
+        assert objs["n3"].value == 11
+    finally:
+        for node in nodes.values():
+            node.close()
