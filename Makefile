@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo long sim bench clean
+.PHONY: test demo sim-demo long sim bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ long: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m raftkv.demo
+
+# The same story on the pure core in one process, stamped with simulated ticks.
+sim-demo: $(STAMP)
+	$(BIN)/python -m raftkv.sim_demo
 
 sim: $(STAMP)
 	$(BIN)/python -m raftkv.sim --seeds 0:200 --nodes 5

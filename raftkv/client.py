@@ -20,6 +20,8 @@ import time
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import msgpack
+
 RETRYABLE = {503, 504}
 
 
@@ -59,11 +61,12 @@ class Client:
         return c
 
     def _once(
-        self, endpoint: str, method: str, path: str, body: bytes | None
+        self, endpoint: str, method: str, path: str, body: bytes | None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes, str]:
         c = self._conn(endpoint)
         try:
-            c.request(method, path, body=body)
+            c.request(method, path, body=body, headers=headers or {})
             r = c.getresponse()
             return r.status, r.read(), r.getheader("Content-Type", "")
         except (OSError, http.client.HTTPException):
@@ -72,7 +75,8 @@ class Client:
             raise
 
     def request(
-        self, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = (200,)
+        self, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = (200,),
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         deadline = time.monotonic() + self.timeout
         last = "no attempt"
@@ -80,7 +84,7 @@ class Client:
         while True:
             endpoint = self.endpoints[self._current]
             try:
-                status, data, ctype = self._once(endpoint, method, path, body)
+                status, data, ctype = self._once(endpoint, method, path, body, headers)
             except (OSError, http.client.HTTPException) as e:
                 last = f"{endpoint}: {e}"
                 self._next()
@@ -153,6 +157,19 @@ class Client:
         _, data = self.request("PUT", self._kv(key) + q, v, ok=(200, 412))
         body = json.loads(data)
         return bool(body["swapped"]), int(body["index"])
+
+    def batch(self, ops: list[tuple[bytes | str, bytes | str | None]]) -> int:
+        """Puts (and deletes, value None) applied atomically as one log entry."""
+        body = msgpack.packb(
+            [[k.encode() if isinstance(k, str) else k,
+              v.encode() if isinstance(v, str) else v] for k, v in ops], use_bin_type=True,
+        )
+        _, data = self.request("POST", "/v1/batch", body,
+                               headers={"Content-Type": "application/x-msgpack"})
+        return int(json.loads(data)["index"])
+
+    def batch_put(self, items: dict[str, str] | dict[bytes, bytes]) -> int:
+        return self.batch(list(items.items()))
 
     # -- admin --------------------------------------------------------------------------
     def _post(self, path: str, body: dict[str, Any] | None = None, method: str = "POST") -> Any:

@@ -8,6 +8,8 @@ Endpoints (JSON bodies and errors; values travel raw as the body):
   ``?prev_value=V`` (or ``?prev_absent=true``) it is a compare-and-set: 200 with
   ``{"index", "swapped": true}``, or 412 with ``"swapped": false``.
 - ``DELETE /v1/kv/{key}``: ``{"index": N}`` (deleting an absent key is not an error).
+- ``POST /v1/batch``: many puts/deletes as ONE log entry, atomically (``decode_batch_body``
+  gives the body formats); ``{"index", "ops"}``.
 - ``GET /v1/digest``: ``{"count", "digest", "applied"}`` of this replica (``?stale=true``
   for the local state as is), for comparing replicas.
 - ``GET /v1/cluster``; ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
@@ -35,6 +37,7 @@ from concurrent.futures import Future
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
+import msgpack
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -42,7 +45,7 @@ from raftkv.core import ConfChangeRejected, NotLeader, TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.server.metrics import StatusCollector
-from storage.commands import MAX_VALUE_BYTES, CommandError
+from storage.commands import MAX_COMMAND_BYTES, MAX_VALUE_BYTES, CommandError
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,34 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes | None]]:
+    """A batch body: msgpack (``application/x-msgpack``) ``[[key, value|nil], ...]`` with
+    binary keys and values, or JSON ``{"ops": [[key, value|null], ...]}`` with strings."""
+    if content_type == "application/x-msgpack":
+        try:
+            ops = msgpack.unpackb(raw, raw=False, max_array_len=1 << 20, max_map_len=0)
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+                msgpack.StackError) as e:
+            raise CommandError(f"the body is not msgpack: {e}") from None
+    else:
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CommandError('the body must be JSON {"ops": [[key, value], ...]}') from None
+        ops = body.get("ops") if isinstance(body, dict) else None
+    if not isinstance(ops, list):
+        raise CommandError("a batch is a list of [key, value] pairs (value null deletes)")
+    out = []
+    for op in ops:
+        if not (isinstance(op, list) and len(op) == 2):
+            raise CommandError(f"batch item {op!r:.60} is not a [key, value] pair")
+        k, v = (x.encode() if isinstance(x, str) else x for x in op)
+        if not isinstance(k, bytes) or not (v is None or isinstance(v, bytes)):
+            raise CommandError("batch keys and values must be strings or bytes")
+        out.append((k, v))
+    return out
+
+
 def _str_field(body: dict[str, Any], name: str) -> str:
     v = body.get(name)
     if not isinstance(v, str) or not v:
@@ -138,12 +169,13 @@ class Api:
     def app(self) -> web.Application:
         # The body limit lets a maximal value through and refuses more with a 413.
         app = web.Application(
-            client_max_size=MAX_VALUE_BYTES + 4096, middlewares=[errors_middleware]
+            client_max_size=MAX_COMMAND_BYTES + 4096, middlewares=[errors_middleware]
         )
         r = app.router
         r.add_get("/v1/kv/{key:.+}", self.get)
         r.add_put("/v1/kv/{key:.+}", self.put)
         r.add_delete("/v1/kv/{key:.+}", self.delete)
+        r.add_post("/v1/batch", self.batch)
         r.add_get("/v1/digest", self.digest)
         r.add_get("/v1/cluster", self.cluster)
         r.add_post("/v1/cluster/learners", self.add_learner)
@@ -165,6 +197,8 @@ class Api:
 
     async def put(self, request: web.Request) -> web.Response:
         key = _key(request)
+        if (request.content_length or 0) > MAX_VALUE_BYTES:
+            return error(413, f"a value may hold at most {MAX_VALUE_BYTES} bytes")
         value = await request.read()
         q = request.query
         if "prev_index" in q:
@@ -177,6 +211,11 @@ class Api:
             )
         index = await _wait(self.kv.put_async(key, value))
         return web.json_response({"index": index})
+
+    async def batch(self, request: web.Request) -> web.Response:
+        ops = decode_batch_body(await request.read(), request.content_type)
+        index = await _wait(self.kv.batch_async(ops))
+        return web.json_response({"index": index, "ops": len(ops)})
 
     async def delete(self, request: web.Request) -> web.Response:
         index = await _wait(self.kv.delete_async(_key(request)))
