@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/ruff check raftkv storage recovery benchmarks tests
-	$(BIN)/mypy raftkv/core storage recovery raftkv/node
+	$(BIN)/mypy raftkv/core raftkv/node raftkv/transport raftkv/server raftkv/kv.py raftkv/embedded.py \
+		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py \
+		storage recovery
 	$(BIN)/python -m pytest
 
 # Opt-in long mode: thousands of simulator seeds and longer soaks.
