@@ -113,6 +113,8 @@ class Group:
     recovery: RecoveryReport
     # index -> (term proposed in, future): resolved when that index applies.
     pending: dict[int, tuple[int, Future[Any]]] = field(default_factory=dict)
+    # (deadline, index) in proposal order, so expiry only looks at the front.
+    deadlines: deque[tuple[float, int]] = field(default_factory=deque)
     queued: list[tuple[bytes, Future[Any]]] = field(default_factory=list)
     reads: dict[str, _Read] = field(default_factory=dict)
     ready_reads: deque[_Read] = field(default_factory=deque)
@@ -277,6 +279,7 @@ class Node:
             g = self._group(group)
             index = g.raft.propose_conf_change(cc)
             g.pending[index] = (g.raft.term, out)
+            g.deadlines.append((monotonic() + self.cfg.request_timeout, index))
 
         self._chain(self.call(run), out)
         return out
@@ -359,6 +362,15 @@ class Node:
             g.parked.append((fn, fut, monotonic() + self.cfg.request_timeout))
 
     def _expire(self, g: Group, now: float) -> None:
+        # A proposal not applied in time (say this leader was cut off) has an unknown
+        # outcome: a new leader may still commit it. The caller hears so, and the entry's
+        # eventual application resolves nothing.
+        while g.deadlines and g.deadlines[0][0] < now:
+            _, last = g.deadlines.popleft()
+            for index in [i for i in g.pending if i <= last]:
+                _fail(g.pending.pop(index)[1], RequestTimeout(
+                    f"entry {index} was not applied within {self.cfg.request_timeout}s; "
+                    "its outcome is unknown"))
         if g.parked:
             parked, g.parked = g.parked, []
             for fn, fut, deadline in parked:
@@ -394,8 +406,10 @@ class Node:
                 continue
             term = g.raft.term
             first = last - len(queued) + 1
+            deadline = monotonic() + self.cfg.request_timeout
             for i, (_, fut) in enumerate(queued):
                 g.pending[first + i] = (term, fut)
+            g.deadlines.append((deadline, last))
             self.metrics.proposals(g.id, len(queued))
 
     def _handle_ready(self, g: Group) -> None:
@@ -604,10 +618,16 @@ class Node:
             return {}
 
     def _on_address(self, peer: str, addr: str) -> None:
+        """Keep the addresses of members (any hosted group's) and configured peers, so a
+        restart can reach them; a peer that merely connected is not written down."""
         path = self._addresses_file()
         if path is None:
             return
-        book = {pid: p.addr for pid, p in self.transport.peers.items() if p.addr}
+        known = set(self.cfg.peers)
+        for g in self.groups.values():
+            known |= g.raft.conf.members()
+        book = {pid: p.addr for pid, p in self.transport.peers.items()
+                if p.addr and pid in known}
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(book, f, sort_keys=True)

@@ -39,13 +39,14 @@ from urllib.parse import unquote_to_bytes
 
 import msgpack
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from raftkv.core import ConfChangeRejected, NotLeader, TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.server.metrics import StatusCollector
-from storage.commands import MAX_COMMAND_BYTES, MAX_VALUE_BYTES, CommandError
+from storage.commands import MAX_COMMAND_BYTES, MAX_VALUE_BYTES, CommandError, check_key
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         if e.status >= 400 and e.content_type != "application/json":
             return error(e.status, e.reason)
         raise
+    except ConnectionResetError:
+        # The client hung up mid-request: nothing was proposed and nobody is listening.
+        log.debug("client closed the connection during %s %s", request.method, request.path)
+        return error(400, "client closed the connection")
     except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error, never a trace
         return _status_of(e)
 
@@ -101,7 +106,7 @@ def _key(request: web.Request) -> bytes:
     raw = request.rel_url.raw_path
     if not raw.startswith(KV_PREFIX):
         raise web.HTTPNotFound()
-    return unquote_to_bytes(raw[len(KV_PREFIX):])
+    return check_key(unquote_to_bytes(raw[len(KV_PREFIX):]))
 
 
 def _flag(request: web.Request, name: str) -> bool:
@@ -156,6 +161,18 @@ def _str_field(body: dict[str, Any], name: str) -> str:
     return v
 
 
+class QuietBadRequests(logging.Filter):
+    """aiohttp logs every unparsable request at ERROR with a traceback, so any client
+    could fill a node's log. Such a request already got its 400: log one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args, record.exc_info = "bad HTTP request: %s", (exc,), None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 class Api:
     def __init__(self, kv: RaftKV, registry: CollectorRegistry, faults: bool = False) -> None:
         self.kv = kv
@@ -172,9 +189,10 @@ class Api:
             client_max_size=MAX_COMMAND_BYTES + 4096, middlewares=[errors_middleware]
         )
         r = app.router
-        r.add_get("/v1/kv/{key:.+}", self.get)
-        r.add_put("/v1/kv/{key:.+}", self.put)
-        r.add_delete("/v1/kv/{key:.+}", self.delete)
+        # ".*" so an empty key reaches check_key and gets a 400, not a 404.
+        r.add_get("/v1/kv/{key:.*}", self.get)
+        r.add_put("/v1/kv/{key:.*}", self.put)
+        r.add_delete("/v1/kv/{key:.*}", self.delete)
         r.add_post("/v1/batch", self.batch)
         r.add_get("/v1/digest", self.digest)
         r.add_get("/v1/cluster", self.cluster)

@@ -16,7 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from raftkv.kv import RaftKV
-from raftkv.server.app import Api
+from raftkv.server.app import Api, QuietBadRequests
 from raftkv.server.metrics import PrometheusMetrics
 from raftkv.transport.tcp import parse_addr
 from recovery.compaction import CompactionPolicy
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), stream=sys.stderr,
         format=f"%(asctime)s {args.id} %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())
     if not args.memory and not args.data_dir:
         raise ValueError("--data-dir is required unless --memory is given")
     peers = parse_peers(args.peers)

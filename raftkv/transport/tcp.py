@@ -221,6 +221,9 @@ class Connection:
             n = self.sock.send(self.outbuf)
         except (BlockingIOError, InterruptedError):
             n = 0
+        except OSError as e:  # the peer reset or vanished since the last poll
+            self.close(f"send failed: {e}", quiet=True)
+            return
         if n:
             self.t.stats["bytes_out"] += n
             del self.outbuf[:n]
