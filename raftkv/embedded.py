@@ -15,6 +15,7 @@ from typing import Any, Self
 from pysyncobj.monotonic import monotonic
 
 from raftkv.core import ConfChangeOp, LeaderStepping
+from raftkv.futures import then
 from raftkv.node.driver import Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import RequestTimeout
 from raftkv.node.stores import claim_data_dir, open_group_storage
@@ -161,17 +162,7 @@ class ReplicatedNode(EmbeddedNode):
         obj._attach(self._propose)
 
     def _propose(self, data: bytes) -> Future[Any]:
-        out: Future[Any] = Future()
-
-        def done(f: Future[Any]) -> None:
-            exc = f.exception()
-            if exc is not None:
-                out.set_exception(exc)
-            else:
-                out.set_result(f.result()[1])
-
-        self.node.propose(self.group, data).add_done_callback(done)
-        return out
+        return then(self.node.propose(self.group, data), lambda r: r[1])
 
     def close(self) -> None:
         self.obj._detach()

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from raftkv.embedded import EmbeddedNode
+from raftkv.futures import then
 from storage.commands import (
     check_key,
     check_value,
@@ -48,17 +49,7 @@ def _value(value: Value) -> bytes:
 
 
 def _index(fut: Future[Any]) -> Future[int]:
-    out: Future[int] = Future()
-
-    def done(f: Future[Any]) -> None:
-        exc = f.exception()
-        if exc is not None:
-            out.set_exception(exc)
-        else:
-            out.set_result(f.result()[0])
-
-    fut.add_done_callback(done)
-    return out
+    return then(fut, lambda r: r[0])
 
 
 class RaftKV(EmbeddedNode):
@@ -80,19 +71,7 @@ class RaftKV(EmbeddedNode):
             _key(key), None if expected is None else _value(expected),
             None if new is None else _value(new),
         )
-        inner = self.node.propose(self.group, cmd)
-        out: Future[tuple[bool, int]] = Future()
-
-        def done(f: Future[Any]) -> None:
-            exc = f.exception()
-            if exc is not None:
-                out.set_exception(exc)
-            else:
-                index, swapped = f.result()
-                out.set_result((bool(swapped), index))
-
-        inner.add_done_callback(done)
-        return out
+        return then(self.node.propose(self.group, cmd), lambda r: (bool(r[1]), r[0]))
 
     def batch_async(self, ops: Iterable[tuple[Key, Value | None]]) -> Future[int]:
         """Apply puts (and deletes, value None) atomically as one log entry."""

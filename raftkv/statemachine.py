@@ -78,11 +78,12 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import msgpack
 
+from raftkv.futures import then
 from storage.commands import MAX_COMMAND_BYTES, UNPACK_ERRORS
 
 __all__ = [
@@ -296,30 +297,15 @@ def replicated(func: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _raise_error_result(result: Any) -> Any:
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 def _results(raw: Future[Any]) -> Future[Any]:
     """A Future that raises what the method raised: ``apply`` reports it as the result."""
-    out: Future[Any] = Future()
-
-    def settle(f: Future[Any]) -> None:
-        if out.cancelled():
-            return
-        try:
-            if f.cancelled():
-                out.cancel()
-                return
-            error = f.exception()
-            result = None if error is not None else f.result()
-            if error is None and isinstance(result, BaseException):
-                error = result
-            if error is not None:
-                out.set_exception(error)
-            else:
-                out.set_result(result)
-        except InvalidStateError:
-            pass  # cancelled by the caller meanwhile
-
-    raw.add_done_callback(settle)
-    return out
+    return then(raw, _raise_error_result)
 
 
 def _call_back(callback: Callable[[Any, BaseException | None], object], f: Future[Any]) -> None:
