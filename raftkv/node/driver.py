@@ -123,6 +123,9 @@ class Group:
     parked: list[tuple[Callable[[], None], Future[Any], float]] = field(default_factory=list)
     leader: str | None = None
     leader_changes: int = 0
+    # Called on the loop thread after each applied batch (watches, listeners).
+    on_applied: list[Callable[[Group], None]] = field(default_factory=list)
+    on_tick: list[Callable[[Group], None]] = field(default_factory=list)
 
     @property
     def state(self) -> StateStore:
@@ -348,6 +351,8 @@ class Node:
             if compact:
                 g.storage.maybe_compact(g.raft.conf_at)
             self._expire(g, now)
+            for hook in g.on_tick:
+                hook(g)
         for rid, (fut, deadline, _, _) in list(self._forwarded.items()):
             if now > deadline:
                 del self._forwarded[rid]
@@ -426,6 +431,8 @@ class Node:
             self.transport.send(m.to, codec.encode_message(g.id, g.storage.outgoing(m)))
         if rd.committed_entries:
             self._apply(g, rd)
+            for hook in g.on_applied:
+                hook(g)
         for rs in rd.read_states:
             r = g.reads.pop(rs.context, None)
             if r is not None:
