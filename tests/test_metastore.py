@@ -20,6 +20,18 @@ from hypothesis import strategies as st
 
 from raftkv.core import Message, MessageType
 from raftkv.node.group_storage import GroupStorage, pack_image
+from raftkv.placement.assignments import (
+    DONE_RETRY,
+    PENDING_WRITTEN,
+    PLANNED_REMOVED,
+    PLANNED_WRITTEN,
+    SKIPPED,
+    PartitionKeys,
+    encode_nodes,
+    partition_keys,
+    write_pending_assignments,
+)
+from raftkv.placement.assignments import rebalance_done as done_tree
 from raftkv.placement.meta_commands import (
     MAX_DEPTH,
     MAX_META_KEY_BYTES,
@@ -258,86 +270,23 @@ def test_range_returns_the_prefix_and_the_revision_it_was_read_at(meta: Meta) ->
 
 
 # -- seed 004: "Write new pending assignments (1)" ------------------------------------------------
-SKIPPED, PENDING_WRITTEN, PLANNED_WRITTEN, PLANNED_REMOVED = 0, 1, 2, 3
-
-
-def keys(part: bytes) -> tuple[bytes, bytes, bytes, bytes]:
-    return (
-        part + b".assignments.stable",
-        part + b".assignments.pending",
-        part + b".assignments.planned",
-        part + b".change.trigger.revision",
-    )
+def keys(part: bytes) -> PartitionKeys:
+    table, p = part.decode().rsplit(".", 1)
+    return partition_keys(table, int(p))
 
 
 def nodes(*names: str) -> bytes:
-    return ",".join(sorted(names)).encode()
-
-
-def write_pending_assignments(part: bytes, event_revision: int, calculated: bytes) -> If:
-    """Seed 004, step (1), as one atomic multi-invoke, from this pseudocode:
-
-    if empty(trigger) || trigger < event.revision:
-        if empty(pending) && stable != calcPartAssignments():
-            pending = calcPartAssignments(); trigger = event.revision
-        else:
-            if pending != calcPartAssignments:
-                planned = calcPartAssignments(); trigger = event.revision
-            else:
-                remove(planned)
-    else:
-        skip
-    """
-    stable, pending, planned, trigger = keys(part)
-    rev = encode_revision(event_revision)  # 8-byte big-endian: byte order is numeric order
-    return If(
-        Cond.empty(trigger) | Cond.value(trigger).lt(rev),
-        If(
-            Cond.empty(pending) & Cond.value(stable).ne(calculated),
-            Do(PENDING_WRITTEN, Op.put(pending, calculated), Op.put(trigger, rev)),
-            If(
-                Cond.value(pending).ne(calculated),
-                Do(PLANNED_WRITTEN, Op.put(planned, calculated), Op.put(trigger, rev)),
-                Do(PLANNED_REMOVED, Op.remove(planned)),
-            ),
-        ),
-        Do(SKIPPED),
-    )
+    return encode_nodes(names)
 
 
 def rebalance_done(meta: Meta, part: bytes, applied_peers: bytes) -> int:
-    """Seed 004, onNewPeersConfigurationApplied, whose pseudocode is:
-
-        stable = appliedPeers
-        if empty(planned): pending = empty
-        else: pending = planned; remove(planned)
-
-    ``pending = planned`` copies a value, so it is read first and the invoke is guarded by
-    planned's revision, retrying if it moved (the seeds' retry-on-changed-revision)."""
-    stable, pending, planned, _ = keys(part)
+    """Run onNewPeersConfigurationApplied's invoke, re-reading planned until the guard
+    holds (the seeds' retry-on-changed-revision); returns the attempts it took."""
     for attempt in itertools.count(1):
-        cur = meta.store.get_entry(planned)
-        seen = 0 if cur is None else cur.mod_revision
-        res = meta.run(
-            encode_iif(
-                If(
-                    Cond.empty(planned),
-                    Do(1, Op.put(stable, applied_peers), Op.put(pending, b"")),
-                    If(
-                        Cond.revision(planned).eq(seen),
-                        Do(
-                            2,
-                            Op.put(stable, applied_peers),
-                            Op.put(pending, b"" if cur is None else cur.value),
-                            Op.remove(planned),
-                        ),
-                        Do(0),
-                    ),
-                )
-            )
-        )
+        planned = meta.store.get_entry(keys(part).planned)
+        res = meta.run(encode_iif(done_tree(keys(part), applied_peers, planned)))
         assert isinstance(res, BranchResult)
-        if res.tag:
+        if res.tag != DONE_RETRY:
             return attempt
     raise AssertionError("unreachable")
 
@@ -350,12 +299,12 @@ def assignments(
 
 
 def test_seed_004_write_new_pending_assignments(meta: Meta) -> None:
-    p = b"t1.p0"
+    p = b"t1.0"
     stable, _, _, trigger = keys(p)
     meta.run(encode_put(stable, nodes("A", "B", "C")))
 
     def on_replica_number_change(event_revision: int, calculated: bytes) -> int:
-        res = meta.run(encode_iif(write_pending_assignments(p, event_revision, calculated)))
+        res = meta.run(encode_iif(write_pending_assignments(keys(p), event_revision, calculated)))
         assert isinstance(res, BranchResult)
         return res.tag
 
@@ -389,11 +338,11 @@ def test_seed_004_write_new_pending_assignments(meta: Meta) -> None:
 
 
 def test_seed_004_rebalance_done_moves_planned_to_pending(meta: Meta) -> None:
-    p = b"t1.p1"
+    p = b"t1.1"
     stable = keys(p)[0]
     meta.run(encode_put(stable, nodes("A", "B", "C")))
-    meta.run(encode_iif(write_pending_assignments(p, 5, nodes("A", "B", "C", "D"))))
-    meta.run(encode_iif(write_pending_assignments(p, 6, nodes("A", "B", "D"))))
+    meta.run(encode_iif(write_pending_assignments(keys(p), 5, nodes("A", "B", "C", "D"))))
+    meta.run(encode_iif(write_pending_assignments(keys(p), 6, nodes("A", "B", "D"))))
     assert rebalance_done(meta, p, nodes("A", "B", "C", "D")) == 1
     assert assignments(meta, p) == (nodes("A", "B", "C", "D"), nodes("A", "B", "D"), None, 6)
 
@@ -404,10 +353,10 @@ def test_seed_004_literal_pseudocode_plans_when_nothing_is_pending_and_stable_ma
     """A quirk of step (1) as written: with pending empty and stable == calculated, the else
     branch runs and, since empty pending != calculated, writes planned. (The seed's
     Approach 1 variant skips instead.) The builders reproduce the pseudocode exactly."""
-    p = b"t1.p2"
+    p = b"t1.2"
     stable, *_ = keys(p)
     meta.run(encode_put(stable, nodes("A", "B", "C")))
-    res = meta.run(encode_iif(write_pending_assignments(p, 3, nodes("A", "B", "C"))))
+    res = meta.run(encode_iif(write_pending_assignments(keys(p), 3, nodes("A", "B", "C"))))
     assert res == BranchResult(PLANNED_WRITTEN, 2)
     assert assignments(meta, p)[2] == nodes("A", "B", "C")
 
@@ -892,3 +841,21 @@ def test_same_commands_any_batching_give_identical_stores(
         finally:
             for s in (a, b, c):
                 s.close()
+
+
+def test_rendezvous_assignments_are_stable_and_move_little_when_a_node_joins() -> None:
+    """Assignments are a pure function of (table, partition, nodes, replicas); a fourth
+    node takes over roughly a quarter of the replicas and nothing else moves."""
+    from raftkv.placement.assignments import calc_assignments, partition_of
+
+    three = {p: calc_assignments("t", p, ["n1", "n2", "n3"], 3) for p in range(64)}
+    assert all(v == ["n1", "n2", "n3"] for v in three.values())
+    four = {p: calc_assignments("t", p, ["n4", "n3", "n2", "n1"], 3) for p in range(64)}
+    assert four == {p: calc_assignments("t", p, ["n1", "n2", "n3", "n4"], 3) for p in range(64)}
+    moved = sum(1 for p in range(64) if "n4" in four[p])
+    assert 32 <= moved <= 64  # n4 should hold ~3/4 of partitions' replica sets
+    assert all(len(set(v)) == 3 for v in four.values())
+    counts = [0] * 16
+    for i in range(16000):
+        counts[partition_of(b"key-%d" % i, 16)] += 1
+    assert min(counts) > 800 and partition_of(b"x", 16) == partition_of(b"x", 16)
