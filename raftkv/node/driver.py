@@ -126,6 +126,8 @@ class Group:
     # Called on the loop thread after each applied batch (watches, listeners).
     on_applied: list[Callable[[Group], None]] = field(default_factory=list)
     on_tick: list[Callable[[Group], None]] = field(default_factory=list)
+    # Called on the loop thread when the known leader changes (``g.leader`` is updated).
+    on_leader: list[Callable[[Group], None]] = field(default_factory=list)
 
     @property
     def state(self) -> StateStore:
@@ -197,6 +199,27 @@ class Node:
         self._learn_conf_addresses(g)
         return g
 
+    def remove_group(self, group_id: str) -> None:
+        """Stop hosting a group (loop thread, or before ``start``): its pending requests
+        fail and its stores close; the files stay (deleting them is the caller's call)."""
+        g = self.groups.pop(group_id, None)
+        if g is not None:
+            self._close_group(g, NodeStopped(f"group {group_id} is no longer hosted here"))
+
+    def _close_group(self, g: Group, err: Exception) -> None:
+        for _, fut in g.pending.values():
+            _fail(fut, err)
+        for r in list(g.reads.values()) + list(g.ready_reads):
+            _fail(r.fut, err)
+        for _, fut, _ in g.parked:
+            _fail(fut, err)
+        for _, fut in g.queued:
+            _fail(fut, err)
+        g.storage.state.close()
+        close = getattr(g.storage.log, "close", None)
+        if close is not None:
+            close()
+
     def start(self) -> None:
         self.transport.start()
         self._thread = threading.Thread(target=self._run, name=f"raftkv-{self.id}", daemon=True)
@@ -211,16 +234,7 @@ class Node:
         self.transport.close()
         err = NodeStopped(f"node {self.id} stopped")
         for g in self.groups.values():
-            for _, fut in g.pending.values():
-                _fail(fut, err)
-            for r in list(g.reads.values()) + list(g.ready_reads):
-                _fail(r.fut, err)
-            for _, fut, _ in g.parked:
-                _fail(fut, err)
-            g.storage.state.close()
-            close = getattr(g.storage.log, "close", None)
-            if close is not None:
-                close()
+            self._close_group(g, err)
         for fut, *_ in self._forwarded.values():
             _fail(fut, err)
         with self._lock:
@@ -480,6 +494,8 @@ class Node:
                 g.leader_changes += 1
                 self.metrics.leader_change(g.id)
                 log.info("group %s: leader is now %s (term %d)", g.id, lead, g.raft.term)
+            for hook in g.on_leader:
+                hook(g)
             keep = []
             for to, fut, deadline in g.transfers:
                 if lead == to:
