@@ -128,6 +128,7 @@ class Group:
     on_tick: list[Callable[[Group], None]] = field(default_factory=list)
     # Called on the loop thread when the known leader changes (``g.leader`` is updated).
     on_leader: list[Callable[[Group], None]] = field(default_factory=list)
+    on_close: list[Callable[[Group], None]] = field(default_factory=list)
 
     @property
     def state(self) -> StateStore:
@@ -207,6 +208,8 @@ class Node:
             self._close_group(g, NodeStopped(f"group {group_id} is no longer hosted here"))
 
     def _close_group(self, g: Group, err: Exception) -> None:
+        for hook in g.on_close:
+            hook(g)
         for _, fut in g.pending.values():
             _fail(fut, err)
         for r in list(g.reads.values()) + list(g.ready_reads):
@@ -233,7 +236,7 @@ class Node:
             self._thread.join(timeout=10)
         self.transport.close()
         err = NodeStopped(f"node {self.id} stopped")
-        for g in self.groups.values():
+        for g in list(self.groups.values()):  # hooks may add or remove groups
             self._close_group(g, err)
         for fut, *_ in self._forwarded.values():
             _fail(fut, err)
@@ -245,7 +248,7 @@ class Node:
     # ================================================ thread-safe API (any thread) =====
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn`` on the loop thread; its return value (or exception) lands on the
-        future. If ``fn`` returns a Future, that one is chained through."""
+        future."""
         fut: Future[Any] = Future()
         if self._stopping or self.failure is not None:
             fut.set_exception(NodeStopped(f"node {self.id} is not running"))
@@ -332,7 +335,7 @@ class Node:
                     next_tick = max(next_tick + tick, now)
                     self._tick(now)
                 self._flush_proposals()
-                for g in self.groups.values():
+                for g in list(self.groups.values()):  # hooks may add or remove groups
                     if g.raft.has_ready():
                         self._handle_ready(g)
                 self.transport.flush()
@@ -359,7 +362,7 @@ class Node:
         compact = now >= self._next_compact
         if compact:
             self._next_compact = now + COMPACT_EVERY
-        for g in self.groups.values():
+        for g in list(self.groups.values()):  # hooks may add or remove groups
             g.raft.tick()
             g.state.maybe_checkpoint(now)
             if compact:
@@ -413,7 +416,7 @@ class Node:
             g.transfers = keep
 
     def _flush_proposals(self) -> None:
-        for g in self.groups.values():
+        for g in list(self.groups.values()):  # hooks may add or remove groups
             if not g.queued:
                 continue
             queued, g.queued = g.queued, []
@@ -647,7 +650,7 @@ class Node:
         if path is None:
             return
         known = set(self.cfg.peers)
-        for g in self.groups.values():
+        for g in list(self.groups.values()):  # hooks may add or remove groups
             known |= g.raft.conf.members()
         book = {pid: p.addr for pid, p in self.transport.peers.items()
                 if p.addr and pid in known}
@@ -694,7 +697,7 @@ class Node:
 
     def _status(self) -> dict[str, Any]:
         groups = {}
-        for g in self.groups.values():
+        for g in list(self.groups.values()):  # hooks may add or remove groups
             st = g.raft.status()
             members = {n: "voter" for n in st.conf.voters}
             members.update({n: "pre-follower" for n in st.conf.learners})

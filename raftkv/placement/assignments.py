@@ -14,11 +14,11 @@ the metastore keys and invokes of Ignite's rebalance (seed 004).
 - ``write_pending_assignments``: seed 004 step (1) as ONE atomic multi-invoke.
 - ``rebalance_done``: ``onNewPeersConfigurationApplied``'s invoke.
 
-Choice (seed 004 is ambiguous here): step (1) follows the seed's literal pseudocode. When
-pending is empty and stable already equals the new assignment, it falls through to the
-``else`` branch and records the assignment as planned; the planned key then becomes
-pending after a rebalance that changes nothing. "Approach 1" in the same seed skips this
-case instead. We keep the literal text, whose outcome is harmless: a no-op change.
+``write_pending_assignments`` is the seed's literal pseudocode, kept as the reference the
+tests pin. It can lose the latest intent (a no-op event leaves a stale planned behind; a
+branch that removes planned does not advance the trigger, so a late older event wins), so
+the rebalance runs the corrected ``rebalance_steps.plan_rebalance`` instead
+(``tests/test_rebalance.py`` shows both failures of the literal text).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from pysyncobj.monotonic import monotonic
 
 from raftkv.futures import then
 from raftkv.node.driver import Group, Node
+from raftkv.node.errors import NodeStopped
 from raftkv.node.group_storage import GroupStorage
 from raftkv.placement import meta_commands as mc
 from raftkv.placement.metastore import EventBatch, HistoryCompacted, MetaStore, RangeResult
@@ -49,6 +50,7 @@ class MetaService:
         g = node.add_group(group, GroupStorage(raft_log, self.store), voters)
         g.on_applied.append(self._wake_watches)
         g.on_tick.append(self._wake_watches)  # deadlines pass in an idle group too
+        g.on_close.append(self._fail_watches)
 
     # -- writes ---------------------------------------------------------------------------
     def propose(self, data: bytes) -> Future[Any]:
@@ -119,6 +121,13 @@ class MetaService:
             else:
                 waiting.append((prefix, rev, fut, deadline))
         self._watches = waiting
+
+
+    def _fail_watches(self, g: Group) -> None:
+        watches, self._watches = self._watches, []
+        for _, _, fut, _ in watches:
+            if not fut.done():
+                fut.set_exception(NodeStopped(f"the {self.group} group stopped on this node"))
 
 
 def _raise_or(result: object) -> object:

@@ -1,0 +1,932 @@
+"""``PlacementManager``: tables, partitions and Ignite 3's rebalance (seed 004) on one node.
+
+Theory of operation
+-------------------
+Every node runs one manager next to its ``MetaService`` (the metastore replica: a voter on
+the metastore's founding nodes, a non-voting learner elsewhere, see "choices" below).
+Everything the manager does happens on the node's loop thread, where the Raft cores and
+stores live; admin calls from other threads (``create_table``, ``set_replicas``,
+``set_nodes``, ``status``) only write the metastore or ask the loop, and blocking waits
+never run on the loop thread (callbacks hop back onto it with ``Node.call``).
+
+**Cache and watch.** The manager reads the whole metastore once (``range``), keeps a cache
+of the placement keys (``catalog``: table descriptors, the logical topology, node
+addresses, and every partition's ``assignments.*`` / ``change.trigger.revision``), and
+then long-polls ``watch(b"", revision + 1)``, applying events in revision order. After
+each batch it *reconciles* every partition the batch touched. Reconciling is level-
+triggered: it compares what the metastore says with what the local Raft group is, and
+takes the next step; so a missed edge (a crash between two steps, a leader change, an
+error) is repaired by the next reconcile rather than lost. Reconciles are also kicked by
+the partition groups' hooks (``on_leader``, ``on_applied`` while a change is under way)
+and by the retry timer.
+
+**Step (1), writing the intent.** A trigger is a write of ``<tableScope>.replicas`` (the
+table descriptor, ``set_replicas``) or of the logical topology (``set_nodes``). Its
+``event.revision`` is that write's revision, i.e. the key's ``mod_revision``. A partition
+whose ``change.trigger.revision`` is below ``max(topology rev, descriptor rev)`` runs the
+step-(1) invoke (``rebalance_steps.plan_rebalance``) with that revision and the
+assignment calculated from the cached topology and replica count: those keys have not
+changed since that revision, so every node computes the same value. Each node that sees
+the trigger runs it; the trigger revision makes all but the first a no-op (SKIPPED).
+
+**Step (2), pending.** A node in ``pending ∪ stable`` hosts the partition's group: a
+founding member (``TableDescriptor.initial``) bootstraps the founding configuration, any
+other node joins empty (``voters=None``) and waits for the leader to add it. On the
+group's leader only, ``change_peers(term, pending)`` moves the Raft configuration to
+pending, one membership change at a time (Kudu's one-by-one design):
+
+1. remove learners that are not in the target (left over from a cancelled change);
+2. add each missing member as a PRE_FOLLOWER learner (several may catch up at once; the
+   core promotes each one to voter when it is within ``promote_lag``);
+3. once every target member is a voter, remove the departing voters one by one, the
+   leader last: removing itself raises ``LeaderStepping`` and the transferee, once
+   elected, performs that removal (``Raft.pending_handover``) and resumes the change;
+4. when the voters equal the target, no learner is left and the configuration entry is
+   committed, ``onNewPeersConfigurationApplied`` runs ``finish_rebalance`` (stable :=
+   applied peers, pending := planned or empty; retried on DONE_RETRY).
+
+A change belongs to the term it started in. Every step checks that this node still leads
+in that term, and ``change_peers`` with another term is refused with ``StaleTerm`` (seed:
+"changePeersAsync from old terms must be skipped").
+
+**Step (3), stable.** When stable changes, the node stops (``Node.remove_group``) the
+partitions it hosts but is in neither stable nor pending, and refreshes its routing table
+(partition -> stable nodes and a leader hint).
+
+**Failover.** A newly elected leader reconciles through ``on_leader`` and resumes the
+pending change (a fresh change of its own term). A membership change that fails
+(``ConfChangeRejected``, ``ProposalDropped`` during a transfer, ``RequestTimeout``) or a
+metastore invoke that fails is retried with exponential back-off (``retry.Backoff``),
+timed by ``retry.TickTimer`` on the metastore group's ``on_tick`` hook: no extra thread.
+After ``RetryPolicy.max_attempts`` failures in one context (leader term + target), the
+action stops until the context changes, and the error is recorded in ``status()["errors"]``
+and counted in ``status()["metrics"]`` (seed: "notify node's failure handler").
+
+**Adjustable changePeers (Approach 2).** When planned is set while the leader is still
+*catching up* (some member of pending is not yet a voter), the leader cancels: one
+invoke guarded by the revisions of pending and planned moves planned into pending
+(``move_planned_to_pending``). The next reconcile retargets the change, and its first
+action removes the learners that are not in the new target. Once every pending member is
+a voter (the removal phase), planned waits for ``onNewPeersConfigurationApplied``.
+
+Choices where the seed is ambiguous or does not fit raftkv
+----------------------------------------------------------
+- Step (1)'s invoke is ``rebalance_steps.plan_rebalance``, not the literal pseudocode
+  (``assignments.write_pending_assignments``): the literal text can lose the latest
+  intent in two ways (see ``rebalance_steps``). onNewPeersConfigurationApplied is guarded
+  by ``pending == applied peers`` so a late duplicate cannot undo a newer pending.
+- "Effectively from 1 node": every node that sees a trigger runs step (1); the trigger
+  revision dedupes. It is level-triggered (trigger < source revision), so a trigger whose
+  writer crashed before step (1) ran is still handled by whichever node looks next.
+- Table creation writes the initial ``stable`` assignments (and the descriptor) in one
+  invoke guarded by the topology's revision; it does not go through pending. The initial
+  assignments stay in the descriptor: they are the founding configuration of the group.
+- ``partitions`` changes are out of scope, as in the seed. Dropping tables is not handled.
+- "STAGE_CATCHING_UP" (JRaft's joint consensus) becomes: some pending member is not yet a
+  voter. With one-by-one promotions a cancelled change may already have promoted some of
+  its new members; those are voters outside the new target and are removed in its
+  removal phase, which is safe (each step is an ordinary one-by-one change).
+- Step (3) stops groups on *stable* updates only (and on the manager's first read), as the
+  seed says, not when a cancel drops a node from pending: that node may already be a
+  promoted voter, and stopping it before the leader removes it would cost availability.
+- The catch-up of a learner has no timeout: a learner on a node that is down waits until
+  planned cancels the change or the node comes back. ``status()`` shows the learners.
+- A stopped persistent partition keeps its files; if the node is assigned the partition
+  again, the group reopens its old log and the leader brings it up to date.
+- The "failover thread" is the retry timer on the loop thread's ticks.
+- A node that is not a metastore voter hosts a MetaService replica that joins the
+  metastore as a learner *without* auto-promotion (``join_metastore_as_learner`` on the
+  metastore leader): reads, watches and forwarded invokes then work on every node, while
+  the metastore's quorum stays on its founding nodes.
+- "Leader response must be updated by current term" / "maybe check a lease": the local
+  core's role and term are the authority (check-quorum makes a cut-off leader step down);
+  a stale leader's membership change cannot commit anyway.
+- The table creation trigger: a partition whose stable was written by ``create_table``
+  from the current topology skips step (1) (it would only record the trigger).
+- One watch covers the whole metastore (prefix ``b""``): the seed's keys have a per-table
+  prefix, and one ordered stream keeps the cache consistent across tables and topology.
+- ADD_LEARNER carries the new member's raft address from ``placement.address.<node>``
+  (each manager registers its own on start), else the transport's address book.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple
+
+from pysyncobj.monotonic import monotonic
+
+from raftkv.core import ConfChange, ConfChangeOp, LeaderStepping, NotLeader, RaftError, Role
+from raftkv.node.driver import Group, Node
+from raftkv.node.errors import NodeStopped, UnknownGroup
+from raftkv.node.stores import open_group_storage
+from raftkv.placement import rebalance_steps as steps
+from raftkv.placement.assignments import (
+    DONE_CLEARED,
+    DONE_PLANNED_MOVED,
+    DONE_RETRY,
+    PENDING_WRITTEN,
+    PLANNED_WRITTEN,
+    PartitionKeys,
+    calc_assignments,
+    decode_nodes,
+    encode_nodes,
+    partition_keys,
+    partition_of,
+)
+from raftkv.placement.catalog import (
+    ADDRESS_PREFIX,
+    PERSISTENT,
+    TABLES_PREFIX,
+    TOPOLOGY_KEY,
+    TableDescriptor,
+    address_key,
+    check_node_id,
+    check_table_name,
+    parse_partition_key,
+    partition_group,
+    table_key,
+)
+from raftkv.placement.meta_commands import (
+    BranchResult,
+    Cond,
+    InvokeResult,
+    Op,
+    VersionedValue,
+    decode_revision,
+)
+from raftkv.placement.metastore import EventBatch, HistoryCompacted, RangeResult
+from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
+from raftkv.placement.service import MetaService
+
+log = logging.getLogger(__name__)
+
+_PLACEMENT_PREFIX = b"placement."
+_ADMIN_ATTEMPTS = 5
+
+
+class StaleTerm(RaftError):
+    """``change_peers`` named a term this node does not lead in (seed 004: a changePeers
+    from an old term is skipped). The leader of the current term carries on."""
+
+
+class ChangeSuperseded(RaftError):
+    """A newer ``change_peers`` replaced this one's target before it finished."""
+
+
+class TableExists(ValueError):
+    pass
+
+
+class UnknownTable(KeyError):
+    pass
+
+
+class Route(NamedTuple):
+    group: str
+    table: str
+    partition: int
+    nodes: tuple[str, ...]  # stable
+    leader: str | None  # a hint: the leader this node last knew, if it hosts the group
+
+
+@dataclass
+class _Change:
+    """One changePeers on the leader: valid only in ``term``."""
+
+    term: int
+    target: frozenset[str]
+    origin: str  # "pending" (the listener) or "api" (a direct change_peers call)
+    waiters: list[Future[None]] = field(default_factory=list)
+    inflight: str | None = None  # the membership change proposed and not yet answered
+    handed_over: bool = False  # removing ourselves: leadership is being transferred
+    started: float = field(default_factory=monotonic)
+
+
+@dataclass
+class _Partition:
+    table: str
+    index: int
+    group: str
+    keys: PartitionKeys
+    change: _Change | None = None
+    plan_done: int = 0  # the trigger source revision whose step (1) finished here
+    plan_inflight: bool = False
+    finishing: tuple[int, int] | None = None  # (term, pending rev) done was issued for
+    cancel_key: tuple[int, int] | None = None  # (pending rev, planned rev) cancel issued for
+    cleanup_rev: int = -1  # stable's mod revision when step (3) last looked
+    backoffs: dict[str, Backoff] = field(default_factory=dict)
+
+
+class PlacementManager:
+    """Tables and rebalance on one node (see the module docstring).
+
+    ``status()["metrics"]`` counts: ``plan.pending_written`` / ``plan.planned_written`` /
+    ``plan.other`` (step (1) outcomes), ``conf_changes`` proposed, ``leader_handovers``,
+    ``changes_cancelled`` (Approach 2), ``rebalances_done``, ``done_stale``,
+    ``partitions_started`` / ``partitions_stopped``, ``errors.<kind>`` (kind: plan,
+    change, done, cancel, start, watch), ``retries``, ``retries_exhausted`` and
+    ``internal_errors``. ``status()["errors"]`` lists the exhausted (and internal) errors.
+    """
+
+    def __init__(
+        self, meta: MetaService, data_dir: str | None, *, durable: bool = True,
+        retry: RetryPolicy | None = None, watch_timeout: float = 5.0,
+        admin_timeout: float = 10.0,
+    ) -> None:
+        """``data_dir`` holds persistent partitions (``groups/t.<table>.<p>``); None keeps
+        every partition in memory. Call ``start`` once the node runs (or before)."""
+        self.meta = meta
+        self.node: Node = meta.node
+        self.id = self.node.id
+        self.data_dir = data_dir
+        self.durable = durable
+        self.retry = retry or RetryPolicy()
+        self.watch_timeout = watch_timeout
+        self.admin_timeout = admin_timeout
+        self.metrics: Counter[str] = Counter()
+        self.errors: list[dict[str, Any]] = []
+        self._timer = TickTimer()
+        self._kv: dict[bytes, VersionedValue] = {}
+        self._tables: dict[str, TableDescriptor] = {}
+        self._parts: dict[str, _Partition] = {}
+        self._hosted: set[str] = set()
+        self._routes: dict[str, Route] = {}
+        self._dirty: set[str] = set()
+        self._drain_queued = False
+        self._revision = 0
+        self._synced = False
+        self._stopped = False
+        self._loop_ident: int | None = None
+        self._backoffs = {"watch": Backoff(self.retry), "address": Backoff(self.retry)}
+
+    # ================================================================ lifecycle =========
+    def start(self) -> None:
+        def install() -> None:
+            self._loop_ident = threading.get_ident()
+            self.node.groups[self.meta.group].on_tick.append(self._timer.on_tick)
+            self._register_address()
+            self._resync()
+
+        self._defer(install)
+
+    def stop(self) -> None:
+        """Stop reacting (the node and its groups keep running; stopping them is the
+        node owner's call)."""
+        self._stopped = True
+
+    # ======================================================== admin (any thread) ========
+    def set_nodes(self, nodes: Iterable[str]) -> int:
+        """Write the logical topology; returns the revision of the write (the trigger's
+        ``event.revision``)."""
+        ids = sorted({check_node_id(n) for n in nodes})
+        if not ids:
+            raise ValueError("the logical topology needs at least one node")
+        self._not_on_loop()
+        return int(self.meta.put(TOPOLOGY_KEY, encode_nodes(ids)).result(self.admin_timeout)
+                   .revision)
+
+    def create_table(self, name: str, partitions: int, replicas: int,
+                     storage: str = PERSISTENT) -> TableDescriptor:
+        """Write the descriptor and each partition's initial stable assignment in one
+        invoke, guarded by the topology's revision (retried if the topology moves)."""
+        check_table_name(name)
+        self._not_on_loop()
+        key = table_key(name)
+        for _ in range(_ADMIN_ATTEMPTS):
+            topo = self.meta.get(TOPOLOGY_KEY).result(self.admin_timeout)
+            nodes = decode_nodes(topo.value) if topo is not None else []
+            desc = TableDescriptor.new(name, partitions, replicas, storage, nodes)
+            ops = [Op.put(key, desc.encode())] + [
+                Op.put(partition_keys(name, p).stable, encode_nodes(desc.initial[p]))
+                for p in range(partitions)
+            ]
+            guard = Cond.revision(TOPOLOGY_KEY).eq(topo.mod_revision if topo else 0)
+            res = self.meta.invoke([Cond.not_exists(key), guard], ops).result(self.admin_timeout)
+            assert isinstance(res, InvokeResult)
+            if res.succeeded:
+                return desc
+            if self.meta.get(key).result(self.admin_timeout) is not None:
+                raise TableExists(name)
+        raise RuntimeError(f"the topology kept changing while creating table {name!r}")
+
+    def set_replicas(self, name: str, replicas: int) -> int:
+        """Change a table's replica count (the seed's trigger); returns the revision."""
+        self._not_on_loop()
+        key = table_key(name)
+        for _ in range(_ADMIN_ATTEMPTS):
+            cur = self.meta.get(key).result(self.admin_timeout)
+            if cur is None:
+                raise UnknownTable(name)
+            new = TableDescriptor.decode(cur.value).with_replicas(replicas)
+            res = self.meta.invoke([Cond.revision(key).eq(cur.mod_revision)],
+                                   [Op.put(key, new.encode())]).result(self.admin_timeout)
+            assert isinstance(res, InvokeResult)
+            if res.succeeded:
+                return res.revision
+        raise RuntimeError(f"table {name!r} kept changing while setting its replicas")
+
+    def change_peers(self, group: str, term: int, peers: Iterable[str]) -> Future[None]:
+        """Move ``group``'s configuration to ``peers`` (see the module docstring). Runs on
+        its leader in ``term`` only, else fails with ``StaleTerm``. Resolves once the
+        voters equal ``peers``. The pending listener calls this with pending; a target
+        other than pending is replaced the next time pending changes."""
+        out: Future[None] = Future()
+        target = frozenset(check_node_id(p) for p in peers)
+        if not target:
+            raise ValueError("a configuration needs at least one voter")
+
+        def run() -> None:
+            part = self._parts.get(group)
+            g = self.node.groups.get(group) if group in self._hosted else None
+            if part is None or g is None:
+                raise UnknownGroup(f"{self.id} hosts no partition group {group!r}")
+            self._check_term(g, term)
+            self._begin_change(part, term, target, "api").waiters.append(out)
+            self._advance(part, g)
+
+        def failed(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None and not out.done():
+                out.set_exception(exc)
+
+        self.node.call(run).add_done_callback(failed)
+        return out
+
+    # ======================================================= queries (any thread) ======
+    def route(self, table: str, key: bytes) -> Route:
+        """The partition holding ``key`` and its stable nodes (and leader hint)."""
+        desc = self._tables.get(table)
+        if desc is None:
+            raise UnknownTable(table)
+        p = partition_of(key, desc.partitions)
+        r = self._routes.get(partition_group(table, p))
+        return r if r is not None else Route(partition_group(table, p), table, p, (), None)
+
+    def routes(self, timeout: float = 5.0) -> dict[str, Route]:
+        """The routing table: partition group -> stable nodes and leader hint."""
+        self._not_on_loop()
+        result: dict[str, Route] = self.node.call(lambda: dict(self._routes)).result(timeout)
+        return result
+
+    def table(self, name: str) -> TableDescriptor | None:
+        return self._tables.get(name)
+
+    def status(self, timeout: float = 5.0) -> dict[str, Any]:
+        self._not_on_loop()
+        result: dict[str, Any] = self.node.call(self._status).result(timeout)
+        return result
+
+    # ================================================= loop thread: plumbing ============
+    def _not_on_loop(self) -> None:
+        if self._loop_ident is not None and threading.get_ident() == self._loop_ident:
+            raise RuntimeError("a blocking PlacementManager call on the node's loop thread")
+
+    def _defer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop thread in a call of its own: never inside the driver's
+        iteration over its groups (hooks), so it may add and remove groups."""
+        self.node.call(lambda: self._guard(fn))
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        if self._stopped:
+            return
+        try:
+            fn()
+        except Exception as e:  # a bug must not go unseen, nor kill the loop
+            log.exception("node %s: placement manager error", self.id)
+            self.metrics["internal_errors"] += 1
+            self._record("-", "internal", e, 0)
+
+    def _on_loop(self, fut: Future[Any], fn: Callable[[Future[Any]], None]) -> None:
+        fut.add_done_callback(lambda f: self._defer(lambda: fn(f)))
+
+    def _kick(self, group: str) -> None:
+        """Reconcile ``group`` soon (coalesced; safe from hooks)."""
+        self._dirty.add(group)
+        if not self._drain_queued:
+            self._drain_queued = True
+            self._defer(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_queued = False
+        dirty, self._dirty = self._dirty, set()
+        for gid in sorted(dirty):
+            self._guard(partial(self._reconcile_group, gid))
+
+    def _backoff(self, part: _Partition, kind: str) -> Backoff:
+        bo = part.backoffs.get(kind)
+        if bo is None:
+            bo = part.backoffs[kind] = Backoff(self.retry)
+        return bo
+
+    def _failed(self, part: _Partition, kind: str, exc: BaseException) -> None:
+        """onReconfigurationError: back off and retry, or record exhaustion."""
+        bo = self._backoff(part, kind)
+        delay = bo.failed(exc, monotonic())
+        self.metrics[f"errors.{kind}"] += 1
+        if delay is None:
+            self.metrics["retries_exhausted"] += 1
+            self._record(part.group, kind, exc, bo.failures)
+            log.error("node %s: %s of %s failed %d times, giving up until the leader or the "
+                      "target changes: %s", self.id, kind, part.group, bo.failures, exc)
+        else:
+            self.metrics["retries"] += 1
+            log.info("node %s: %s of %s failed (%s); retry in %.2fs",
+                     self.id, kind, part.group, exc, delay)
+            self._timer.after(delay, lambda: self._kick(part.group))
+
+    def _record(self, group: str, kind: str, exc: BaseException, attempts: int) -> None:
+        self.errors.append({"partition": group, "kind": kind, "attempts": attempts,
+                            "error": f"{type(exc).__name__}: {exc}", "at": time.time()})
+        del self.errors[:-100]
+
+    # ================================================ loop thread: metastore view =======
+    def _register_address(self) -> None:
+        key, addr = address_key(self.id), self.node.cfg.raft_addr.encode()
+        bo = self._backoffs["address"]
+        bo.ready("address", monotonic())
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is None:
+                bo.succeeded()
+            elif not isinstance(exc, NodeStopped):
+                delay = bo.failed(exc, monotonic())
+                if delay is not None:
+                    self._timer.after(delay, lambda: self._defer(self._register_address))
+
+        self._on_loop(self.meta.invoke([Cond.value(key).eq(addr)], [], [Op.put(key, addr)]),
+                      done)
+
+    def _resync(self) -> None:
+        """Read every key, rebuild the cache, reconcile everything, then watch."""
+        self._on_loop(self.meta.range(b""), self._on_range)
+
+    def _on_range(self, f: Future[Any]) -> None:
+        exc = f.exception()
+        if exc is not None:
+            self._watch_failed(exc, self._resync)
+            return
+        result: RangeResult = f.result()
+        self._backoffs["watch"].succeeded()
+        self._kv = {k: v for k, v in result.items if _tracked(k)}
+        self._tables = {}
+        for k, v in self._kv.items():
+            if k.startswith(TABLES_PREFIX):
+                self._learn_table(k, v.value)
+        self._revision = result.revision
+        self._synced = True
+        for part in self._parts.values():
+            part.cleanup_rev = -1  # step (3) looks again after a full read
+            self._kick(part.group)
+        self._watch(result.revision + 1)
+
+    def _watch(self, from_revision: int) -> None:
+        self._on_loop(self.meta.watch(b"", from_revision, self.watch_timeout),
+                      lambda f: self._on_watch(f, from_revision))
+
+    def _watch_failed(self, exc: BaseException, again: Callable[[], None]) -> None:
+        if isinstance(exc, NodeStopped):
+            return
+        bo = self._backoffs["watch"]
+        bo.ready("watch", monotonic())
+        delay = bo.failed(exc, monotonic())
+        self.metrics["errors.watch"] += 1
+        if delay is None:  # never give up on the metastore: keep polling at the cap
+            bo.succeeded()
+            delay = self.retry.cap
+        self._timer.after(delay, lambda: self._defer(again))
+
+    def _on_watch(self, f: Future[Any], from_revision: int) -> None:
+        exc = f.exception()
+        if isinstance(exc, HistoryCompacted):
+            self._resync()
+            return
+        if exc is not None:
+            self._watch_failed(exc, lambda: self._watch(from_revision))
+            return
+        batch: EventBatch = f.result()
+        self._backoffs["watch"].succeeded()
+        for ev in batch.events:
+            self._apply_event(ev.revision, ev.key, ev.value)
+        self._revision = max(self._revision, batch.next_revision - 1)
+        self._watch(max(batch.next_revision, from_revision))
+
+    def _apply_event(self, revision: int, key: bytes, value: bytes | None) -> None:
+        if not _tracked(key):
+            return
+        if value is None:
+            self._kv.pop(key, None)
+        else:
+            old = self._kv.get(key)
+            self._kv[key] = VersionedValue(value, revision, old.create_revision if old else revision)
+        if key.startswith(TABLES_PREFIX):
+            if value is not None:
+                self._learn_table(key, value)
+        elif key == TOPOLOGY_KEY:
+            for gid in self._parts:
+                self._kick(gid)
+        elif not key.startswith(ADDRESS_PREFIX):
+            pk = parse_partition_key(key)
+            if pk is not None:
+                self._kick(partition_group(pk.table, pk.partition))
+
+    def _learn_table(self, key: bytes, raw: bytes) -> None:
+        try:
+            desc = TableDescriptor.decode(raw)
+        except ValueError as e:
+            log.warning("node %s: ignoring %r: %s", self.id, key, e)
+            return
+        self._tables[desc.name] = desc
+        for p in range(desc.partitions):
+            gid = partition_group(desc.name, p)
+            if gid not in self._parts:
+                self._parts[gid] = _Partition(desc.name, p, gid, partition_keys(desc.name, p))
+            self._kick(gid)
+
+    def _nodes(self, key: bytes) -> list[str]:
+        v = self._kv.get(key)
+        return decode_nodes(v.value) if v is not None else []
+
+    # ==================================================== loop thread: reconcile ========
+    def _reconcile_group(self, gid: str) -> None:
+        part = self._parts.get(gid)
+        if part is not None:
+            self._reconcile(part)
+
+    def _reconcile(self, part: _Partition) -> None:
+        desc = self._tables.get(part.table)
+        if desc is None or not self._synced:
+            return
+        keys = part.keys
+        stable, pending = self._nodes(keys.stable), self._nodes(keys.pending)
+        self._maybe_plan(part, desc)
+        wanted = self.id in stable or self.id in pending
+        hosted = part.group in self._hosted
+        stable_rev = self._kv[keys.stable].mod_revision if keys.stable in self._kv else 0
+        if wanted and not hosted:
+            self._start_partition(part, desc)
+        elif hosted and not wanted and part.cleanup_rev != stable_rev:
+            self._stop_partition(part)  # step (3): on stable updates only
+        part.cleanup_rev = stable_rev
+        g = self.node.groups.get(part.group) if part.group in self._hosted else None
+        self._routes[part.group] = Route(part.group, part.table, part.index, tuple(stable),
+                                         g.leader if g is not None else None)
+        if g is None or g.raft.role != Role.LEADER:
+            if part.change is not None:
+                self._abort_change(part, StaleTerm(f"{self.id} no longer leads {part.group}"))
+            return
+        self._lead(part, g, pending)
+
+    def _maybe_plan(self, part: _Partition, desc: TableDescriptor) -> None:
+        """Step (1) for one partition, if a trigger newer than its trigger revision exists."""
+        topo, dkv = self._kv.get(TOPOLOGY_KEY), self._kv.get(table_key(desc.name))
+        if topo is None or dkv is None or part.plan_inflight:
+            return
+        nodes = decode_nodes(topo.value)
+        source = max(topo.mod_revision, dkv.mod_revision)
+        trig = self._kv.get(part.keys.trigger)
+        seen = decode_revision(trig.value) if trig is not None and trig.value else 0
+        if not nodes or seen >= source or part.plan_done >= source:
+            return
+        stable = self._kv.get(part.keys.stable)
+        if (trig is None and source == dkv.mod_revision == dkv.create_revision
+                and stable is not None and stable.mod_revision == source
+                and not self._nodes(part.keys.pending)):
+            # create_table placed it at `source` from this very topology: step (1) would
+            # only record the trigger (ALREADY_PLACED). Nothing older can race it: no node
+            # knows the table before `source`.
+            return
+        bo = self._backoff(part, "plan")
+        if not bo.ready(source, monotonic()):
+            return
+        calc = encode_nodes(calc_assignments(desc.name, part.index, nodes, desc.replicas))
+        part.plan_inflight = True
+
+        def done(f: Future[Any]) -> None:
+            part.plan_inflight = False
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "plan", exc)
+                return
+            bo.succeeded()
+            part.plan_done = max(part.plan_done, source)
+            res = f.result()
+            if isinstance(res, BranchResult):
+                self.metrics[{PENDING_WRITTEN: "plan.pending_written",
+                              PLANNED_WRITTEN: "plan.planned_written"}.get(
+                                  res.tag, "plan.other")] += 1
+
+        self._on_loop(self.meta.iif(steps.plan_rebalance(part.keys, source, calc)), done)
+
+    def _start_partition(self, part: _Partition, desc: TableDescriptor) -> None:
+        bo = self._backoff(part, "start")
+        if not bo.ready("start", monotonic()):
+            return
+        founders = desc.initial[part.index]
+        try:
+            storage = open_group_storage(
+                self.data_dir if desc.storage == PERSISTENT else None, part.group, self.durable)
+            g = self.node.add_group(
+                part.group, storage, list(founders) if self.id in founders else None)
+        except Exception as e:  # noqa: BLE001  # storage errors: retried, then recorded
+            self._failed(part, "start", e)
+            return
+        bo.succeeded()
+        gid = part.group
+        g.on_leader.append(lambda _g: self._kick(gid))
+        g.on_applied.append(lambda grp: self._on_group_applied(part, grp))
+        self._hosted.add(gid)
+        self.metrics["partitions_started"] += 1
+        log.info("node %s: hosting %s (%s)", self.id, gid,
+                 "founder" if self.id in founders else "joining")
+
+    def _stop_partition(self, part: _Partition) -> None:
+        if part.change is not None:
+            self._abort_change(part, StaleTerm(f"{self.id} stopped hosting {part.group}"))
+        self._hosted.discard(part.group)
+        self.node.remove_group(part.group)
+        self.metrics["partitions_stopped"] += 1
+        log.info("node %s: stopped hosting %s", self.id, part.group)
+
+    def _on_group_applied(self, part: _Partition, g: Group) -> None:
+        """Hook (inside the driver's loop over groups): only queue a reconcile."""
+        if g.raft.role == Role.LEADER and (
+            part.change is not None or self._kv.get(part.keys.pending, _EMPTY).value
+        ):
+            self._kick(part.group)
+
+    # ================================================= loop thread: the leader =========
+    def _lead(self, part: _Partition, g: Group, pending: list[str]) -> None:
+        term = g.raft.term
+        ch = part.change
+        if ch is not None and ch.term != term:
+            self._abort_change(part, StaleTerm(f"term {ch.term} is over (now {term})"))
+        if pending:
+            target = frozenset(pending)
+            ch = part.change
+            if ch is None or ch.target != target:
+                self._begin_change(part, term, target, "pending")
+            planned = self._kv.get(part.keys.planned)
+            if planned is not None and planned.value:
+                self._maybe_cancel(part, g, target, planned)
+        elif part.change is not None and part.change.origin == "pending":
+            part.change = None  # someone finished it (pending is empty)
+        if part.change is not None:
+            self._advance(part, g)
+
+    def _check_term(self, g: Group, term: int) -> None:
+        if g.raft.role != Role.LEADER or g.raft.term != term:
+            raise StaleTerm(
+                f"changePeers for term {term} refused: {self.id} is "
+                f"{g.raft.role.name.lower()} in term {g.raft.term} of {g.id}")
+
+    def _begin_change(self, part: _Partition, term: int, target: frozenset[str],
+                      origin: str) -> _Change:
+        ch = part.change
+        if ch is not None and ch.term == term:
+            if ch.target != target:
+                for w in ch.waiters:
+                    _fail(w, ChangeSuperseded(f"{part.group}: target is now {sorted(target)}"))
+                ch.waiters = []
+                ch.target, ch.origin = target, origin
+            return ch
+        if ch is not None:
+            self._abort_change(part, StaleTerm(f"term {ch.term} is over (now {term})"))
+        part.change = _Change(term, target, origin)
+        log.info("node %s: %s changePeers(term %d, %s)", self.id, part.group, term,
+                 sorted(target))
+        return part.change
+
+    def _abort_change(self, part: _Partition, err: Exception) -> None:
+        ch, part.change = part.change, None
+        if ch is not None:
+            for w in ch.waiters:
+                _fail(w, err)
+
+    def _advance(self, part: _Partition, g: Group) -> None:
+        """Take the next one-by-one step towards the change's target, if one is due."""
+        ch = part.change
+        assert ch is not None
+        raft = g.raft
+        if raft.role != Role.LEADER or raft.term != ch.term:
+            self._abort_change(part, StaleTerm(f"{self.id} no longer leads term {ch.term}"))
+            return
+        if ch.inflight is not None or raft.lead_transferee is not None:
+            return
+        log_ = raft.log
+        if raft.confs[-1][0] > log_.committed or log_.term_or_zero(log_.committed) != raft.term:
+            return  # a change is in flight, or no entry of our term has committed: wait
+        conf = raft.conf
+        target = ch.target
+        stale = sorted(conf.learners - target)
+        missing = sorted(target - conf.voters - conf.learners)
+        if stale:
+            cc = ConfChange(ConfChangeOp.REMOVE, stale[0])
+        elif missing:
+            cc = ConfChange(ConfChangeOp.ADD_LEARNER, missing[0],
+                            self._address(missing[0]).encode())
+        elif conf.learners:
+            return  # catching up: the core promotes each learner once it is close enough
+        else:
+            extra = conf.voters - target
+            if not extra:
+                self._configuration_applied(part, ch, frozenset(conf.voters))
+                return
+            others = sorted(extra - {self.id})
+            cc = ConfChange(ConfChangeOp.REMOVE, others[0] if others else self.id)
+        if not self._backoff(part, "change").ready((ch.term, target), monotonic()):
+            return
+        ch.inflight = cc.describe()
+        self.metrics["conf_changes"] += 1
+        self._on_loop(self.node.change_membership(part.group, cc),
+                      lambda f: self._conf_change_done(part, ch, f))
+
+    def _conf_change_done(self, part: _Partition, ch: _Change, f: Future[Any]) -> None:
+        ch.inflight = None
+        exc = f.exception()
+        if part.change is not ch:
+            self._kick(part.group)
+            return
+        if exc is None:
+            self._backoff(part, "change").succeeded()
+        elif isinstance(exc, LeaderStepping):
+            # Removing ourselves: the transferee performs it once elected and resumes the
+            # change in its own term. If the transfer fails we are still leader: try again
+            # after the core abandons it (an election timeout), counting it as a failure.
+            if ch.handed_over:
+                self._failed(part, "change", exc)
+            ch.handed_over = True
+            self.metrics["leader_handovers"] += 1
+            wait = 2 * self.node.cfg.election_tick * self.node.cfg.tick_seconds
+            self._timer.after(wait, lambda: self._kick(part.group))
+            return
+        elif isinstance(exc, (NotLeader, NodeStopped, UnknownGroup)):
+            self._abort_change(part, StaleTerm(f"{part.group}: {exc}"))
+        else:
+            self._failed(part, "change", exc)
+            return
+        self._kick(part.group)
+
+    def _configuration_applied(self, part: _Partition, ch: _Change,
+                               voters: frozenset[str]) -> None:
+        """The voters equal the target (committed, no learners left)."""
+        for w in ch.waiters:
+            if not w.done():
+                w.set_result(None)
+        ch.waiters = []
+        pending = self._kv.get(part.keys.pending)
+        if pending is None or frozenset(decode_nodes(pending.value)) != voters:
+            if ch.origin == "api":
+                part.change = None
+            return
+        self._on_new_peers_configuration_applied(part, ch.term, voters, pending)
+
+    def _on_new_peers_configuration_applied(
+        self, part: _Partition, term: int, voters: frozenset[str], pending: VersionedValue,
+    ) -> None:
+        """Seed 004: stable = applied peers; pending = planned (or empty); guarded."""
+        key = (term, pending.mod_revision)
+        if part.finishing == key:
+            return
+        bo = self._backoff(part, "done")
+        if not bo.ready(key, monotonic()):
+            return
+        part.finishing = key
+        applied = encode_nodes(voters)
+
+        def attempt(retries: int) -> None:
+            def read(f: Future[Any]) -> None:
+                exc = f.exception()
+                if exc is not None:
+                    fail(exc)
+                    return
+                tree = steps.finish_rebalance(part.keys, applied, f.result())
+                self._on_loop(self.meta.iif(tree), lambda r: result(r, retries))
+
+            self._on_loop(self.meta.get(part.keys.planned), read)
+
+        def fail(exc: BaseException) -> None:
+            part.finishing = None
+            self._failed(part, "done", exc)
+
+        def result(f: Future[Any], retries: int) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            res = f.result()
+            tag = res.tag if isinstance(res, BranchResult) else None
+            if tag == DONE_RETRY:  # planned moved between our read and the invoke
+                if retries < self.retry.max_attempts:
+                    attempt(retries + 1)
+                else:
+                    fail(RuntimeError("planned kept changing"))
+                return
+            bo.succeeded()
+            if tag in (DONE_CLEARED, DONE_PLANNED_MOVED):
+                self.metrics["rebalances_done"] += 1
+                log.info("node %s: %s rebalanced to %s", self.id, part.group, sorted(voters))
+            else:
+                self.metrics["done_stale"] += 1
+
+        attempt(0)
+
+    def _maybe_cancel(self, part: _Partition, g: Group, target: frozenset[str],
+                      planned: VersionedValue) -> None:
+        """Approach 2: a change still catching up gives way to planned."""
+        if not target - g.raft.conf.voters:
+            return  # every pending member is a voter: too late, planned waits for done
+        pending = self._kv[part.keys.pending]
+        key = (pending.mod_revision, planned.mod_revision)
+        if part.cancel_key == key:
+            return
+        bo = self._backoff(part, "cancel")
+        if not bo.ready(key, monotonic()):
+            return
+        part.cancel_key = key
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                part.cancel_key = None
+                self._failed(part, "cancel", exc)
+                return
+            bo.succeeded()
+            res = f.result()
+            if isinstance(res, BranchResult) and res.tag == steps.MOVED:
+                self.metrics["changes_cancelled"] += 1
+                log.info("node %s: %s cancelled changePeers(%s) for planned %s", self.id,
+                         part.group, sorted(target), decode_nodes(planned.value))
+
+        self._on_loop(self.meta.iif(steps.move_planned_to_pending(part.keys, pending, planned)),
+                      done)
+
+    def _address(self, node: str) -> str:
+        v = self._kv.get(ADDRESS_PREFIX + node.encode())
+        if v is not None:
+            return v.value.decode(errors="replace")
+        peer = self.node.transport.peers.get(node)
+        return peer.addr if peer is not None and peer.addr else ""
+
+    # ================================================================ status ===========
+    def _status(self) -> dict[str, Any]:
+        parts = {}
+        for gid, part in sorted(self._parts.items()):
+            g = self.node.groups.get(gid) if gid in self._hosted else None
+            planned = self._nodes(part.keys.planned)
+            entry: dict[str, Any] = {
+                "stable": self._nodes(part.keys.stable),
+                "pending": self._nodes(part.keys.pending),
+                "planned": planned or None,
+                "hosted": g is not None,
+            }
+            if g is not None:
+                conf = g.raft.conf
+                entry.update(role=g.raft.role.name.lower(), term=g.raft.term, leader=g.leader,
+                             voters=sorted(conf.voters), learners=sorted(conf.learners))
+            ch = part.change
+            entry["change"] = None if ch is None else {
+                "term": ch.term, "target": sorted(ch.target), "origin": ch.origin,
+                "inflight": ch.inflight, "handed_over": ch.handed_over,
+                "seconds": round(monotonic() - ch.started, 3),
+            }
+            entry["retries"] = {k: b.describe() for k, b in part.backoffs.items() if b.failures}
+            parts[gid] = entry
+        return {
+            "node": self.id, "revision": self._revision, "synced": self._synced,
+            "tables": {n: {"partitions": d.partitions, "replicas": d.replicas,
+                           "storage": d.storage} for n, d in sorted(self._tables.items())},
+            "partitions": parts,
+            "errors": list(self.errors),
+            "metrics": dict(self.metrics),
+        }
+
+
+def join_metastore_as_learner(meta: MetaService, node_id: str, raft_addr: str) -> Future[Any]:
+    """Admit ``node_id`` (whose MetaService started with ``voters=None``) as a metastore
+    learner that is never promoted: it gets a replica to read and watch, while the
+    metastore's quorum stays on its founders. Call on the metastore leader's MetaService
+    (elsewhere the future fails with ``NotLeader`` and its hint); resolves once applied."""
+    cc = ConfChange(ConfChangeOp.ADD_LEARNER, check_node_id(node_id), raft_addr.encode(),
+                    auto_promote=False)
+    return meta.node.change_membership(meta.group, cc)
+
+
+_EMPTY = VersionedValue(b"", 0, 0)
+
+
+def _tracked(key: bytes) -> bool:
+    return key.startswith(_PLACEMENT_PREFIX) or parse_partition_key(key) is not None
+
+
+def _fail(fut: Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,553 @@
+"""Seed 004 (Ignite 3 rebalance) on real nodes: tables of partitions, each its own Raft group,
+moved by the pending/stable/planned protocol that ``PlacementManager`` drives from the
+metastore. In-process nodes on 127.0.0.1, LMDB data directories in tmp_path.
+
+The metastore lives on n1..n3; n4 hosts a metastore replica that joins as a non-voting
+learner (no auto-promotion), so it reads and watches like the others.
+
+The first tests check the step-(1)/done invokes alone against a MetaStore, including the
+two ways the seed's literal step (1) loses the latest intent."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftkv.core import ConfChange, ConfChangeRejected, NotLeader, Role
+from raftkv.node.driver import Node, NodeConfig
+from raftkv.placement.assignments import (
+    DONE_CLEARED,
+    PENDING_WRITTEN,
+    PLANNED_REMOVED,
+    PLANNED_WRITTEN,
+    SKIPPED,
+    PartitionKeys,
+    calc_assignments,
+    decode_nodes,
+    encode_nodes,
+    partition_keys,
+    partition_of,
+    write_pending_assignments,
+)
+from raftkv.placement.assignments import rebalance_done as literal_done
+from raftkv.placement.catalog import TableDescriptor, parse_partition_key, partition_group
+from raftkv.placement.meta_commands import decode_revision, encode_iif, encode_put
+from raftkv.placement.metastore import MetaStore
+from raftkv.placement.rebalance import PlacementManager, StaleTerm, join_metastore_as_learner
+from raftkv.placement.rebalance_steps import (
+    ALREADY_PLACED,
+    DONE_STALE,
+    MOVE_RETRY,
+    MOVED,
+    finish_rebalance,
+    move_planned_to_pending,
+    plan_rebalance,
+)
+from raftkv.placement.retry import Backoff, RetryPolicy
+from raftkv.placement.service import MetaService
+from storage.commands import encode_put as kv_put
+
+SECRET = b"rebalance-secret"
+META = ["n1", "n2", "n3"]
+ALL = ["n1", "n2", "n3", "n4"]
+TICK = 0.02
+DURABLE = True  # fsync every Ready, as in production
+TABLE = "users"
+PARTS = 8
+
+
+# ============================================================ the invokes alone ============
+class Meta:
+    def __init__(self, path: Path) -> None:
+        self.store = MetaStore(str(path), map_size=1 << 26)
+
+    def run(self, data: bytes) -> Any:
+        return self.store.apply([(self.store.applied_index() + 1, data)])[0]
+
+    def state(self, k: PartitionKeys) -> tuple[list[str], list[str], list[str] | None, int]:
+        st, pe, pl, tr = self.store.get_many(list(k))
+        return (decode_nodes(st.value if st else None), decode_nodes(pe.value if pe else None),
+                None if pl is None else decode_nodes(pl.value),
+                decode_revision(tr.value) if tr else 0)
+
+
+@pytest.fixture
+def meta(tmp_path: Path) -> Iterator[Meta]:
+    m = Meta(tmp_path / "meta")
+    yield m
+    m.store.close()
+
+
+def _n(*ids: str) -> bytes:
+    return encode_nodes(ids)
+
+
+def test_literal_step_1_loses_the_latest_intent_after_a_no_op_event(meta: Meta) -> None:
+    """Seed 004 step (1) as written (assignments.write_pending_assignments): an event that
+    computes the current stable writes *planned* (pending is empty); a later event writes
+    pending but leaves that planned; the rebalance's done then moves the stale planned
+    into pending and the partition moves back. plan_rebalance keeps the newest intent."""
+    k = partition_keys("t", 0)
+    abc, abd = _n("A", "B", "C"), _n("A", "B", "D")
+    meta.run(encode_put(k.stable, abc))
+    assert meta.run(encode_iif(write_pending_assignments(k, 5, abc))).tag == PLANNED_WRITTEN
+    assert meta.run(encode_iif(write_pending_assignments(k, 6, abd))).tag == PENDING_WRITTEN
+    planned = meta.store.get_entry(k.planned)
+    meta.run(encode_iif(literal_done(k, abd, planned)))
+    assert meta.state(k)[:2] == (["A", "B", "D"], ["A", "B", "C"])  # back to the stale one
+
+    k2 = partition_keys("t", 1)
+    meta.run(encode_put(k2.stable, abc))
+    assert meta.run(encode_iif(plan_rebalance(k2, 5, abc))).tag == ALREADY_PLACED
+    assert meta.run(encode_iif(plan_rebalance(k2, 6, abd))).tag == PENDING_WRITTEN
+    planned = meta.store.get_entry(k2.planned)
+    assert planned is None
+    assert meta.run(encode_iif(finish_rebalance(k2, abd, planned))).tag == DONE_CLEARED
+    assert meta.state(k2) == (["A", "B", "D"], [], None, 6)
+
+
+def test_literal_step_1_lets_a_late_older_event_override_a_newer_cancel(meta: Meta) -> None:
+    """The "pending == calc: remove(planned)" branch keeps the old trigger revision, so an
+    older event handled late by a slow node still writes its stale planned."""
+    k = partition_keys("t", 0)
+    meta.run(encode_put(k.stable, _n("A", "B", "C")))
+    abd, abe = _n("A", "B", "D"), _n("A", "B", "E")
+    for tree in (write_pending_assignments, plan_rebalance):
+        k = partition_keys("t", 1 if tree is plan_rebalance else 0)
+        meta.run(encode_put(k.stable, _n("A", "B", "C")))
+        assert meta.run(encode_iif(tree(k, 10, abd))).tag == PENDING_WRITTEN
+        assert meta.run(encode_iif(tree(k, 12, abe))).tag == PLANNED_WRITTEN
+        assert meta.run(encode_iif(tree(k, 14, abd))).tag == PLANNED_REMOVED  # newest: abd
+        late = meta.run(encode_iif(tree(k, 13, _n("X", "Y", "Z")))).tag  # a slow node
+        if tree is write_pending_assignments:
+            assert late == PLANNED_WRITTEN and meta.state(k)[2] == ["X", "Y", "Z"]
+        else:
+            assert late == SKIPPED and meta.state(k) == (["A", "B", "C"], ["A", "B", "D"],
+                                                         None, 14)
+
+
+def test_done_is_guarded_by_pending_and_the_cancel_by_both_revisions(meta: Meta) -> None:
+    k = partition_keys("t", 0)
+    meta.run(encode_put(k.stable, _n("A", "B", "C")))
+    meta.run(encode_iif(plan_rebalance(k, 3, _n("A", "B", "D"))))
+    assert meta.run(encode_iif(plan_rebalance(k, 4, _n("A", "B", "E")))).tag == PLANNED_WRITTEN
+    pending, planned = meta.store.get_entry(k.pending), meta.store.get_entry(k.planned)
+    assert pending is not None and planned is not None
+    # A late done for another configuration changes nothing.
+    assert meta.run(encode_iif(finish_rebalance(k, _n("A", "B", "C"), None))).tag == DONE_STALE
+    # The cancel moves planned into pending once; a second one with stale revisions retries.
+    assert meta.run(encode_iif(move_planned_to_pending(k, pending, planned))).tag == MOVED
+    assert meta.run(encode_iif(move_planned_to_pending(k, pending, planned))).tag == MOVE_RETRY
+    assert meta.state(k) == (["A", "B", "C"], ["A", "B", "E"], None, 4)
+
+
+def test_catalog_names_and_backoff() -> None:
+    d = TableDescriptor.new("users", 2, 2, "memory", ["n1", "n2", "n3"])
+    assert TableDescriptor.decode(d.encode()) == d
+    assert parse_partition_key(partition_keys("users", 7).trigger) == ("users", 7, "trigger")
+    assert parse_partition_key(b"placement.tables.users") is None
+    with pytest.raises(ValueError):
+        TableDescriptor.new("bad.name", 1, 1, "memory", ["n1"])
+    bo = Backoff(RetryPolicy(base=0.1, factor=2, cap=0.3, max_attempts=3))
+    assert bo.ready("k", 0.0)
+    assert bo.failed(RuntimeError("x"), 0.0) == pytest.approx(0.1)
+    assert not bo.ready("k", 0.05) and bo.ready("k", 0.1)
+    assert bo.failed(RuntimeError("x"), 0.1) == pytest.approx(0.2)
+    assert bo.failed(RuntimeError("x"), 0.3) is None and not bo.ready("k", 9.0)
+    assert bo.ready("new context", 9.0)  # a new leader term or target: a fresh budget
+
+
+# ============================================================ real nodes ===================
+def _ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except Exception as e:  # noqa: BLE001  # transient (leader change, stopped group)
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.addrs = {n: f"127.0.0.1:{p}" for n, p in zip(ALL, _ports(len(ALL)), strict=True)}
+        self.nodes: dict[str, Node] = {}
+        self.metas: dict[str, MetaService] = {}
+        self.mgrs: dict[str, PlacementManager] = {}
+        self.admitted: set[str] = set()
+
+    def start(self, nid: str) -> PlacementManager:
+        # Founders know each other; a newcomer knows the founders (and itself).
+        peers = {n: self.addrs[n] for n in META}
+        peers[nid] = self.addrs[nid]
+        data = str(self.root / nid)
+        node = Node(NodeConfig(nid, self.addrs[nid], SECRET, peers=peers, data_dir=data,
+                               tick_seconds=TICK, request_timeout=2.0))
+        meta = MetaService(node, data, META if nid in META else None, durable=DURABLE)
+        node.start()
+        self.nodes[nid], self.metas[nid] = node, meta
+        if nid not in META and nid not in self.admitted:
+            self._admit(nid)
+        mgr = PlacementManager(meta, data, durable=DURABLE,
+                               retry=RetryPolicy(base=0.02, cap=0.5, max_attempts=20),
+                               watch_timeout=2.0)
+        mgr.start()
+        self.mgrs[nid] = mgr
+        return mgr
+
+    def _admit(self, nid: str) -> None:
+        """Add ``nid`` to the metastore as a learner that is never promoted."""
+        def admit() -> bool:
+            join_metastore_as_learner(self.metas[self.meta_leader()], nid,
+                                      self.addrs[nid]).result(5)
+            return True
+
+        wait_for(admit, 10, f"{nid} to join the metastore")
+        self.admitted.add(nid)
+
+    def kill(self, nid: str) -> None:
+        self.mgrs.pop(nid).stop()
+        self.metas.pop(nid)
+        self.nodes.pop(nid).stop()
+
+    def stop(self) -> None:
+        for nid in list(self.nodes):
+            self.kill(nid)
+
+    @property
+    def live(self) -> list[str]:
+        return sorted(self.nodes)
+
+    def meta_leader(self) -> str:
+        for nid, m in self.metas.items():
+            if m.node.groups["meta"].raft.role == Role.LEADER:
+                return nid
+        raise NotLeader("test", None)
+
+    def info(self, nid: str, gid: str) -> dict[str, Any] | None:
+        node = self.nodes[nid]
+
+        def look() -> dict[str, Any] | None:
+            g = node.groups.get(gid)
+            if g is None:
+                return None
+            conf = g.raft.conf
+            return {"role": g.raft.role, "term": g.raft.term, "voters": sorted(conf.voters),
+                    "learners": sorted(conf.learners), "applied": g.state.applied_index(),
+                    "digest": g.state.digest()}
+
+        result: dict[str, Any] | None = node.call(look).result(5)
+        return result
+
+    def leader(self, gid: str) -> str:
+        def find() -> str | None:
+            for nid in self.live:
+                i = self.info(nid, gid)
+                if i is not None and i["role"] == Role.LEADER:
+                    return nid
+            return None
+
+        found: str = wait_for(find, 10, f"a leader of {gid}")
+        return found
+
+    def transfer(self, gid: str, to: str) -> None:
+        def moved() -> bool:
+            lead = self.leader(gid)
+            if lead != to:
+                self.nodes[lead].transfer_leadership(gid, to).result(5)
+            return True
+
+        wait_for(moved, 10, f"{to} to lead {gid}")
+
+    def assignments(self, table: str, p: int) -> tuple[list[str], list[str], list[str]]:
+        m = self.metas[self.live[0]]
+        st, pe, pl, _ = m.get_many(list(partition_keys(table, p))).result(5)
+        return (decode_nodes(st.value if st else None), decode_nodes(pe.value if pe else None),
+                decode_nodes(pl.value if pl else None))
+
+    def put(self, table: str, key: bytes, value: bytes) -> None:
+        gid = partition_group(table, partition_of(key, PARTS))
+
+        def write() -> bool:
+            self.nodes[self.leader(gid)].propose(gid, kv_put(key, value)).result(5)
+            return True
+
+        wait_for(write, 10, f"a write to {gid}")
+
+    def get(self, table: str, key: bytes) -> bytes | None:
+        gid = partition_group(table, partition_of(key, PARTS))
+        got: list[bytes | None] = []
+
+        def read() -> bool:
+            got.append(self.nodes[self.leader(gid)].read(gid, lambda s: s.get(key)).result(5))
+            return True
+
+        wait_for(read, 10, f"a read from {gid}")
+        return got[-1]
+
+    def converged(self, table: str, nodes: list[str], replicas: int) -> bool | str:
+        """Every partition: stable == calc, nothing pending or planned, the leader's voters
+        are stable with no learners, exactly the live stable nodes host it, and their
+        replicas hold the same data. Returns a reason string while not there yet."""
+        for p in range(PARTS):
+            gid = partition_group(table, p)
+            want = calc_assignments(table, p, nodes, replicas)
+            st, pe, pl = self.assignments(table, p)
+            if (st, pe, pl) != (want, [], []):
+                return f"{gid}: metastore {(st, pe, pl)} != {want}"
+            infos = {n: self.info(n, gid) for n in self.live}
+            hosts = {n for n, i in infos.items() if i is not None}
+            if hosts != set(want) & set(self.live):
+                return f"{gid}: hosted on {sorted(hosts)}, want {want}"
+            leaders = [i for i in infos.values() if i is not None and i["role"] == Role.LEADER]
+            if len(leaders) != 1:
+                return f"{gid}: {len(leaders)} leaders"
+            if leaders[0]["voters"] != want or leaders[0]["learners"]:
+                return f"{gid}: voters {leaders[0]['voters']} learners {leaders[0]['learners']}"
+            figures = {(i["applied"], i["digest"]) for i in infos.values() if i is not None}
+            if len(figures) != 1:
+                return f"{gid}: replicas differ {figures}"
+        return True
+
+    def wait_converged(self, table: str, nodes: list[str], replicas: int,
+                       timeout: float = 20.0) -> None:
+        wait_for(lambda: self.converged(table, nodes, replicas) is True, timeout,
+                 f"convergence to {nodes} x{replicas}: {self.converged(table, nodes, replicas)}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        for nid in META:
+            c.start(nid)
+        yield c
+    finally:
+        c.stop()
+
+
+def _table(c: Cluster, nodes: list[str], replicas: int = 3,
+           storage: str = "persistent") -> PlacementManager:
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(nodes)
+    mgr.create_table(TABLE, PARTS, replicas, storage)
+    return mgr
+
+
+def _write(c: Cluster, n: int = 40) -> dict[bytes, bytes]:
+    data = {f"k{i:03d}".encode(): f"v{i}".encode() for i in range(n)}
+    for k, v in data.items():
+        c.put(TABLE, k, v)
+    return data
+
+
+def _check(c: Cluster, data: dict[bytes, bytes]) -> None:
+    for k, v in data.items():
+        assert c.get(TABLE, k) == v
+
+
+def _no_errors(c: Cluster) -> None:
+    for nid, m in c.mgrs.items():
+        st = m.status()
+        assert not st["errors"], (nid, st["errors"])
+
+
+def test_a_new_table_elects_a_leader_per_partition_and_serves_reads_and_writes(
+    cluster: Cluster,
+) -> None:
+    _table(cluster, META)
+    cluster.wait_converged(TABLE, META, 3)
+    for p in range(PARTS):
+        cluster.leader(partition_group(TABLE, p))
+    data = _write(cluster)
+    _check(cluster, data)
+    cluster.wait_converged(TABLE, META, 3)  # digests equal on every replica
+    route = cluster.mgrs["n2"].route(TABLE, b"k001")
+    assert route.nodes == tuple(META) and route.partition == partition_of(b"k001", PARTS)
+    _no_errors(cluster)
+
+
+@pytest.mark.parametrize("storage", ["persistent", "memory"])
+def test_a_fourth_node_joins_and_every_partition_moves_to_its_calculated_assignment(
+    cluster: Cluster, storage: str,
+) -> None:
+    """Seed 004 steps (1)-(3): set_nodes writes pending, leaders add the new member as a
+    PRE_FOLLOWER, it is promoted once caught up, the departing member is removed (the
+    leader last, by transfer), stable := pending, and the departed node stops the group."""
+    _table(cluster, META, storage=storage)
+    data = _write(cluster)
+    moving = [p for p in range(PARTS) if calc_assignments(TABLE, p, ALL, 3) != META]
+    assert moving  # rendezvous hashing hands n4 some partitions
+    cluster.start("n4")
+    cluster.mgrs["n4"].set_nodes(ALL)  # the newcomer's metastore replica forwards the write
+    cluster.wait_converged(TABLE, ALL, 3)
+    _check(cluster, data)
+    assert sum(m.status()["metrics"].get("rebalances_done", 0)
+               for m in cluster.mgrs.values()) >= len(moving)
+    _no_errors(cluster)
+
+
+def test_replica_count_3_to_2_and_back(cluster: Cluster) -> None:
+    mgr = _table(cluster, META)
+    data = _write(cluster)
+    mgr.set_replicas(TABLE, 2)
+    cluster.wait_converged(TABLE, META, 2)
+    _check(cluster, data)
+    cluster.mgrs["n3"].set_replicas(TABLE, 3)
+    cluster.wait_converged(TABLE, META, 3)  # the removed replicas come back and catch up
+    _check(cluster, data)
+    _no_errors(cluster)
+
+
+def test_the_partition_leader_dies_mid_rebalance_and_the_new_leader_resumes(
+    cluster: Cluster,
+) -> None:
+    """Failover (seed 004, onLeaderElected): pending is written and the leader has added
+    n4 as a learner (n4 is down, so it cannot catch up); the leader is then killed. The new
+    leader resumes the change from pending once n4 is back; the killed node, on restart,
+    stops the partition it no longer owns."""
+    _table(cluster, META)
+    data = _write(cluster)
+    p = next(p for p in range(PARTS) if calc_assignments(TABLE, p, ALL, 3) != META)
+    gid = partition_group(TABLE, p)
+    doomed = (set(META) - set(calc_assignments(TABLE, p, ALL, 3))).pop()
+    cluster.transfer(gid, doomed)  # the leader is also the member being removed
+    survivor = next(n for n in META if n != doomed)
+    cluster.mgrs[survivor].set_nodes(ALL)
+
+    def catching_up() -> str | None:
+        lead = cluster.leader(gid)  # normally `doomed`, unless an election intervened
+        i = cluster.info(lead, gid)
+        return lead if i is not None and i["learners"] == ["n4"] else None
+
+    victim: str = wait_for(catching_up, 10, f"the leader to add n4 as a learner of {gid}")
+    assert cluster.assignments(TABLE, p)[1] == calc_assignments(TABLE, p, ALL, 3)
+    cluster.kill(victim)
+    cluster.start("n4")
+    cluster.wait_converged(TABLE, ALL, 3)  # on the live nodes
+    cluster.start(victim)
+    cluster.wait_converged(TABLE, ALL, 3)
+    assert (cluster.info(victim, gid) is None) == (victim == doomed)
+    _check(cluster, data)
+
+
+def test_a_planned_assignment_during_a_change_wins_and_is_never_lost(cluster: Cluster) -> None:
+    """Adjustable changePeers, Approach 2. n4 joins the topology but is down, so changes
+    that add it stay catching up. Then the replica count drops (planned while catching
+    up: the leaders cancel and move planned to pending), then n4 leaves the topology
+    again (planned again). The last intent wins everywhere; no learner is left."""
+    mgr = _table(cluster, META)
+    data = _write(cluster)
+    mgr.set_nodes(ALL)
+    stuck = [p for p in range(PARTS) if "n4" in calc_assignments(TABLE, p, ALL, 3)]
+
+    def stuck_on_n4() -> bool:
+        return all(cluster.assignments(TABLE, p)[1] == calc_assignments(TABLE, p, ALL, 3)
+                   for p in stuck)
+
+    wait_for(stuck_on_n4, 10, "pending with n4")
+    mgr.set_replicas(TABLE, 2)
+    cluster.mgrs["n2"].set_nodes(META)
+    cluster.wait_converged(TABLE, META, 2)
+    _check(cluster, data)
+    metrics = [m.status()["metrics"] for m in cluster.mgrs.values()]
+    assert sum(x.get("changes_cancelled", 0) for x in metrics) >= 1
+    assert sum(x.get("plan.planned_written", 0) for x in metrics) >= 1
+
+
+def test_change_peers_with_an_old_term_is_refused(cluster: Cluster) -> None:
+    """Seed 004: "RaftGroupService#changePeersAsync from old terms must be skipped"."""
+    _table(cluster, META)
+    cluster.wait_converged(TABLE, META, 3)
+    gid = partition_group(TABLE, 0)
+
+    def accepted_in_the_current_term() -> tuple[str, int]:
+        lead = cluster.leader(gid)
+        info = cluster.info(lead, gid)
+        assert info is not None
+        cluster.mgrs[lead].change_peers(gid, info["term"], META).result(5)  # a no-op here
+        return lead, info["term"]
+
+    lead, term = wait_for(accepted_in_the_current_term, 10, "an accepted changePeers")
+    mgr = cluster.mgrs[lead]
+    with pytest.raises(StaleTerm):
+        mgr.change_peers(gid, term - 1, META).result(5)
+    follower = next(n for n in META if n != lead)
+    with pytest.raises(StaleTerm):  # not the leader (or, if it became one, in a later term)
+        cluster.mgrs[follower].change_peers(gid, term, META).result(5)
+    # After a leader change the old term is refused everywhere, the new leader included.
+    cluster.transfer(gid, follower)
+    with pytest.raises(StaleTerm):
+        cluster.mgrs[follower].change_peers(gid, term, META).result(5)
+    with pytest.raises(StaleTerm):
+        mgr.change_peers(gid, term, META).result(5)
+
+
+def test_reconfiguration_errors_back_off_are_recorded_when_exhausted_and_a_new_leader_resumes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """onReconfigurationError: every membership change of one partition fails; the leader
+    retries with back-off, then gives up, recording and counting the error. A new leader
+    (a new term) starts with a fresh budget and completes the rebalance."""
+    _table(cluster, META)
+    cluster.start("n4")
+    p = next(p for p in range(PARTS) if calc_assignments(TABLE, p, ALL, 3) != META)
+    gid = partition_group(TABLE, p)
+    for m in cluster.mgrs.values():
+        m.retry = RetryPolicy(base=0.01, factor=2, cap=0.05, max_attempts=3)
+    for node in cluster.nodes.values():
+        def broken(group: str, cc: ConfChange, orig: Any = node.change_membership) -> Any:
+            if group != gid:
+                return orig(group, cc)
+            f: Future[Any] = Future()
+            f.set_exception(ConfChangeRejected("injected"))
+            return f
+
+        monkeypatch.setattr(node, "change_membership", broken)
+    cluster.mgrs["n1"].set_nodes(ALL)
+
+    def recorded() -> tuple[str, list[dict[str, Any]]] | None:
+        for nid, m in cluster.mgrs.items():
+            errors = m.status()["errors"]
+            if errors:
+                return nid, errors
+        return None
+
+    lead, errors = wait_for(recorded, 10, "the recorded error")
+    assert [(e["partition"], e["kind"], e["attempts"]) for e in errors] == [(gid, "change", 3)]
+    assert "injected" in errors[0]["error"]
+    metrics = cluster.mgrs[lead].status()["metrics"]
+    assert metrics["errors.change"] == 3 and metrics["retries"] >= 2
+    assert metrics["retries_exhausted"] == 1
+    before = cluster.info(lead, gid)
+    monkeypatch.undo()
+    time.sleep(0.3)
+    after = cluster.info(lead, gid)
+    if before == after and after is not None and after["role"] == Role.LEADER:
+        # Exhausted: no further attempt in this term, even though changes would now work.
+        assert cluster.assignments(TABLE, p)[1] == calc_assignments(TABLE, p, ALL, 3)
+        assert after["voters"] == META and after["learners"] == []
+    other = next(n for n in calc_assignments(TABLE, p, ALL, 3) if n != lead and n != "n4")
+    cluster.transfer(gid, other)  # a new term: a fresh budget
+    cluster.wait_converged(TABLE, ALL, 3)
