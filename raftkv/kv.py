@@ -25,7 +25,6 @@ from concurrent.futures import Future
 from typing import Any
 
 from raftkv.embedded import EmbeddedNode
-from raftkv.futures import then
 from storage.commands import (
     check_key,
     check_value,
@@ -48,8 +47,12 @@ def _value(value: Value) -> bytes:
     return check_value(value.encode() if isinstance(value, str) else value)
 
 
-def _index(fut: Future[Any]) -> Future[int]:
-    return then(fut, lambda r: r[0])
+def _index(index: int, result: object) -> int:
+    return index
+
+
+def _swapped(index: int, result: object) -> tuple[bool, int]:
+    return bool(result), index
 
 
 class RaftKV(EmbeddedNode):
@@ -57,10 +60,10 @@ class RaftKV(EmbeddedNode):
 
     # -- writes ---------------------------------------------------------------------------
     def put_async(self, key: Key, value: Value) -> Future[int]:
-        return _index(self.node.propose(self.group, encode_put(_key(key), _value(value))))
+        return self.node.propose(self.group, encode_put(_key(key), _value(value)), _index)
 
     def delete_async(self, key: Key) -> Future[int]:
-        return _index(self.node.propose(self.group, encode_delete(_key(key))))
+        return self.node.propose(self.group, encode_delete(_key(key)), _index)
 
     def cas_async(
         self, key: Key, expected: Value | None, new: Value | None
@@ -71,14 +74,14 @@ class RaftKV(EmbeddedNode):
             _key(key), None if expected is None else _value(expected),
             None if new is None else _value(new),
         )
-        return then(self.node.propose(self.group, cmd), lambda r: (bool(r[1]), r[0]))
+        return self.node.propose(self.group, cmd, _swapped)
 
     def batch_async(self, ops: Iterable[tuple[Key, Value | None]]) -> Future[int]:
         """Apply puts (and deletes, value None) atomically as one log entry."""
         cmd = encode_batch(
             (_key(k), None if v is None else _value(v)) for k, v in ops
         )
-        return _index(self.node.propose(self.group, cmd))
+        return self.node.propose(self.group, cmd, _index)
 
     def put(self, key: Key, value: Value) -> int:
         return self._wait(self.put_async(key, value))

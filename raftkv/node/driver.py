@@ -159,6 +159,9 @@ class Node:
         self.groups: dict[str, Group] = {}
         self.poller = createPoller("auto")
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        # Proposals from other threads (deque appends and pops are atomic).
+        self._inbox: deque[tuple[str, bytes, Future[Any]]] = deque()
+        self._woken = False
         self._lock = threading.Lock()
         self._notifier = PipeNotifier(self.poller)
         addresses = dict(self._load_addresses())
@@ -244,6 +247,8 @@ class Node:
             calls, self._calls = self._calls, deque()
         for _, fut in calls:
             _fail(fut, err)
+        while self._inbox:
+            _fail(self._inbox.popleft()[2], err)
 
     # ================================================ thread-safe API (any thread) =====
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
@@ -255,19 +260,28 @@ class Node:
             return fut
         with self._lock:
             self._calls.append((fn, fut))
-        self._notifier.notify()
+        self._wake()
         return fut
 
-    def propose(self, group: str, data: bytes) -> Future[Any]:
-        """Replicate one command; resolves to ``(index, result)`` once applied here."""
-        out: Future[Any] = Future()
+    def _wake(self) -> None:
+        # Producers append first, then wake: the loop clears the flag before draining,
+        # so an item is either drained by the current pass or followed by a wake-up.
+        if not self._woken:
+            self._woken = True
+            self._notifier.notify()
 
-        def run() -> None:
-            g = self._group(group)
-            self._when_leader(g, lambda: self._propose_or_forward(g, data, out), out)
-
-        self._chain(self.call(run), out)
-        return out
+    def propose(self, group: str, data: bytes,
+                shape: Callable[[int, Any], Any] | None = None) -> Future[Any]:
+        """Replicate one command; resolves to ``(index, result)`` once applied here, or
+        to ``shape(index, result)``. The hot path: no closure, one future, and the loop
+        is woken only if it is not already about to drain the inbox."""
+        fut = Proposal(shape)
+        if self._stopping or self.failure is not None:
+            fut.set_exception(NodeStopped(f"node {self.id} is not running"))
+            return fut
+        self._inbox.append((group, data, fut))
+        self._wake()
+        return fut
 
     def read(self, group: str, fn: ReadFn, linearizable: bool = True) -> Future[Any]:
         """Evaluate ``fn(state_store)`` on the loop thread: after a ReadIndex round
@@ -345,6 +359,21 @@ class Node:
             raise
 
     def _run_calls(self) -> None:
+        self._woken = False
+        inbox = self._inbox
+        while inbox:
+            group, data, fut = inbox.popleft()
+            g = self.groups.get(group)
+            if g is None:
+                _fail(fut, UnknownGroup(f"node {self.id} does not host group {group!r}"))
+            elif g.leader is None:
+                g.parked.append((self._forward_later(g, data, fut), fut,
+                                 monotonic() + self.cfg.request_timeout))
+            else:
+                try:
+                    self._propose_or_forward(g, data, fut)
+                except RaftError as e:
+                    _fail(fut, e)
         while True:
             with self._lock:
                 if not self._calls:
@@ -479,7 +508,7 @@ class Node:
                 _fail(fut, RequestTimeout(f"entry {e.index} was applied through a snapshot; "
                                           "its outcome is unknown"))
             else:
-                fut.set_result((e.index, result))
+                _resolve(fut, e.index, result)
 
     def _serve_reads(self, g: Group) -> None:
         applied = g.state.applied_index()
@@ -583,7 +612,7 @@ class Node:
             return  # timed out already
         fut, deadline, group, data = waiter
         if ok and len(result) == 2 and type(result[0]) is int:
-            fut.set_result((result[0], result[1]))
+            _resolve(fut, result[0], result[1])
         elif not ok and len(result) == 3:
             kind, message, _ = result
             if kind == "NotLeader":
@@ -721,6 +750,19 @@ class Node:
             "connected": self.transport.connected_peers(),
             "transport": dict(self.transport.stats),
         }
+
+
+class Proposal(Future[Any]):
+    """A write's future; ``shape(index, result)``, if given, is what the caller gets."""
+
+    def __init__(self, shape: Callable[[int, Any], Any] | None = None) -> None:
+        super().__init__()
+        self.shape = shape
+
+
+def _resolve(fut: Future[Any], index: int, result: Any) -> None:
+    shape = getattr(fut, "shape", None)
+    fut.set_result((index, result) if shape is None else shape(index, result))
 
 
 def _fail(fut: Future[Any], exc: BaseException) -> None:
