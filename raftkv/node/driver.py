@@ -172,7 +172,8 @@ class Node:
             on_undelivered=self._on_undelivered, faults=config.faults,
         )
         self._seq = itertools.count(1)
-        self._forwarded: dict[int, tuple[Future[Any], float, str, bytes]] = {}
+        # request id -> (future, deadline, group, command, the leader it went to)
+        self._forwarded: dict[int, tuple[Future[Any], float, str, bytes, str]] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -399,7 +400,7 @@ class Node:
             self._expire(g, now)
             for hook in g.on_tick:
                 hook(g)
-        for rid, (fut, deadline, _, _) in list(self._forwarded.items()):
+        for rid, (fut, deadline, *_) in list(self._forwarded.items()):
             if now > deadline:
                 del self._forwarded[rid]
                 _fail(fut, RequestTimeout("the leader did not answer the forwarded write"))
@@ -521,6 +522,7 @@ class Node:
 
     def _on_soft_state(self, g: Group, lead: str | None) -> None:
         if lead != g.leader:
+            self._abandon_forwards(g, g.leader)
             g.leader = lead
             if lead is not None:
                 g.leader_changes += 1
@@ -553,7 +555,7 @@ class Node:
         if lead is None or lead == self.id:
             raise NotLeader(self.id, None)
         rid = next(self._seq)
-        self._forwarded[rid] = (fut, monotonic() + self.cfg.request_timeout, g.id, data)
+        self._forwarded[rid] = (fut, monotonic() + self.cfg.request_timeout, g.id, data, lead)
         self.transport.send(lead, codec.encode_forward(rid, g.id, data))
 
     @staticmethod
@@ -572,9 +574,20 @@ class Node:
             waiter = self._forwarded.pop(item[1], None)
             if waiter is None:
                 continue
-            fut, deadline, group, data = waiter
+            fut, deadline, group, data, _ = waiter
             g = self.groups[group]
             g.parked.append((self._forward_later(g, data, fut), fut, deadline))
+
+    def _abandon_forwards(self, g: Group, old: str | None) -> None:
+        """Writes forwarded to a leader that is no longer leader will get no answer if it
+        died: fail them now (outcome unknown) rather than at the request deadline."""
+        if old is None or not self._forwarded:
+            return
+        for rid, (fut, _, group, _, target) in list(self._forwarded.items()):
+            if group == g.id and target == old:
+                del self._forwarded[rid]
+                _fail(fut, RequestTimeout(
+                    f"leader {old} was replaced before answering; the outcome is unknown"))
 
     def _forward_later(self, g: Group, data: bytes, fut: Future[Any]) -> Callable[[], None]:
         return lambda: self._propose_or_forward(g, data, fut)
@@ -610,7 +623,7 @@ class Node:
         waiter = self._forwarded.pop(rid, None)
         if waiter is None:
             return  # timed out already
-        fut, deadline, group, data = waiter
+        fut, deadline, group, data, _ = waiter
         if ok and len(result) == 2 and type(result[0]) is int:
             _resolve(fut, result[0], result[1])
         elif not ok and len(result) == 3:
