@@ -50,16 +50,18 @@ from raftkv.core import (
     Config,
     EntryType,
     Message,
+    MessageType,
     NotLeader,
     Raft,
     RaftError,
     Ready,
     Role,
+    Snapshot,
     bootstrap,
     decode_conf_entry,
 )
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
-from raftkv.node.group_storage import ALREADY_APPLIED, GroupStorage
+from raftkv.node.group_storage import ALREADY_APPLIED, GroupStorage, pack_chunks
 from raftkv.transport import codec
 from raftkv.transport.tcp import Transport
 from recovery.local import RecoveryReport
@@ -70,6 +72,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TICK = 0.05  # 50 ms: with election_tick=10, elections time out in 0.5-1 s
 DEFAULT_REQUEST_TIMEOUT = 5.0
 COMPACT_EVERY = 1.0
+SNAPSHOT_TIMEOUT_ELECTIONS = 20
 
 ReadFn = Callable[[StateStore], Any]
 
@@ -162,6 +165,7 @@ class Node:
         # Proposals from other threads (deque appends and pops are atomic).
         self._inbox: deque[tuple[str, bytes, Future[Any]]] = deque()
         self._woken = False
+        self._imaging: set[tuple[str, str]] = set()  # (group, peer) images being packed
         self._lock = threading.Lock()
         self._notifier = PipeNotifier(self.poller)
         addresses = dict(self._load_addresses())
@@ -196,6 +200,9 @@ class Node:
                 id=self.id, election_tick=self.cfg.election_tick,
                 heartbeat_tick=self.cfg.heartbeat_tick,
                 applied=storage.state.applied_index(), vote_floor=storage.vote_floor,
+                # An image of a large state takes seconds to pack, send and install:
+                # re-sending it after one election timeout only restarts the transfer.
+                snapshot_timeout=SNAPSHOT_TIMEOUT_ELECTIONS * self.cfg.election_tick,
             ),
             storage.log, random.Random(),
         )
@@ -475,7 +482,10 @@ class Node:
         else:
             g.storage.persist(rd)
         for m in rd.messages:
-            self.transport.send(m.to, codec.encode_message(g.id, g.storage.outgoing(m)))
+            if m.type == MessageType.SNAPSHOT and m.snapshot is not None:
+                self._send_snapshot(g, m)
+            else:
+                self.transport.send(m.to, codec.encode_message(g.id, m))
         if rd.committed_entries:
             self._apply(g, rd)
             for hook in g.on_applied:
@@ -487,6 +497,38 @@ class Node:
                 g.ready_reads.append(r)
         self._serve_reads(g)
         g.raft.advance(rd)
+
+    def _send_snapshot(self, g: Group, m: Message) -> None:
+        """Attach the state image and send, packing it on a worker thread: the read view
+        is taken here (consistent, and cheap), the seconds of copying happen there, and
+        the loop keeps heartbeating meanwhile. One image per (group, peer) at a time; the
+        core re-sends after its snapshot timeout if this one is lost."""
+        key = (g.id, m.to)
+        if key in self._imaging:
+            return
+        self._imaging.add(key)
+        chunks = g.state.snapshot_chunks()
+        assert m.snapshot is not None
+        meta = m.snapshot.meta
+
+        def pack() -> None:
+            try:
+                data = pack_chunks(chunks)
+            except Exception:  # a failed image is dropped (and logged), never fatal
+                log.warning("group %s: packing a snapshot for %s failed", g.id, m.to,
+                            exc_info=True)
+                self.call(lambda: self._imaging.discard(key))
+                return
+
+            def send() -> None:
+                self._imaging.discard(key)
+                if self.groups.get(g.id) is g:
+                    m.snapshot = Snapshot(meta, data)
+                    self.transport.send(m.to, codec.encode_message(g.id, m))
+
+            self.call(send)
+
+        threading.Thread(target=pack, name=f"image-{g.id}-{m.to}", daemon=True).start()
 
     def _apply(self, g: Group, rd: Ready) -> None:
         entries = rd.committed_entries

@@ -24,7 +24,7 @@ store's integrity checks (header, ordering, trailing digest) apply on install.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgpack
 
@@ -120,7 +120,14 @@ class GroupStorage:
 
 
 def pack_image(state: StateStore) -> bytes:
-    return msgpack.packb(list(state.snapshot_chunks()), use_bin_type=True)
+    return pack_chunks(state.snapshot_chunks())
+
+
+def pack_chunks(chunks: Iterable[bytes]) -> bytes:
+    """The image of a chunk stream. The stream is one read view taken when it was made,
+    so the driver makes it on its loop thread and packs it on another (large states take
+    seconds, longer than an election timeout)."""
+    return msgpack.packb(list(chunks), use_bin_type=True)
 
 
 def unpack_image(data: bytes) -> list[bytes]:
