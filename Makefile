@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.core_throughput --sweep
 	$(BIN)/python -m benchmarks.log_append
 	$(BIN)/python -m benchmarks.recovery
+	$(BIN)/python -m benchmarks.throughput --all
 
 clean:
 	rm -rf $(VENV) build *.egg-info
