@@ -95,7 +95,14 @@ class Client:
                 if status == 421 and info.get("leader"):
                     target = self._endpoint_of(str(info["leader"]))
                     if target is not None and target != endpoint:
+                        # Follow the hint, but within the deadline: around an election
+                        # two nodes may each name the other.
                         self._current = self.endpoints.index(target)
+                        last = f"{endpoint}: redirected to {info['leader']}"
+                        if time.monotonic() + delay > deadline:
+                            raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
+                        time.sleep(delay)
+                        delay = min(delay * 2, 0.5)
                         continue
                 if status not in RETRYABLE:
                     raise ClientError(status, info)  # includes 421 for a leader we cannot reach

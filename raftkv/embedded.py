@@ -66,8 +66,17 @@ class EmbeddedNode:
             request_timeout=request_timeout, data_dir=data_dir, faults=faults,
         ), metrics)
         storage = open_group_storage(data_dir, group, durable, compaction, state)
-        self.node.add_group(group, storage, None if join else sorted(peers))
-        self.node.start()
+        try:
+            self.node.add_group(group, storage, None if join else sorted(peers))
+            self.node.start()
+        except BaseException:
+            self.node.stop()  # closes the hosted stores, so a retry can reopen them
+            if group not in self.node.groups:
+                storage.state.close()
+                close = getattr(storage.log, "close", None)
+                if close is not None:
+                    close()
+            raise
 
     # -- membership and leadership --------------------------------------------------------
     def add_learner(self, node_id: str, raft_addr: str) -> int:

@@ -162,3 +162,15 @@ def test_a_replicated_object_behaves_like_pysyncobj(tmp_path: Path) -> None:
     finally:
         for node in nodes.values():
             node.close()
+
+
+def test_a_cancelled_request_does_not_stop_the_node(cluster: list[RaftKV]) -> None:
+    """A caller that gives up (asyncio.wait_for, a cancelled handler) cancels its future;
+    the loop resolving it later must shrug, not die."""
+    cluster[0].wait_for_leader()
+    futs = [cluster[0].put_async(f"c{i}", "v") for i in range(50)]
+    for f in futs[::2]:
+        f.cancel()
+    cluster[0].put("after", "cancel")
+    assert cluster[1].get("after") == b"cancel"
+    assert cluster[0].node.failure is None

@@ -39,7 +39,7 @@ def metas(tmp_path: Path) -> Iterator[dict[str, MetaService]]:
         node.start()
     yield out
     for m in out.values():
-        m.node.stop()
+        m.node.stop()  # idempotent: a test may have stopped some already
 
 
 def _leader(metas: dict[str, MetaService]) -> str:
@@ -83,6 +83,10 @@ def test_a_watch_waits_for_the_next_event_and_resumes_elsewhere_without_gaps(
     metas[lead].put(b"q/z", b"3").result(5)  # another prefix: not for this watcher
     metas[lead].node.stop()  # the metastore leader goes away
     survivor = metas[others[1]]
+    # Wait for the survivors' new leader: a write forwarded to the stopped one would have
+    # an unknown outcome, and retrying it could record the event twice.
+    del metas[lead]
+    _leader(metas)
     metas[others[0]].put(b"p/w", b"4").result(10)
     got = survivor.watch(b"p/", seen + 1, timeout=10).result(10)
     assert [(e.key, e.value) for e in got.events] == [(b"p/y", b"2"), (b"p/w", b"4")]

@@ -169,3 +169,24 @@ def test_the_fault_switch_is_off_unless_enabled() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_first_frame_that_arrives_with_the_welcome_is_not_taken_for_a_long_handshake() -> None:
+    """The acceptor may send its first frame in the same turn it welcomes the dialer;
+    the dialer reads both at once and must not mistake them for an oversized handshake."""
+    poller, a, b, got = _pair()
+    try:
+        big = [0, "x" * 4096]
+
+        def both_ways() -> bool:
+            a.send("b", [0, "hi"])
+            if b.connected_peers():
+                b.send("a", big)
+            return ("b", [big]) in got or any(p == "b" for p, _ in got)
+
+        _spin(poller, [a, b], both_ways)
+        assert any(p == "b" for p, _ in got)
+        assert a.stats["rejected"] == 0 and b.stats["rejected"] == 0
+    finally:
+        a.close()
+        b.close()

@@ -175,7 +175,8 @@ class Node:
             addresses=addresses, on_address=self._on_address,
             on_undelivered=self._on_undelivered, faults=config.faults,
         )
-        self._seq = itertools.count(1)
+        # Random start: a restarted node must not reuse request ids a leader may still answer.
+        self._seq = itertools.count(random.getrandbits(62))
         # request id -> (future, deadline, group, command, the leader it went to)
         self._forwarded: dict[int, tuple[Future[Any], float, str, bytes, str]] = {}
         self._stopping = False
@@ -229,6 +230,8 @@ class Node:
             _fail(fut, err)
         for _, fut in g.queued:
             _fail(fut, err)
+        for _, fut, _ in g.transfers:
+            _fail(fut, err)
         g.storage.state.close()
         close = getattr(g.storage.log, "close", None)
         if close is not None:
@@ -245,9 +248,14 @@ class Node:
             self._stopping = True
             self._notifier.notify()
             self._thread.join(timeout=10)
+            if self._thread.is_alive():
+                log.error("node %s: the loop did not stop; leaving its stores open", self.id)
+                return
         self.transport.close()
-        err = NodeStopped(f"node {self.id} stopped")
-        for g in list(self.groups.values()):  # hooks may add or remove groups
+        self._fail_everything(NodeStopped(f"node {self.id} stopped"))
+
+    def _fail_everything(self, err: Exception) -> None:
+        for g in list(self.groups.values()):
             self._close_group(g, err)
         for fut, *_ in self._forwarded.values():
             _fail(fut, err)
@@ -364,6 +372,7 @@ class Node:
         except BaseException as e:  # the loop must not die silently
             log.critical("node %s: driver loop failed", self.id, exc_info=True)
             self.failure = e
+            self._fail_everything(NodeStopped(f"node {self.id}: driver loop failed: {e!r}"))
             raise
 
     def _run_calls(self) -> None:
@@ -421,6 +430,15 @@ class Node:
             g.parked.append((fn, fut, monotonic() + self.cfg.request_timeout))
 
     def _expire(self, g: Group, now: float) -> None:
+        if g.ready_reads and g.ready_reads[0].deadline < now:
+            # Confirmed read points this replica has not reached in time (cut off?).
+            unexpired: deque[_Read] = deque()
+            for r in g.ready_reads:
+                if r.deadline < now:
+                    _fail(r.fut, RequestTimeout(f"this replica did not reach index {r.index}"))
+                else:
+                    unexpired.append(r)
+            g.ready_reads = unexpired
         # A proposal not applied in time (say this leader was cut off) has an unknown
         # outcome: a new leader may still commit it. The caller hears so, and the entry's
         # eventual application resolves nothing.
@@ -467,14 +485,15 @@ class Node:
             first = last - len(queued) + 1
             deadline = monotonic() + self.cfg.request_timeout
             for i, (_, fut) in enumerate(queued):
+                old = g.pending.get(first + i)
+                if old is not None:  # an earlier term's proposal here was truncated away
+                    _fail(old[1], NotLeader(self.id, g.leader))
                 g.pending[first + i] = (term, fut)
             g.deadlines.append((deadline, last))
             self.metrics.proposals(g.id, len(queued))
 
     def _handle_ready(self, g: Group) -> None:
         rd: Ready = g.raft.ready()
-        if rd.soft_state is not None:
-            self._on_soft_state(g, rd.soft_state.lead)
         if rd.must_sync:
             t0 = monotonic()
             g.storage.persist(rd)
@@ -497,6 +516,10 @@ class Node:
                 g.ready_reads.append(r)
         self._serve_reads(g)
         g.raft.advance(rd)
+        if rd.soft_state is not None:
+            # After advance: reacting to a new leader may step the core (parked reads,
+            # re-forwarded writes, hooks), which is not allowed between ready and advance.
+            self._on_soft_state(g, rd.soft_state.lead)
 
     def _send_snapshot(self, g: Group, m: Message) -> None:
         """Attach the state image and send, packing it on a worker thread: the read view
@@ -522,6 +545,11 @@ class Node:
 
             def send() -> None:
                 self._imaging.discard(key)
+                if len(data) > self.transport.max_frame - (1 << 20):
+                    log.error("group %s: a %d-byte snapshot image exceeds the %d-byte frame "
+                              "limit; %s cannot be sent one", g.id, len(data),
+                              self.transport.max_frame, m.to)
+                    return
                 if self.groups.get(g.id) is g:
                     m.snapshot = Snapshot(meta, data)
                     self.transport.send(m.to, codec.encode_message(g.id, m))
@@ -575,7 +603,8 @@ class Node:
             keep = []
             for to, fut, deadline in g.transfers:
                 if lead == to:
-                    fut.set_result(None)
+                    if not fut.done():
+                        fut.set_result(None)
                 else:
                     keep.append((to, fut, deadline))
             g.transfers = keep
@@ -617,8 +646,11 @@ class Node:
             if waiter is None:
                 continue
             fut, deadline, group, data, _ = waiter
-            g = self.groups[group]
-            g.parked.append((self._forward_later(g, data, fut), fut, deadline))
+            g = self.groups.get(group)
+            if g is None:
+                _fail(fut, UnknownGroup(f"group {group!r} is no longer hosted here"))
+            else:
+                g.parked.append((self._forward_later(g, data, fut), fut, deadline))
 
     def _abandon_forwards(self, g: Group, old: str | None) -> None:
         """Writes forwarded to a leader that is no longer leader will get no answer if it
@@ -661,10 +693,11 @@ class Node:
         else:
             g.queued.append((data, fut))
 
-    def _on_reply(self, rid: int, ok: bool, result: list[Any]) -> None:
-        waiter = self._forwarded.pop(rid, None)
-        if waiter is None:
-            return  # timed out already
+    def _on_reply(self, peer: str, rid: int, ok: bool, result: list[Any]) -> None:
+        waiter = self._forwarded.get(rid)
+        if waiter is None or waiter[4] != peer:
+            return  # timed out already, or not from the leader it was sent to
+        del self._forwarded[rid]
         fut, deadline, group, data, _ = waiter
         if ok and len(result) == 2 and type(result[0]) is int:
             _resolve(fut, result[0], result[1])
@@ -673,12 +706,15 @@ class Node:
             if kind == "NotLeader":
                 # Refused before proposing (the peer no longer leads): retry with the
                 # next leader until the deadline, as for a write that never left.
-                g = self.groups[group]
-                g.parked.append((self._forward_later(g, data, fut), fut, deadline))
+                g = self.groups.get(group)
+                if g is None:
+                    _fail(fut, UnknownGroup(f"group {group!r} is no longer hosted here"))
+                else:
+                    g.parked.append((self._forward_later(g, data, fut), fut, deadline))
             else:
-                fut.set_exception(RemoteError(str(kind), str(message)))
+                _fail(fut, RemoteError(str(kind), str(message)))
         else:
-            fut.set_exception(RemoteError("WireError", "malformed reply from the leader"))
+            _fail(fut, RemoteError("WireError", "malformed reply from the leader"))
 
     # ========================================================== network input ========
     def _on_items(self, peer: str, items: list[Any]) -> None:
@@ -691,7 +727,7 @@ class Node:
             elif kind == codec.FORWARD:
                 self._answer_forward(peer, *codec.decode_forward(item))
             elif kind == codec.FORWARD_REPLY:
-                self._on_reply(*codec.decode_reply(item))
+                self._on_reply(peer, *codec.decode_reply(item))
             else:
                 raise codec.WireError(f"unknown item kind {kind}")
 
@@ -816,6 +852,8 @@ class Proposal(Future[Any]):
 
 
 def _resolve(fut: Future[Any], index: int, result: Any) -> None:
+    if fut.done():  # cancelled by its caller: nobody is waiting
+        return
     shape = getattr(fut, "shape", None)
     fut.set_result((index, result) if shape is None else shape(index, result))
 

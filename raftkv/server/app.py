@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 KV_PREFIX = "/v1/kv/"
 # Status codes for errors a leader reports on a forwarded write, by error kind.
-_REMOTE_STATUS = {"CommandError": 400, "NotLeader": 503, "UnknownGroup": 404}
+_REMOTE_STATUS = {"CommandError": 400, "NotLeader": 503, "UnknownGroup": 404,
+                  "RequestTimeout": 504, "NodeStopped": 503}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -98,8 +99,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return _status_of(e)
 
 
+# Every driver future resolves or fails by the request timeout; this bound is a backstop so
+# an HTTP request can never hang, and shield() keeps it from cancelling the future itself.
+WAIT_LIMIT = 60.0
+
+
 async def _wait(fut: Future[Any]) -> Any:
-    return await asyncio.wrap_future(fut)
+    return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), WAIT_LIMIT)
 
 
 def _key(request: web.Request) -> bytes:
@@ -119,7 +125,7 @@ def _flag(request: web.Request, name: str) -> bool:
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise CommandError("the body must be a JSON object") from None
     if not isinstance(body, dict):
         raise CommandError("the body must be a JSON object")
@@ -138,7 +144,7 @@ def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes 
     else:
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise CommandError('the body must be JSON {"ops": [[key, value], ...]}') from None
         ops = body.get("ops") if isinstance(body, dict) else None
     if not isinstance(ops, list):

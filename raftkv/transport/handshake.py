@@ -5,9 +5,9 @@ other's fresh nonce so a recorded handshake cannot be replayed::
 
     acceptor -> dialer : MAGIC | nonce_a(32)
     dialer -> acceptor : MAGIC | nonce_d(32) | mac_d(32) | len | id | len | addr
-                         mac_d = HMAC(secret, "D" | nonce_a | nonce_d | id | addr)
+                         mac_d = HMAC(secret, "D" | nonce_a | nonce_d | len | id | len | addr)
     acceptor -> dialer : mac_a(32) | len | id
-                         mac_a = HMAC(secret, "A" | nonce_d | nonce_a | id)
+                         mac_a = HMAC(secret, "A" | nonce_d | nonce_a | len | id)
 
 Every field has a fixed size or a one-byte length, so the parser needs no decoder at all;
 msgpack sees only bytes from a peer that has proved the secret. The dialer also announces
@@ -72,8 +72,8 @@ def parse_challenge(buf: bytes | bytearray) -> tuple[bytes, int] | None:
 
 def hello(secret: bytes, nonce_a: bytes, nonce_d: bytes, node_id: str, addr: str) -> bytes:
     nid, a = node_id.encode(), addr.encode()
-    return (MAGIC + nonce_d + _mac(secret, b"D", nonce_a, nonce_d, nid, a)
-            + _field(nid) + _field(a))
+    fields = _field(nid) + _field(a)
+    return MAGIC + nonce_d + _mac(secret, b"D", nonce_a, nonce_d, fields) + fields
 
 
 def parse_hello(
@@ -95,7 +95,9 @@ def parse_hello(
     if got is None:
         return None
     addr, pos = got
-    if not hmac.compare_digest(mac, _mac(secret, b"D", nonce_a, nonce_d, nid, addr)):
+    # The MAC covers the length-prefixed fields, so the id/address split is bound too.
+    signed = _field(nid) + _field(addr)
+    if not hmac.compare_digest(mac, _mac(secret, b"D", nonce_a, nonce_d, signed)):
         raise HandshakeError("the peer does not know the cluster secret")
     try:
         return nid.decode(), addr.decode(), nonce_d, pos
@@ -105,7 +107,7 @@ def parse_hello(
 
 def welcome(secret: bytes, nonce_a: bytes, nonce_d: bytes, node_id: str) -> bytes:
     nid = node_id.encode()
-    return _mac(secret, b"A", nonce_d, nonce_a, nid) + _field(nid)
+    return _mac(secret, b"A", nonce_d, nonce_a, _field(nid)) + _field(nid)
 
 
 def parse_welcome(
@@ -117,7 +119,8 @@ def parse_welcome(
     if got is None:
         return None
     nid, pos = got
-    if not hmac.compare_digest(bytes(buf[:MAC]), _mac(secret, b"A", nonce_d, nonce_a, nid)):
+    if not hmac.compare_digest(bytes(buf[:MAC]),
+                               _mac(secret, b"A", nonce_d, nonce_a, _field(nid))):
         raise HandshakeError("the acceptor does not know the cluster secret")
     try:
         return nid.decode(), pos

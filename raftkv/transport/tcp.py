@@ -48,6 +48,7 @@ READ, WRITE, ERROR = POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYP
 SOCK_BUFFER = 1 << 20
 HANDSHAKE_TIMEOUT = 5.0
 MAX_HANDSHAKE_BYTES = 1024
+MAX_UNAUTHENTICATED = 128
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 RECV_CHUNK = 1 << 18
 # Bytes read from one connection per poll event, so one busy peer cannot starve the loop.
@@ -146,9 +147,10 @@ class Connection:
                 self._frames(data)
             else:
                 self.inbuf += data
-                if len(self.inbuf) > MAX_HANDSHAKE_BYTES and self.state != _State.READY:
-                    raise hs.HandshakeError("oversized handshake")
                 self._handshake()
+                # Checked after parsing: the peer's first frames may share this read.
+                if self.state != _State.READY and len(self.inbuf) > MAX_HANDSHAKE_BYTES:
+                    raise hs.HandshakeError("oversized handshake")
             if self.state == _State.CLOSED:
                 return
 
@@ -341,6 +343,12 @@ class Transport:
             except OSError as e:
                 log.warning("accept failed: %s", e)
                 return
+            if len(self.pending) >= MAX_UNAUTHENTICATED:
+                # Unauthenticated connections cost a descriptor each: cap them, so a flood
+                # cannot starve the node of sockets for its real peers.
+                sock.close()
+                self.stats["rejected"] += 1
+                continue
             self._tune(sock)
             self.pending.add(Connection(self, sock, None))
 
