@@ -48,6 +48,7 @@ from storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
+    Checkpointing,
     CheckpointPolicy,
     SnapshotLoader,
     apply_commands,
@@ -116,7 +117,7 @@ class _ReadIterator(Iterator[T]):
         self.close()
 
 
-class LmdbStateStore:
+class LmdbStateStore(Checkpointing):
     """The durable ``StateStore`` (contract: storage.state_store; theory: this module).
 
     ``path`` is the env directory, created if missing. ``map_size`` is address space, not
@@ -226,33 +227,12 @@ class LmdbStateStore:
         self._applied = last
         return results
 
-    def applied_index(self) -> int:
-        self._live()
-        return self._applied
-
-    def checkpoint_index(self) -> int:
-        self._live()
-        return self._checkpoint
-
-    def checkpoint(self) -> int:
-        self._live()
-        if self._applied != self._checkpoint:
-            applied = self._applied
-            try:
-                self._env.sync(True)
-            except lmdb.Error as e:
-                raise self._fail("checkpoint (sync) failed", e) from e
-            self._checkpoint = applied
-            self.checkpoints += 1
-        self._policy.reset()
-        return self._checkpoint
-
-    def maybe_checkpoint(self, now: float) -> bool:
-        self._live()
-        if self._policy.due(self._applied - self._checkpoint, now):
-            self.checkpoint()
-            return True
-        return False
+    def _make_durable(self, applied: int) -> bool:
+        try:
+            self._env.sync(True)
+        except lmdb.Error as e:
+            raise self._fail("checkpoint (sync) failed", e) from e
+        return True
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:

@@ -442,7 +442,52 @@ class SnapshotLoader:
 _ABSENT = None  # in the undo log: the key did not exist at the last checkpoint
 
 
-class MemoryStateStore:
+class Checkpointing:
+    """The applied/checkpoint bookkeeping every store shares (the contract's
+    ``applied_index``, ``checkpoint_index``, ``checkpoint`` and ``maybe_checkpoint``).
+
+    A store sets ``_applied``, ``_checkpoint``, ``_policy`` and ``checkpoints``, provides
+    ``_live()`` (raise if closed), and says in ``_make_durable(applied)`` how its applied
+    state becomes durable, returning False when it cannot (nothing then advances).
+    """
+
+    _applied: int
+    _checkpoint: int
+    _policy: CheckpointPolicy
+    checkpoints: int  # checkpoints that made something durable (for tests)
+
+    def _live(self) -> None:
+        raise NotImplementedError
+
+    def _make_durable(self, applied: int) -> bool:
+        raise NotImplementedError
+
+    def applied_index(self) -> int:
+        self._live()
+        return self._applied
+
+    def checkpoint_index(self) -> int:
+        self._live()
+        return self._checkpoint
+
+    def checkpoint(self) -> int:
+        self._live()
+        applied = self._applied
+        if applied != self._checkpoint and self._make_durable(applied):
+            self._checkpoint = applied
+            self.checkpoints += 1
+        self._policy.reset()
+        return self._checkpoint
+
+    def maybe_checkpoint(self, now: float) -> bool:
+        self._live()
+        if self._policy.due(self._applied - self._checkpoint, now):
+            self.checkpoint()
+            return True
+        return False
+
+
+class MemoryStateStore(Checkpointing):
     """The reference implementation: a dict, for the simulator and in-memory tables.
 
     It models IGNITE-16907's *buffered* storage. Applies land in memory. ``checkpoint()``
@@ -494,29 +539,9 @@ class MemoryStateStore:
         self._applied = last
         return results
 
-    def applied_index(self) -> int:
-        self._live()
-        return self._applied
-
-    def checkpoint_index(self) -> int:
-        self._live()
-        return self._checkpoint
-
-    def checkpoint(self) -> int:
-        self._live()
-        if self._applied != self._checkpoint:
-            self._undo.clear()  # the durable image is now the current state
-            self._checkpoint = self._applied
-            self.checkpoints += 1
-        self._policy.reset()
-        return self._checkpoint
-
-    def maybe_checkpoint(self, now: float) -> bool:
-        self._live()
-        if self._policy.due(self._applied - self._checkpoint, now):
-            self.checkpoint()
-            return True
-        return False
+    def _make_durable(self, applied: int) -> bool:
+        self._undo.clear()  # the durable image is now the current state
+        return True
 
     def crash(self) -> None:
         """Lose everything not checkpointed, as a process or machine crash would."""

@@ -69,6 +69,7 @@ from storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
+    Checkpointing,
     CheckpointPolicy,
     SnapshotLoader,
     check_apply,
@@ -113,7 +114,7 @@ def _piece_count(data: bytes) -> int:
     return -(-len(data) // PIECE_BYTES)
 
 
-class UserStateStore:
+class UserStateStore(Checkpointing):
     """A ``StateStore`` over ``sm`` (contract: storage.state_store; theory: this module).
 
     ``path`` is a directory, created if missing, for the checkpoint file. ``None`` keeps
@@ -242,32 +243,14 @@ class UserStateStore:
             self._applied = index
         return results
 
-    def applied_index(self) -> int:
-        self._live()
-        return self._applied
-
-    def checkpoint_index(self) -> int:
-        self._live()
-        return self._checkpoint
-
-    def checkpoint(self) -> int:
-        self._live()
-        if self.path is not None and self._applied != self._checkpoint:
-            applied = self._applied
-            self._write(applied, self._image())
-            self._checkpoint = applied
-            self.checkpoints += 1
-        self._policy.reset()
-        return self._checkpoint
-
-    def maybe_checkpoint(self, now: float) -> bool:
-        self._live()
+    def _make_durable(self, applied: int) -> bool:
         if self.path is None:
             return False  # nothing can be made durable (module docstring)
-        if self._policy.due(self._applied - self._checkpoint, now):
-            self.checkpoint()
-            return True
-        return False
+        self._write(applied, self._image())
+        return True
+
+    def maybe_checkpoint(self, now: float) -> bool:
+        return self.path is not None and super().maybe_checkpoint(now)
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:

@@ -105,6 +105,7 @@ from storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
+    Checkpointing,
     CheckpointPolicy,
     SnapshotLoader,
     check_apply,
@@ -238,7 +239,7 @@ class _Writer:
         return True, rev
 
 
-class MetaStore:
+class MetaStore(Checkpointing):
     """The metastore ``StateStore`` (contract: storage.state_store; theory: this module).
 
     ``path`` is the LMDB env directory, created if missing. ``history`` is how many
@@ -385,33 +386,12 @@ class MetaStore:
                 cursor.delete()  # moves to the next event
         return bound
 
-    def applied_index(self) -> int:
-        self._live()
-        return self._applied
-
-    def checkpoint_index(self) -> int:
-        self._live()
-        return self._checkpoint
-
-    def checkpoint(self) -> int:
-        self._live()
-        if self._applied != self._checkpoint:
-            applied = self._applied
-            try:
-                self._env.sync(True)
-            except lmdb.Error as e:
-                raise self._fail("checkpoint (sync) failed", e) from e
-            self._checkpoint = applied
-            self.checkpoints += 1
-        self._policy.reset()
-        return self._checkpoint
-
-    def maybe_checkpoint(self, now: float) -> bool:
-        self._live()
-        if self._policy.due(self._applied - self._checkpoint, now):
-            self.checkpoint()
-            return True
-        return False
+    def _make_durable(self, applied: int) -> bool:
+        try:
+            self._env.sync(True)
+        except lmdb.Error as e:
+            raise self._fail("checkpoint (sync) failed", e) from e
+        return True
 
     # -- metastore reads -----------------------------------------------------------------------
     def revision(self) -> int:
