@@ -165,7 +165,8 @@ class Node:
         # Proposals from other threads (deque appends and pops are atomic).
         self._inbox: deque[tuple[str, bytes, Future[Any]]] = deque()
         self._woken = False
-        self._imaging: set[tuple[str, str]] = set()  # (group, peer) images being packed
+        # (group, peer) -> None while its image is packed, or the newer request to pack next
+        self._imaging: dict[tuple[str, str], Message | None] = {}
         self._lock = threading.Lock()
         self._notifier = PipeNotifier(self.poller)
         addresses = dict(self._load_addresses())
@@ -524,15 +525,22 @@ class Node:
     def _send_snapshot(self, g: Group, m: Message) -> None:
         """Attach the state image and send, packing it on a worker thread: the read view
         is taken here (consistent, and cheap), the seconds of copying happen there, and
-        the loop keeps heartbeating meanwhile. One image per (group, peer) at a time; the
-        core re-sends after its snapshot timeout if this one is lost."""
+        the loop keeps heartbeating meanwhile. One image per (group, peer) is packed at a
+        time; a newer request arriving meanwhile is kept (the latest only) and packed
+        next, because the core now waits for an acknowledgement of *that* snapshot."""
         key = (g.id, m.to)
         if key in self._imaging:
+            self._imaging[key] = m
             return
-        self._imaging.add(key)
+        self._imaging[key] = None
         chunks = g.state.snapshot_chunks()
         assert m.snapshot is not None
         meta = m.snapshot.meta
+
+        def done() -> None:
+            newer = self._imaging.pop(key, None)
+            if newer is not None and self.groups.get(g.id) is g:
+                self._send_snapshot(g, newer)
 
         def pack() -> None:
             try:
@@ -540,19 +548,18 @@ class Node:
             except Exception:  # a failed image is dropped (and logged), never fatal
                 log.warning("group %s: packing a snapshot for %s failed", g.id, m.to,
                             exc_info=True)
-                self.call(lambda: self._imaging.discard(key))
+                self.call(done)
                 return
 
             def send() -> None:
-                self._imaging.discard(key)
                 if len(data) > self.transport.max_frame - (1 << 20):
                     log.error("group %s: a %d-byte snapshot image exceeds the %d-byte frame "
                               "limit; %s cannot be sent one", g.id, len(data),
                               self.transport.max_frame, m.to)
-                    return
-                if self.groups.get(g.id) is g:
+                elif self.groups.get(g.id) is g:
                     m.snapshot = Snapshot(meta, data)
                     self.transport.send(m.to, codec.encode_message(g.id, m))
+                done()
 
             self.call(send)
 
