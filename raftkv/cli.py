@@ -4,6 +4,10 @@
     raftkv [--endpoints URL,...] put KEY VALUE | get KEY [--stale] | del KEY
     raftkv cas KEY NEW (--prev-value V | --prev-absent)
     raftkv cluster status | add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
+    raftkv cluster add-node ID RAFT_ADDR [--http-addr H:P] | remove-node ID   (placement topology)
+    raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
+    raftkv table list | describe NAME | drop NAME | set-replicas NAME N
+    raftkv put|get|del --table T KEY ...   (a table's key instead of the default group's)
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
 
 Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``. Errors print one line on
@@ -66,16 +70,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _kv_commands(args: argparse.Namespace, client: Client) -> int:
+    table = getattr(args, "table", None)
     if args.cmd == "put":
-        print(json.dumps({"index": client.put(args.key, args.value)}))
+        print(json.dumps({"index": client.put(args.key, args.value, table=table)}))
     elif args.cmd == "get":
-        v = client.get(args.key, stale=args.stale)
+        v = client.get(args.key, stale=args.stale, table=table)
         if v is None:
             print(f"error: key {args.key!r} not found", file=sys.stderr)
             return 1
         sys.stdout.buffer.write(v + b"\n")
     elif args.cmd == "del":
-        print(json.dumps({"index": client.delete(args.key)}))
+        print(json.dumps({"index": client.delete(args.key, table=table)}))
     elif args.cmd == "cas":
         if (args.prev_value is None) == (not args.prev_absent):
             print("error: give exactly one of --prev-value or --prev-absent", file=sys.stderr)
@@ -98,6 +103,26 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
         print(json.dumps(client.remove(args.node)))
     elif args.action == "transfer":
         print(json.dumps(client.transfer(args.node)))
+    elif args.action == "add-node":
+        print(json.dumps(client.add_node(args.node, args.raft_addr, args.http_addr)))
+    elif args.action == "remove-node":
+        print(json.dumps(client.remove_node(args.node)))
+    return 0
+
+
+def _table_commands(args: argparse.Namespace, client: Client) -> int:
+    out: Any
+    if args.action == "create":
+        out = client.create_table(args.name, args.partitions, args.replicas, args.storage)
+    elif args.action == "list":
+        out = client.list_tables()
+    elif args.action == "describe":
+        out = client.describe_table(args.name)
+    elif args.action == "drop":
+        out = client.drop_table(args.name)
+    else:
+        out = client.set_replicas(args.name, args.replicas)
+    print(json.dumps(out, indent=1))
     return 0
 
 
@@ -109,12 +134,16 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     serve.add_arguments(sub.add_parser("serve", help="run a node"))
     put = sub.add_parser("put")
+    put.add_argument("--table", help="a table's key (default: the default KV group)")
     put.add_argument("key")
     put.add_argument("value")
     get = sub.add_parser("get")
     get.add_argument("key")
     get.add_argument("--stale", action="store_true", help="read the local replica")
-    sub.add_parser("del").add_argument("key")
+    get.add_argument("--table")
+    delete = sub.add_parser("del")
+    delete.add_argument("key")
+    delete.add_argument("--table")
     cas = sub.add_parser("cas")
     cas.add_argument("key")
     cas.add_argument("new")
@@ -125,8 +154,24 @@ def parser() -> argparse.ArgumentParser:
     learner = cl.add_parser("add-learner")
     learner.add_argument("node")
     learner.add_argument("raft_addr")
-    for action in ("promote", "remove", "transfer"):
+    for action in ("promote", "remove", "transfer", "remove-node"):
         cl.add_parser(action).add_argument("node")
+    add_node = cl.add_parser("add-node", help="add a node to the placement topology")
+    add_node.add_argument("node")
+    add_node.add_argument("raft_addr")
+    add_node.add_argument("--http-addr")
+    tb = sub.add_parser("table").add_subparsers(dest="action", required=True)
+    create = tb.add_parser("create")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, required=True)
+    create.add_argument("--replicas", type=int, required=True)
+    create.add_argument("--storage", choices=("persistent", "memory"), default="persistent")
+    tb.add_parser("list")
+    for action in ("describe", "drop"):
+        tb.add_parser(action).add_argument("name")
+    sr = tb.add_parser("set-replicas")
+    sr.add_argument("name")
+    sr.add_argument("replicas", type=int)
     rec = sub.add_parser("recover").add_subparsers(dest="action", required=True)
     rec.add_parser("unsafe-reset", add_help=False)
     return p
@@ -147,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)
+            if args.cmd == "table":
+                return _table_commands(args, client)
             return _kv_commands(args, client)
         finally:
             client.close()

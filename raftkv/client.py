@@ -92,13 +92,14 @@ class Client:
                 if status in ok:
                     return status, data
                 info = _json(data, ctype)
-                if status == 421 and info.get("leader"):
-                    target = self._endpoint_of(str(info["leader"]))
+                hint = info.get("leader") or info.get("node")
+                if status == 421 and hint:
+                    target = self._endpoint_of(str(hint))
                     if target is not None and target != endpoint:
                         # Follow the hint, but within the deadline: around an election
                         # two nodes may each name the other.
                         self._current = self.endpoints.index(target)
-                        last = f"{endpoint}: redirected to {info['leader']}"
+                        last = f"{endpoint}: redirected to {hint}"
                         if time.monotonic() + delay > deadline:
                             raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
                         time.sleep(delay)
@@ -131,12 +132,17 @@ class Client:
 
     # -- KV -----------------------------------------------------------------------------
     @staticmethod
-    def _kv(key: bytes | str) -> str:
+    def _kv(key: bytes | str, table: str | None = None) -> str:
         k = key.encode() if isinstance(key, str) else key
+        if table is not None:
+            return f"/v1/tables/{quote(table, safe='')}/kv/" + quote(k, safe="")
         return "/v1/kv/" + quote(k, safe="")
 
-    def get(self, key: bytes | str, stale: bool = False) -> bytes | None:
-        path = self._kv(key) + ("?stale=true" if stale else "")
+    def get(self, key: bytes | str, stale: bool = False, table: str | None = None
+            ) -> bytes | None:
+        """The value, or None if absent. ``table``: a key of that table (else the
+        default KV group)."""
+        path = self._kv(key, table) + ("?stale=true" if stale else "")
         try:
             return self.request("GET", path)[1]
         except ClientError as e:
@@ -144,12 +150,12 @@ class Client:
                 return None
             raise
 
-    def put(self, key: bytes | str, value: bytes | str) -> int:
+    def put(self, key: bytes | str, value: bytes | str, table: str | None = None) -> int:
         v = value.encode() if isinstance(value, str) else value
-        return int(json.loads(self.request("PUT", self._kv(key), v)[1])["index"])
+        return int(json.loads(self.request("PUT", self._kv(key, table), v)[1])["index"])
 
-    def delete(self, key: bytes | str) -> int:
-        return int(json.loads(self.request("DELETE", self._kv(key))[1])["index"])
+    def delete(self, key: bytes | str, table: str | None = None) -> int:
+        return int(json.loads(self.request("DELETE", self._kv(key, table))[1])["index"])
 
     def cas(
         self, key: bytes | str, expected: bytes | str | None, new: bytes | str
@@ -203,6 +209,36 @@ class Client:
 
     def transfer(self, to: str) -> Any:
         return self._post("/v1/cluster/transfer", {"to": to})
+
+    # -- tables -------------------------------------------------------------------------
+    def create_table(self, name: str, partitions: int, replicas: int,
+                     storage: str = "persistent") -> Any:
+        raw = json.dumps({"name": name, "partitions": partitions, "replicas": replicas,
+                          "storage": storage}).encode()
+        return json.loads(self.request("POST", "/v1/tables", raw, ok=(201,))[1])
+
+    def list_tables(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.request("GET", "/v1/tables")[1])["tables"])
+
+    def describe_table(self, name: str) -> dict[str, Any]:
+        return dict(json.loads(self.request("GET", f"/v1/tables/{quote(name, safe='')}")[1]))
+
+    def drop_table(self, name: str) -> Any:
+        return json.loads(self.request("DELETE", f"/v1/tables/{quote(name, safe='')}")[1])
+
+    def set_replicas(self, name: str, replicas: int) -> Any:
+        return self._post(f"/v1/tables/{quote(name, safe='')}/replicas",
+                          {"replicas": replicas}, method="PUT")
+
+    def add_node(self, node_id: str, raft_addr: str, http_addr: str | None = None) -> Any:
+        """Add a node to the placement topology (metastore learner + ``placement.nodes``)."""
+        body: dict[str, Any] = {"id": node_id, "raft_addr": raft_addr}
+        if http_addr:
+            body["http_addr"] = http_addr
+        return self._post("/v1/cluster/nodes", body)
+
+    def remove_node(self, node_id: str) -> Any:
+        return self._post(f"/v1/cluster/nodes/{quote(node_id, safe='')}", method="DELETE")
 
     def close(self) -> None:
         for c in self._conns.values():

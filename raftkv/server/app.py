@@ -17,6 +17,7 @@ Endpoints (JSON bodies and errors; values travel raw as the body):
   with the new leader when the leader removes itself: its successor completes it);
   ``POST /v1/cluster/transfer`` ``{"to"}``.
 - ``GET /health``, ``GET /metrics`` (Prometheus text format).
+- Tables (``/v1/tables...``, ``/v1/cluster/nodes``): see ``raftkv.server.tables``.
 - ``POST /v1/test/partition`` ``{"block": [ids]}``: only with ``--enable-test-faults``.
 
 Writes sent to a follower are forwarded to the leader by the node (over the peer
@@ -46,6 +47,7 @@ from raftkv.core import ConfChangeRejected, NotLeader, TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.server.metrics import StatusCollector
+from raftkv.server.tables import Placement, TablesApi
 from storage.commands import MAX_COMMAND_BYTES, MAX_VALUE_BYTES, CommandError, check_key
 
 log = logging.getLogger(__name__)
@@ -180,10 +182,12 @@ class QuietBadRequests(logging.Filter):
 
 
 class Api:
-    def __init__(self, kv: RaftKV, registry: CollectorRegistry, faults: bool = False) -> None:
+    def __init__(self, kv: RaftKV, registry: CollectorRegistry, faults: bool = False,
+                 placement: Placement | None = None) -> None:
         self.kv = kv
         self.registry = registry
         self.faults = faults
+        self.tables = TablesApi(placement) if placement is not None else None
         registry.register(StatusCollector(self._status_sync))
 
     def _status_sync(self) -> dict[str, Any]:
@@ -210,6 +214,8 @@ class Api:
         r.add_get("/metrics", self.metrics)
         if self.faults:
             r.add_post("/v1/test/partition", self.partition)
+        if self.tables is not None:
+            self.tables.install(app)
         return app
 
     # -- KV ---------------------------------------------------------------------------

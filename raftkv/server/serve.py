@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from raftkv.kv import RaftKV
 from raftkv.server.app import Api, QuietBadRequests
 from raftkv.server.metrics import PrometheusMetrics
+from raftkv.server.tables import Placement
 from raftkv.transport.tcp import parse_addr
 from recovery.compaction import CompactionPolicy
 
@@ -92,14 +94,28 @@ def run(args: argparse.Namespace) -> int:
         faults=args.enable_test_faults,
         compaction=CompactionPolicy(max_entries=args.compact_entries, keep=args.compact_keep),
     )
+    placement: Placement | None = None
+    tmp: tempfile.TemporaryDirectory[str] | None = None
     try:
+        if args.memory:
+            tmp = tempfile.TemporaryDirectory(prefix=f"raftkv-meta-{args.id}-")
+        placement = Placement(
+            kv, None if args.memory else args.data_dir,
+            tmp.name if tmp is not None else args.data_dir, args.http_addr,
+            None if args.join else sorted(peers), durable=not args.no_fsync,
+        )
+        placement.start()
         group = kv.node.groups[kv.group]
         log.info("%s", group.recovery.describe())
         log.info("serving HTTP on %s, raft on %s", args.http_addr, args.raft_addr)
-        api = Api(kv, registry, faults=args.enable_test_faults)
+        api = Api(kv, registry, faults=args.enable_test_faults, placement=placement)
         web.run_app(api.app(), host=host, port=port, print=None,
                     access_log=None, handle_signals=True)
     finally:
+        if placement is not None:
+            placement.stop()
         kv.close()
+        if tmp is not None:
+            tmp.cleanup()
         log.info("stopped")
     return 0

@@ -162,6 +162,17 @@ class ProcCluster:
         self.start(node_id, join=True)
         return n
 
+    def add_table_node(self, node_id: str) -> ProcNode:
+        """Start a new node with --join and add it to the placement topology
+        (``POST /v1/cluster/nodes``: a metastore learner, then in ``placement.nodes``)."""
+        n = self.add_node(node_id)
+        c = self.client([i for i in self.nodes if i != node_id])
+        try:
+            c.add_node(node_id, n.raft_addr, f"127.0.0.1:{n.http_port}")
+        finally:
+            c.close()
+        return n
+
     def wait_http(self, node_id: str, timeout: float = 20.0) -> None:
         n = self.nodes[node_id]
         deadline = time.monotonic() + timeout

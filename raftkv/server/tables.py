@@ -1,0 +1,488 @@
+"""Tables in ``raftkv serve``: the metastore group, a ``PlacementManager`` and their HTTP API.
+
+Every node hosts the metastore group (``meta``; the founding peers are its voters, a
+``--join``ed node is admitted as a non-voting learner) and a ``PlacementManager``, which
+hosts the partition groups (``t.<table>.<p>``) this node is assigned.
+
+Endpoints (JSON; errors are ``{"error": ...}``):
+
+- ``POST /v1/tables`` ``{"name", "partitions", "replicas", "storage"}``: 201 with the
+  descriptor; 400 bad name/numbers or replicas above the topology's node count; 409 if it
+  exists.
+- ``GET /v1/tables``: ``{"tables": [{"name", "partitions", "replicas", "storage"}]}``.
+- ``GET /v1/tables/{t}``: the descriptor and, per partition, ``stable``/``pending``/
+  ``planned`` assignments, ``leader``, ``voters``, ``learners`` (merged from every node's
+  own view: ``?local=true`` gives just this node's), plus ``errors`` (rebalance errors
+  recorded by any node's manager). 404 unknown table.
+- ``DELETE /v1/tables/{t}``: 501: ``PlacementManager`` cannot drop tables (see below).
+- ``PUT /v1/tables/{t}/replicas`` ``{"replicas": n}``: ``{"revision"}``; 400 if n exceeds
+  the node count.
+- ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: the key's partition is ``partition_of(key,
+  partitions)``. A node hosting that partition's group serves it (reads linearizable, writes
+  forwarded to the group leader by the driver); any other node proxies the request to a
+  stable node of the partition (HTTP addresses are published under
+  ``placement.http.<id>``), or answers 421 ``{"node": id}`` if none answers. A proxied
+  request carries ``X-Raftkv-Forwarded``; a node that receives one for a partition it does
+  not host (it just moved) answers 503, which the client retries.
+- ``POST /v1/cluster/nodes`` ``{"id", "raft_addr", "http_addr"?}``: add a node to the
+  placement topology: admit it to the metastore as a learner (on the metastore leader;
+  another node proxies there) and add it to ``placement.nodes``, which rebalances every
+  table. ``DELETE /v1/cluster/nodes/{id}`` takes it out of the topology (its partitions
+  move away; it stays a metastore learner). The default KV group is not touched: use
+  ``/v1/cluster/learners`` for that.
+
+Dropping a table is refused (501): the manager keeps a table's descriptor cached and its
+partitions reconciled until a restart, and a stopped persistent partition keeps its files,
+so a table re-created under the same name would reopen the old logs (old data). Doing it
+right needs ``PlacementManager`` support (forget the table, stop and delete its groups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import aiohttp
+from aiohttp import web
+
+from raftkv.core import NotLeader, Role
+from raftkv.kv import RaftKV
+from raftkv.node.errors import NodeStopped
+from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of
+from raftkv.placement.catalog import (
+    TABLES_PREFIX,
+    TOPOLOGY_KEY,
+    TableDescriptor,
+    check_node_id,
+    check_table_name,
+    partition_group,
+    table_key,
+)
+from raftkv.placement.meta_commands import Cond, InvokeResult, Op
+from raftkv.placement.rebalance import (
+    PlacementManager,
+    TableExists,
+    UnknownTable,
+    join_metastore_as_learner,
+)
+from raftkv.placement.retry import RetryPolicy
+from raftkv.placement.service import MetaService
+from storage.commands import MAX_VALUE_BYTES, CommandError, check_key, encode_delete, encode_put
+
+log = logging.getLogger(__name__)
+
+HTTP_PREFIX = b"placement.http."
+FORWARDED = "X-Raftkv-Forwarded"
+ADMIN_TIMEOUT = 10.0
+
+
+def http_key(node: str) -> bytes:
+    return HTTP_PREFIX + check_node_id(node).encode()
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+class Placement:
+    """The metastore replica and placement manager of one ``raftkv serve`` node."""
+
+    def __init__(self, kv: RaftKV, data_dir: str | None, meta_dir: str, http_addr: str,
+                 founders: list[str] | None, durable: bool) -> None:
+        """``founders``: the metastore's voters (None: this node joins as a learner)."""
+        self.kv = kv
+        self.node = kv.node
+        self.id = kv.node_id
+        self.http_addr = http_addr
+        self.founders = founders
+        self.meta: MetaService = self.node.call(
+            lambda: MetaService(self.node, meta_dir, founders, durable=durable)).result(10)
+        self.mgr = PlacementManager(
+            self.meta, data_dir, durable=durable,
+            retry=RetryPolicy(base=0.05, cap=1.0, max_attempts=30), watch_timeout=2.0)
+        self._stop = threading.Event()
+        self._http: dict[str, str] = {}
+        self._http_at = 0.0
+
+    def start(self) -> None:
+        self.mgr.start()
+        threading.Thread(target=self._publish, name=f"placement-publish-{self.id}",
+                         daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.mgr.stop()
+
+    # -- background: publish this node's HTTP address (and the founders' topology) --------
+    def _publish(self) -> None:
+        key, addr = http_key(self.id), self.http_addr.encode()
+        todo: list[Callable[[], Any]] = [
+            lambda: self.meta.invoke([Cond.value(key).eq(addr)], [],
+                                     [Op.put(key, addr)]).result(5)]
+        if self.founders:
+            todo.append(self.ensure_topology)
+        while todo and not self._stop.is_set():
+            try:
+                todo[0]()
+                todo.pop(0)
+            except NodeStopped:
+                return
+            except Exception as e:  # noqa: BLE001 - no metastore leader yet, or not admitted
+                log.debug("placement publish: %s", e)
+                self._stop.wait(0.2)
+
+    def ensure_topology(self) -> None:
+        """Founders: the logical topology starts as the founding nodes (once)."""
+        if self.founders:
+            self.meta.invoke([Cond.not_exists(TOPOLOGY_KEY)],
+                             [Op.put(TOPOLOGY_KEY, encode_nodes(self.founders))]).result(5)
+
+    # -- metastore helpers (blocking: call from an executor) ------------------------------
+    def topology(self) -> list[str]:
+        v = self.meta.get(TOPOLOGY_KEY).result(ADMIN_TIMEOUT)
+        return decode_nodes(v.value) if v is not None else []
+
+    def change_topology(self, fn: Callable[[list[str]], list[str]]) -> list[str]:
+        for _ in range(10):
+            cur = self.meta.get(TOPOLOGY_KEY).result(ADMIN_TIMEOUT)
+            nodes = decode_nodes(cur.value) if cur is not None else []
+            new = sorted(set(fn(nodes)))
+            if not new:
+                raise CommandError("the topology needs at least one node")
+            if new == nodes:
+                return nodes
+            guard = Cond.revision(TOPOLOGY_KEY).eq(cur.mod_revision if cur else 0)
+            res = self.meta.invoke([guard], [Op.put(TOPOLOGY_KEY, encode_nodes(new))]).result(
+                ADMIN_TIMEOUT)
+            assert isinstance(res, InvokeResult)
+            if res.succeeded:
+                return new
+        raise RuntimeError("the topology kept changing")
+
+    def descriptor(self, name: str) -> TableDescriptor | None:
+        v = self.meta.get(table_key(name)).result(ADMIN_TIMEOUT)
+        return TableDescriptor.decode(v.value) if v is not None else None
+
+    def http_addrs(self, fresh: bool = False) -> dict[str, str]:
+        if fresh or time.monotonic() - self._http_at > 1.0:
+            res = self.meta.range(HTTP_PREFIX, stale=True).result(ADMIN_TIMEOUT)
+            self._http = {k[len(HTTP_PREFIX):].decode(): v.value.decode() for k, v in res.items}
+            self._http_at = time.monotonic()
+        return dict(self._http)
+
+    def meta_role(self) -> tuple[bool, str | None]:
+        def look() -> tuple[bool, str | None]:
+            g = self.node.groups[self.meta.group]
+            return g.raft.role == Role.LEADER, g.leader
+        result: tuple[bool, str | None] = self.node.call(look).result(5)
+        return result
+
+    def meta_members(self) -> set[str]:
+        def look() -> set[str]:
+            conf = self.node.groups[self.meta.group].raft.conf
+            return set(conf.voters) | set(conf.learners)
+        result: set[str] = self.node.call(look).result(5)
+        return result
+
+
+class TablesApi:
+    def __init__(self, placement: Placement) -> None:
+        self.p = placement
+        self.session: aiohttp.ClientSession | None = None
+
+    def install(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/v1/tables", self.create)
+        r.add_get("/v1/tables", self.list)
+        r.add_get("/v1/tables/{table}", self.describe)
+        r.add_delete("/v1/tables/{table}", self.drop)
+        r.add_put("/v1/tables/{table}/replicas", self.set_replicas)
+        r.add_get("/v1/tables/{table}/kv/{key:.*}", self.kv)
+        r.add_put("/v1/tables/{table}/kv/{key:.*}", self.kv)
+        r.add_delete("/v1/tables/{table}/kv/{key:.*}", self.kv)
+        r.add_post("/v1/cluster/nodes", self.add_node)
+        r.add_delete("/v1/cluster/nodes/{id}", self.remove_node)
+        app.on_cleanup.append(self._close)
+
+    async def _close(self, app: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+        return self.session
+
+    async def _run(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise CommandError("the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise CommandError("the body must be a JSON object")
+        return body
+
+    @staticmethod
+    def _name(request: web.Request) -> str:
+        try:
+            return check_table_name(request.match_info["table"])
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+
+    async def _desc(self, name: str) -> TableDescriptor:
+        desc = await self._run(lambda: self.p.descriptor(name))
+        if desc is None:
+            raise web.HTTPNotFound(text=json.dumps({"error": f"unknown table {name}"}),
+                                   content_type="application/json")
+        assert isinstance(desc, TableDescriptor)
+        return desc
+
+    # -- admin ----------------------------------------------------------------------------
+    async def create(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        name = body.get("name")
+        parts: Any = body.get("partitions")
+        replicas: Any = body.get("replicas")
+        storage = body.get("storage", "persistent")
+        try:
+            check_table_name(name)
+            TableDescriptor.new(str(name), parts, replicas, storage, ["-"])  # validation
+        except ValueError as e:
+            return _error(400, str(e))
+        assert isinstance(name, str) and isinstance(replicas, int) and isinstance(parts, int)
+
+        def run() -> TableDescriptor:
+            self.p.ensure_topology()
+            nodes = self.p.topology()
+            if replicas > len(nodes):
+                raise CommandError(f"replicas ({replicas}) exceeds the number of nodes in "
+                                   f"the topology ({len(nodes)}: {', '.join(nodes)})")
+            return self.p.mgr.create_table(name, parts, replicas, storage)
+
+        try:
+            desc = await self._run(run)
+        except TableExists:
+            return _error(409, f"table {name} already exists")
+        except CommandError:
+            raise
+        except ValueError as e:
+            return _error(400, str(e))
+        return web.json_response(_desc_json(desc), status=201)
+
+    async def list(self, request: web.Request) -> web.Response:
+        res = await self._run(lambda: self.p.meta.range(TABLES_PREFIX).result(ADMIN_TIMEOUT))
+        tables = []
+        for _, v in res.items:
+            try:
+                tables.append(_desc_json(TableDescriptor.decode(v.value)))
+            except ValueError:
+                continue
+        return web.json_response({"tables": tables})
+
+    async def drop(self, request: web.Request) -> web.Response:
+        name = self._name(request)
+        await self._desc(name)
+        return _error(501, "dropping tables is not implemented: PlacementManager cannot "
+                           "forget a table or delete its partitions' files yet, and a "
+                           "re-created table would reopen the old partition logs")
+
+    async def set_replicas(self, request: web.Request) -> web.Response:
+        name = self._name(request)
+        replicas = (await self._body(request)).get("replicas")
+        if type(replicas) is not int or replicas < 1:
+            return _error(400, f'"replicas" must be an integer >= 1, got {replicas!r}')
+        await self._desc(name)
+
+        def run() -> int:
+            nodes = self.p.topology()
+            if replicas > len(nodes):
+                raise CommandError(f"replicas ({replicas}) exceeds the number of nodes in "
+                                   f"the topology ({len(nodes)})")
+            return self.p.mgr.set_replicas(name, replicas)
+
+        try:
+            rev = await self._run(run)
+        except UnknownTable:
+            return _error(404, f"unknown table {name}")
+        return web.json_response({"table": name, "replicas": replicas, "revision": rev})
+
+    async def describe(self, request: web.Request) -> web.Response:
+        name = self._name(request)
+        desc = await self._desc(name)
+        local = await self._run(lambda: self._local_view(name))
+        if request.query.get("local", "").lower() in ("true", "1"):
+            return web.json_response(local)
+        views = [local]
+        addrs = await self._run(self.p.http_addrs)
+        peers = [(n, a) for n, a in addrs.items() if n != self.p.id]
+        results = await asyncio.gather(*(self._fetch(a, f"/v1/tables/{name}?local=true")
+                                         for _, a in peers))
+        views += [v for v in results if isinstance(v, dict)]
+        parts = []
+        for i in range(desc.partitions):
+            gid = partition_group(name, i)
+            entries = [v["partitions"][gid] for v in views if gid in v.get("partitions", {})]
+            # Assignments: the view with the newest metastore revision.
+            newest = max((v for v in views if gid in v.get("partitions", {})),
+                         key=lambda v: v.get("revision", 0), default=None)
+            base = newest["partitions"][gid] if newest else {}
+            hosted = [e for e in entries if e.get("hosted")]
+            leaders = [e for e in hosted if e.get("role") == "leader"]
+            lead = max(leaders, key=lambda e: e.get("term", 0)) if leaders else None
+            hints = {e.get("leader") for e in hosted if e.get("leader")}
+            parts.append({
+                "partition": i, "group": gid,
+                "stable": base.get("stable", []), "pending": base.get("pending", []),
+                "planned": base.get("planned"),
+                "leader": lead["node"] if lead else (hints.pop() if len(hints) == 1 else None),
+                "term": lead.get("term") if lead else None,
+                "voters": lead.get("voters") if lead else None,
+                "learners": lead.get("learners") if lead else None,
+                "hosted_on": sorted(e["node"] for e in hosted),
+                "change": lead.get("change") if lead else None,
+            })
+        errors = [err for v in views for err in v.get("errors", [])]
+        return web.json_response({**_desc_json(desc), "partitions": parts, "errors": errors,
+                                  "nodes_answered": sorted(v["node"] for v in views)})
+
+    def _local_view(self, name: str) -> dict[str, Any]:
+        st = self.p.mgr.status()
+        prefix = f"t.{name}."
+        parts = {gid: {**e, "node": self.p.id} for gid, e in st["partitions"].items()
+                 if gid.startswith(prefix)}
+        errors = [{**e, "node": self.p.id} for e in st["errors"]
+                  if str(e.get("partition", "")).startswith(prefix)]
+        return {"node": self.p.id, "revision": st["revision"], "partitions": parts,
+                "errors": errors}
+
+    async def _fetch(self, addr: str, path: str) -> Any:
+        try:
+            async with self._session().get(f"http://{addr}{path}",
+                                           timeout=aiohttp.ClientTimeout(total=3)) as r:
+                if r.status == 200:
+                    return await r.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            pass
+        return None
+
+    # -- topology -------------------------------------------------------------------------
+    async def add_node(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        node, addr, http = body.get("id"), body.get("raft_addr"), body.get("http_addr")
+        try:
+            check_node_id(node)
+        except ValueError as e:
+            return _error(400, str(e))
+        if not isinstance(addr, str) or not addr:
+            return _error(400, '"raft_addr" must be a non-empty string')
+        assert isinstance(node, str)
+        leads, leader = await self._run(self.p.meta_role)
+        if not leads:
+            if request.headers.get(FORWARDED) or leader is None:
+                return _error(503 if leader is None else 421,
+                              "not the metastore leader", leader=leader)
+            target = (await self._run(self.p.http_addrs)).get(leader)
+            if target is None:
+                return _error(421, "not the metastore leader", leader=leader)
+            return await self._proxy(request, target, await request.read())
+
+        def run() -> list[str]:
+            if node not in self.p.meta_members():
+                join_metastore_as_learner(self.p.meta, node, addr).result(ADMIN_TIMEOUT)
+            if isinstance(http, str) and http:
+                self.p.meta.put(http_key(node), http.encode()).result(ADMIN_TIMEOUT)
+            return self.p.change_topology(lambda nodes: [*nodes, node])
+
+        try:
+            nodes = await self._run(run)
+        except NotLeader as e:
+            return _error(421, "not the metastore leader", leader=e.leader)
+        return web.json_response({"id": node, "topology": nodes})
+
+    async def remove_node(self, request: web.Request) -> web.Response:
+        node = request.match_info["id"]
+        nodes = await self._run(
+            lambda: self.p.change_topology(lambda ns: [n for n in ns if n != node]))
+        return web.json_response({"removed": node, "topology": nodes})
+
+    # -- table KV -------------------------------------------------------------------------
+    async def kv(self, request: web.Request) -> web.StreamResponse:
+        name = self._name(request)
+        raw = request.rel_url.raw_path
+        marker = f"/v1/tables/{request.match_info['table']}/kv/"
+        if not raw.startswith(marker):
+            raise web.HTTPNotFound()
+        key = check_key(unquote_to_bytes(raw[len(marker):]))
+        body = b""
+        if request.method == "PUT":
+            if (request.content_length or 0) > MAX_VALUE_BYTES:
+                return _error(413, f"a value may hold at most {MAX_VALUE_BYTES} bytes")
+            body = await request.read()
+        desc = self.p.mgr.table(name)
+        if desc is None:
+            desc = await self._desc(name)  # 404 if absent; else this node's cache lags
+        gid = partition_group(name, partition_of(key, desc.partitions))
+        if gid in self.p.node.groups:
+            return await self._local(request, gid, key, body)
+        if request.headers.get(FORWARDED):
+            return _error(503, f"{gid} is not hosted here (it may have just moved); retry")
+        try:
+            route = self.p.mgr.route(name, key)
+            candidates = [n for n in ([route.leader] if route.leader else []) + list(route.nodes)
+                          if n != self.p.id]
+        except UnknownTable:
+            candidates = []
+        if not candidates:
+            return _error(503, f"no known host of {gid} yet; retry")
+        addrs = await self._run(self.p.http_addrs)
+        seen: set[str] = set()
+        for n in candidates:
+            if n in seen or n not in addrs:
+                continue
+            seen.add(n)
+            try:
+                return await self._proxy(request, addrs[n], body)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                log.info("proxying %s to %s failed: %s", gid, n, e)
+        return _error(421, f"{gid} is hosted on {', '.join(candidates)}; ask there",
+                      node=candidates[0], group=gid)
+
+    async def _local(self, request: web.Request, gid: str, key: bytes,
+                     body: bytes) -> web.Response:
+        from raftkv.server.app import _wait
+
+        node = self.p.node
+        if request.method == "GET":
+            stale = request.query.get("stale", "false").lower() in ("true", "1")
+            value = await _wait(node.read(gid, lambda s: s.get(key), linearizable=not stale))
+            if value is None:
+                return _error(404, "key not found")
+            return web.Response(body=value, content_type="application/octet-stream")
+        cmd = encode_put(key, body) if request.method == "PUT" else encode_delete(key)
+        index = await _wait(node.propose(gid, cmd, lambda i, r: i))
+        return web.json_response({"index": index})
+
+    async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:
+        url = f"http://{addr}{request.rel_url.raw_path_qs}"
+        headers = {FORWARDED: self.p.id}
+        if request.content_type:
+            headers["Content-Type"] = request.content_type
+        async with self._session().request(request.method, url, data=body or None,
+                                           headers=headers) as r:
+            data = await r.read()
+            return web.Response(status=r.status, body=data,
+                                content_type=r.content_type or "application/octet-stream")
+
+
+def _desc_json(d: TableDescriptor) -> dict[str, Any]:
+    return {"name": d.name, "partitions": d.partitions, "replicas": d.replicas,
+            "storage": d.storage}
