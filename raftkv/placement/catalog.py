@@ -7,7 +7,11 @@ Metastore layout (next to the per-partition keys of ``assignments.partition_keys
                                 its ``replicas`` field is the rebalance trigger)
     placement.nodes             the logical topology: sorted, comma-separated node ids
     placement.address.<node>    the node's raft address ("host:port")
-    <name>.<p>.assignments.stable|pending|planned, <name>.<p>.change.trigger.revision
+    placement.incarnation.<node>  a random id, rewritten by each start of the node's manager
+    placement.holds.<name>.<p>.<node>  the incarnation in which <node> started hosting
+                                partition <p> (IGNITE-16668: who holds the state)
+    <name>.<p>.assignments.stable|pending|planned, <name>.<p>.change.trigger.revision,
+    <name>.<p>.assignments.switch.reduce|switch.append (IGNITE-16668, see rebalance.py)
 
 A table's ``initial`` assignments are kept in its descriptor because they are the
 *founding* configuration of each partition's Raft group: every founding member bootstraps
@@ -39,13 +43,16 @@ _NODE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _PARTITION_KEY = re.compile(
     rb"(?P<table>[A-Za-z0-9_-]{1,64})\.(?P<p>[0-9]{1,9})\."
     rb"(?P<field>assignments\.stable|assignments\.pending|assignments\.planned"
-    rb"|change\.trigger\.revision)"
+    rb"|assignments\.switch\.reduce|assignments\.switch\.append|change\.trigger\.revision)"
 )
 # The field names of PartitionKeys, by key suffix.
 FIELDS = {
     b"assignments.stable": "stable", b"assignments.pending": "pending",
     b"assignments.planned": "planned", b"change.trigger.revision": "trigger",
+    b"assignments.switch.reduce": "switch_reduce", b"assignments.switch.append": "switch_append",
 }
+INCARNATION_PREFIX = b"placement.incarnation."
+HOLDS_PREFIX = b"placement.holds."
 
 
 def check_table_name(name: object) -> str:
@@ -143,3 +150,15 @@ def parse_partition_key(key: bytes) -> PartitionField | None:
     if m is None:
         return None
     return PartitionField(m["table"].decode(), int(m["p"]), FIELDS[m["field"]])
+
+
+def incarnation_key(node: str) -> bytes:
+    return INCARNATION_PREFIX + check_node_id(node).encode()
+
+
+def holds_prefix(table: str, partition: int) -> bytes:
+    return HOLDS_PREFIX + f"{check_table_name(table)}.{partition}.".encode()
+
+
+def holds_key(table: str, partition: int, node: str) -> bytes:
+    return holds_prefix(table, partition) + check_node_id(node).encode()

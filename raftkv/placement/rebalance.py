@@ -1,4 +1,5 @@
-"""``PlacementManager``: tables, partitions and Ignite 3's rebalance (seed 004) on one node.
+"""``PlacementManager``: tables, partitions, Ignite 3's rebalance (seed 004) and the safe
+restart of in-memory partitions (IGNITE-16668) on one node.
 
 Theory of operation
 -------------------
@@ -42,7 +43,7 @@ pending, one membership change at a time (Kudu's one-by-one design):
    leader last: removing itself raises ``LeaderStepping`` and the transferee, once
    elected, performs that removal (``Raft.pending_handover``) and resumes the change;
 4. when the voters equal the target, no learner is left and the configuration entry is
-   committed, ``onNewPeersConfigurationApplied`` runs ``finish_rebalance`` (stable :=
+   committed, ``onNewPeersConfigurationApplied`` runs onRebalanceDone (stable :=
    applied peers, pending := planned or empty; retried on DONE_RETRY).
 
 A change belongs to the term it started in. Every step checks that this node still leads
@@ -69,8 +70,71 @@ invoke guarded by the revisions of pending and planned moves planned into pendin
 action removes the learners that are not in the new target. Once every pending member is
 a voter (the removal phase), planned waits for ``onNewPeersConfigurationApplied``.
 
+**Safe restart of in-memory partitions (IGNITE-16668).** A replica of a table with
+``storage="memory"`` loses its Raft log *and its vote* with its process: rejoining as the
+voter it was could let it vote twice in one term (two leaders). A persistent partition
+whose files were wiped ("cleaned-up PDS") is the same. So such a replica is removed from
+its group and re-added fresh, and its Raft node is not started before the removal:
+
+- *onPartitionStart* (``_on_partition_start``), for a partition this node is assigned in
+  stable, of a table that existed before this start, and either in memory or without a
+  local log directory (the storage self-check): if a majority of stable is *available*,
+  add this node to ``<table>.<p>.assignments.switch.reduce`` (the seed's retry loop:
+  invoke guarded by ``empty`` or by the key's revision, re-read and retried when it
+  moved) and do NOT start the group; if it is a *full-partition restart*, start normally,
+  bootstrapping the stable configuration fresh; otherwise wait (retried on a timer and on
+  every change of the keys involved). Once stable no longer names the node (written only
+  after a configuration without it applied) and pending does, it starts the group empty
+  (``voters=None``): a learner the leader adds, catches up and promotes.
+- *The leader's watch on switch.reduce* (``_trigger_switch_reduce``): with pending empty,
+  ``pending = calcPartAssignments() - switch.reduce; trigger = event.revision`` under the
+  seed's trigger guard (``rebalance_steps.trigger_switch_reduce``).
+- *onRebalanceDone* (``_on_new_peers_configuration_applied`` ->
+  ``rebalance_steps.rebalance_done_switch``): the seed's reduced/added/switch.reduce'/
+  switch.append'/pendingReduction/pendingAddition, three branches (re-add, reduce,
+  common done moving planned to pending), each invoke guarded by the revisions of stable,
+  pending, switch.reduce, switch.append and planned, re-read and retried on DONE_RETRY.
+
+*Available* and *full restart* use two kinds of metastore keys: ``placement.incarnation.
+<node>`` (a random id each manager writes when it starts, before it hosts anything) and
+``placement.holds.<table>.<p>.<node>`` (the incarnation in which the node started hosting
+the partition, written *before* it starts the group). A node holds a partition's state iff
+its holds key names its current incarnation (a restart voids all its holds keys at once;
+a node that stops hosting removes its own). A stable member is *available* if it holds the
+state, is not in switch.reduce, and is alive: connected to this node (the transport dials
+on demand, so an unconnected peer is probed and counted as down until it connects).
+*Full-partition restart*: nobody holds the state, decided on a linearizable read of the
+``placement.`` keys and committed by writing our holds key in an invoke guarded by the
+revision of every known node's holds key (no node can start holding the state in
+between). Such a holds key is ``<incarnation>/<epoch>``: the fresh history's id (the
+first restarter's incarnation). While fewer than a majority hold the state and every
+holder is of one epoch E, another restarted member joins E as a late founder, unless its
+own (void) holds key is of E: it voted in E already, and lost that vote.
+
 Choices where the seed is ambiguous or does not fit raftkv
 ----------------------------------------------------------
+- IGNITE-16668, where the seed is silent or does not fit:
+  - "Restarted" means: the table's descriptor was created before this start's incarnation
+    key was written. A founder that first starts after the table's creation therefore
+    also takes the switch path (safe, one extra remove/add). A node assigned only in
+    pending (a learner, or a promoted voter not yet in stable) is not checked: it starts
+    empty as a joiner (see "missing" in the report: a promoted pending-only voter that
+    restarts in memory is not covered).
+  - "No log" for a persistent partition is: its ``groups/<gid>/log`` directory is absent.
+  - Majority is over stable (the seed's assignments), not over the Raft configuration,
+    which during a rebalance may also contain pending members.
+  - The leader's trigger guard adds ``revision(switch.reduce) == seen && revision(stable)
+    == seen`` as an alternative to ``trigger < event.revision``: the trigger key is shared
+    with seed 004 step (1), which can move it past the reduce event without acting on it.
+  - onRebalanceDone: the planned revision joins the four preconditions (the common branch
+    copies planned); it writes nothing unless pending still names the new peers; append'
+    also drops nodes already in resolvedStable (else a no-op addition repeats forever);
+    a reduction that would empty pending falls to the common branch.
+  - A restarted node in switch.reduce waits for the removal; while the leader adds it
+    back it starts the group as a joiner, never bootstrapping ``TableDescriptor.initial``
+    (only fresh tables and persistent partitions with their log do).
+  - The onDisappeared() optimisation and onCommonRebalance's switch handling (both
+    "only an optimization" in the seed) are not implemented.
 - Step (1)'s invoke is ``rebalance_steps.plan_rebalance``, not the literal pseudocode
   (``assignments.write_pending_assignments``): the literal text can lose the latest
   intent in two ways (see ``rebalance_steps``). onNewPeersConfigurationApplied is guarded
@@ -112,6 +176,7 @@ Choices where the seed is ambiguous or does not fit raftkv
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -143,6 +208,9 @@ from raftkv.placement.assignments import (
 )
 from raftkv.placement.catalog import (
     ADDRESS_PREFIX,
+    HOLDS_PREFIX,
+    INCARNATION_PREFIX,
+    MEMORY,
     PERSISTENT,
     TABLES_PREFIX,
     TOPOLOGY_KEY,
@@ -150,6 +218,9 @@ from raftkv.placement.catalog import (
     address_key,
     check_node_id,
     check_table_name,
+    holds_key,
+    holds_prefix,
+    incarnation_key,
     parse_partition_key,
     partition_group,
     table_key,
@@ -165,10 +236,13 @@ from raftkv.placement.meta_commands import (
 from raftkv.placement.metastore import EventBatch, HistoryCompacted, RangeResult
 from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
 from raftkv.placement.service import MetaService
+from raftkv.transport import codec
+from storage.layout import group_paths
 
 log = logging.getLogger(__name__)
 
 _PLACEMENT_PREFIX = b"placement."
+_NO_SWITCH = steps.SwitchKeys(b"", b"")
 _ADMIN_ATTEMPTS = 5
 
 
@@ -223,6 +297,15 @@ class _Partition:
     cancel_key: tuple[int, int] | None = None  # (pending rev, planned rev) cancel issued for
     cleanup_rev: int = -1  # stable's mod revision when step (3) last looked
     backoffs: dict[str, Backoff] = field(default_factory=dict)
+    # IGNITE-16668 (see "Safe restart" in the module docstring).
+    sw: steps.SwitchKeys = _NO_SWITCH
+    preexisting: bool = False  # the table existed before this incarnation registered
+    rejoin: bool | None = None  # None: not decided; True: on the restart path
+    start_inflight: bool = False  # our holds key is being written before the start
+    reduce_inflight: bool = False  # the switch.reduce retry loop is running
+    reduce_added: bool = False  # we are in switch.reduce (our cache may not show it yet)
+    wait_scheduled: bool = False
+    switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
 
 
 class PlacementManager:
@@ -265,7 +348,10 @@ class PlacementManager:
         self._synced = False
         self._stopped = False
         self._loop_ident: int | None = None
-        self._backoffs = {"watch": Backoff(self.retry), "address": Backoff(self.retry)}
+        self._backoffs = {"watch": Backoff(self.retry), "address": Backoff(self.retry),
+                          "incarnation": Backoff(self.retry)}
+        self.incarnation = os.urandom(8).hex().encode()
+        self._incarnation_rev = 0  # the revision our incarnation key was written at
 
     # ================================================================ lifecycle =========
     def start(self) -> None:
@@ -273,7 +359,7 @@ class PlacementManager:
             self._loop_ident = threading.get_ident()
             self.node.groups[self.meta.group].on_tick.append(self._timer.on_tick)
             self._register_address()
-            self._resync()
+            self._register_incarnation()
 
         self._defer(install)
 
@@ -465,6 +551,28 @@ class PlacementManager:
         self._on_loop(self.meta.invoke([Cond.value(key).eq(addr)], [], [Op.put(key, addr)]),
                       done)
 
+    def _register_incarnation(self) -> None:
+        """IGNITE-16668: a fresh random id per start, written before anything is hosted
+        (every holds key of an earlier incarnation is void from now on), then the first
+        read of the metastore."""
+        bo = self._backoffs["incarnation"]
+        bo.ready("incarnation", monotonic())
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is None:
+                bo.succeeded()
+                self._incarnation_rev = int(f.result().revision)
+                self._resync()
+            elif not isinstance(exc, NodeStopped):
+                delay = bo.failed(exc, monotonic())
+                if delay is None:
+                    bo.succeeded()
+                    delay = self.retry.cap
+                self._timer.after(delay, lambda: self._defer(self._register_incarnation))
+
+        self._on_loop(self.meta.put(incarnation_key(self.id), self.incarnation), done)
+
     def _resync(self) -> None:
         """Read every key, rebuild the cache, reconcile everything, then watch."""
         self._on_loop(self.meta.range(b""), self._on_range)
@@ -530,6 +638,10 @@ class PlacementManager:
         if key.startswith(TABLES_PREFIX):
             if value is not None:
                 self._learn_table(key, value)
+        elif key.startswith((HOLDS_PREFIX, INCARNATION_PREFIX)):
+            for gid, part in self._parts.items():
+                if part.rejoin:
+                    self._kick(gid)
         elif key == TOPOLOGY_KEY:
             for gid in self._parts:
                 self._kick(gid)
@@ -545,10 +657,15 @@ class PlacementManager:
             log.warning("node %s: ignoring %r: %s", self.id, key, e)
             return
         self._tables[desc.name] = desc
+        dkv = self._kv.get(key)
+        # Created before this incarnation registered: we may have held (and lost) its state.
+        preexisting = dkv is not None and dkv.create_revision < self._incarnation_rev
         for p in range(desc.partitions):
             gid = partition_group(desc.name, p)
             if gid not in self._parts:
-                self._parts[gid] = _Partition(desc.name, p, gid, partition_keys(desc.name, p))
+                self._parts[gid] = _Partition(desc.name, p, gid, partition_keys(desc.name, p),
+                                              sw=steps.switch_keys(desc.name, p),
+                                              preexisting=preexisting)
             self._kick(gid)
 
     def _nodes(self, key: bytes) -> list[str]:
@@ -572,7 +689,7 @@ class PlacementManager:
         hosted = part.group in self._hosted
         stable_rev = self._kv[keys.stable].mod_revision if keys.stable in self._kv else 0
         if wanted and not hosted:
-            self._start_partition(part, desc)
+            self._on_partition_start(part, desc, stable, pending)
         elif hosted and not wanted and part.cleanup_rev != stable_rev:
             self._stop_partition(part)  # step (3): on stable updates only
         part.cleanup_rev = stable_rev
@@ -626,16 +743,241 @@ class PlacementManager:
 
         self._on_loop(self.meta.iif(steps.plan_rebalance(part.keys, source, calc)), done)
 
-    def _start_partition(self, part: _Partition, desc: TableDescriptor) -> None:
+    # ============================================ loop thread: IGNITE-16668 restart ====
+    def _in_memory(self, desc: TableDescriptor) -> bool:
+        return desc.storage == MEMORY or self.data_dir is None
+
+    def _has_log(self, part: _Partition) -> bool:
+        """The local storage self-check: does the partition's log directory exist?"""
+        return self.data_dir is not None and os.path.exists(
+            group_paths(self.data_dir, part.group)[0])
+
+    def _holds(self, part: _Partition, node: str) -> bool:
+        """``node`` started hosting the partition in its current incarnation."""
+        h = self._kv.get(holds_key(part.table, part.index, node))
+        inc = self._kv.get(incarnation_key(node))
+        return (h is not None and inc is not None and bool(h.value)
+                and h.value.split(b"/")[0] == inc.value)
+
+    def _alive(self, node: str) -> bool:
+        if node == self.id:
+            return True
+        peer = self.node.transport.peers.get(node)
+        if peer is not None and peer.conn is not None:
+            return True
+        # Not connected (connections are made on demand): probe with an item the peer
+        # ignores (a reply to no request) so the transport dials; ask again later.
+        self.node.transport.send(node, codec.encode_reply(0, False, []))
+        return False
+
+    def _majority_available(self, part: _Partition, stable: list[str],
+                            reduce: list[str]) -> bool:
+        """A majority of stable is alive, holds its state, and is not being switched out."""
+        holders = [n for n in stable if n != self.id and n not in reduce
+                   and self._holds(part, n) and self._alive(n)]
+        return len(holders) >= len(stable) // 2 + 1
+
+    def _restart_epoch(self, part: _Partition, kv: dict[bytes, VersionedValue]) -> bytes | None:
+        """The full-partition restart we may take part in, or None. Nobody holds the
+        state (every holds key is of an earlier incarnation): a new one, named by our
+        incarnation. Every holder holds it from one full restart E (holds value
+        ``<incarnation>/E``) and our own (void) holds key is not of E: join E, as a late
+        founder of that fresh history (we never voted in it). Anything else: None."""
+        prefix = holds_prefix(part.table, part.index)
+        epochs = set()
+        for k, v in kv.items():
+            if k.startswith(prefix) and v.value:
+                inc = kv.get(INCARNATION_PREFIX + k[len(prefix):])
+                inc_id, _, epoch = v.value.partition(b"/")
+                if inc is not None and inc.value == inc_id:
+                    if not epoch:
+                        return None  # a holder of the history before any full restart
+                    epochs.add(epoch)
+        if not epochs:
+            return self.incarnation
+        if len(epochs) > 1:
+            return None
+        (epoch,) = epochs
+        mine = kv.get(holds_key(part.table, part.index, self.id))
+        if mine is not None and mine.value.partition(b"/")[2] == epoch:
+            return None  # we took part in E and lost our state (and vote) since
+        return epoch
+
+    def _on_partition_start(self, part: _Partition, desc: TableDescriptor,
+                            stable: list[str], pending: list[str]) -> None:
+        """The seed's onPartitionStart (see the module docstring)."""
+        if part.start_inflight or part.reduce_inflight:
+            return
+        if part.rejoin is None:
+            part.rejoin = part.preexisting and self.id in stable and (
+                self._in_memory(desc) or not self._has_log(part))
+            if part.rejoin:
+                self.metrics["restarts_detected"] += 1
+                log.info("node %s: %s lost its state (%s): safe restart", self.id, part.group,
+                         "in-memory" if self._in_memory(desc) else "no local log")
+        if not part.rejoin:
+            founders = desc.initial[part.index]
+            fresh = not part.preexisting or (not self._in_memory(desc) and self._has_log(part))
+            self._start_with_holds(part, desc, list(founders)
+                                   if self.id in founders and fresh else None)
+            return
+        reduce = self._nodes(part.sw.reduce)
+        if self.id not in stable:
+            if self.id in reduce:  # stable without us is written together with reduce
+                self._wait(part)
+                return
+            # Removed from the configuration (stable excludes us only once a configuration
+            # without us applied), and now in pending: come back as a fresh learner.
+            part.rejoin = False
+            self.metrics["partitions_rejoined"] += 1
+            log.info("node %s: %s re-added after its removal: joining empty", self.id,
+                     part.group)
+            self._start_with_holds(part, desc, None)
+            return
+        majority = self._majority_available(part, stable, reduce)
+        if not majority and self._restart_epoch(part, self._kv) is not None:
+            self._full_restart(part, desc)
+        elif self.id in reduce or part.reduce_added:
+            self._wait(part)  # the leader removes us
+        elif majority:
+            self._add_to_switch_reduce(part)
+        else:
+            self._wait(part)  # neither: retry later
+
+    def _wait(self, part: _Partition) -> None:
+        if part.wait_scheduled:
+            return
+        part.wait_scheduled = True
+
+        def again() -> None:
+            part.wait_scheduled = False
+            self._kick(part.group)
+
+        self._timer.after(max(0.1, self.node.cfg.election_tick * self.node.cfg.tick_seconds),
+                          again)
+
+    def _add_to_switch_reduce(self, part: _Partition) -> None:
+        """The seed's retry loop: switch.reduce ∪= {us}, guarded by its revision."""
+        part.reduce_inflight = True
+
+        def attempt() -> None:
+            self._on_loop(self.meta.get(part.sw.reduce), read)
+
+        def read(f: Future[Any]) -> None:
+            if f.exception() is not None:
+                fail(f.exception())
+                return
+            tree = steps.add_to_switch_reduce(part.sw, self.id, f.result())
+            self._on_loop(self.meta.iif(tree), result)
+
+        def result(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            if f.result().tag != 1:
+                self.metrics["switch_reduce_retries"] += 1
+                attempt()  # switch.reduce moved since our read
+                return
+            part.reduce_inflight = False
+            part.reduce_added = True
+            self._backoff(part, "reduce").succeeded()
+            self.metrics["switch_reduce_added"] += 1
+            log.info("node %s: %s recorded in switch.reduce; not starting it", self.id,
+                     part.group)
+            self._kick(part.group)
+
+        def fail(exc: BaseException | None) -> None:
+            part.reduce_inflight = False
+            self._failed(part, "reduce", exc or RuntimeError("?"))
+
+        attempt()
+
+    def _full_restart(self, part: _Partition, desc: TableDescriptor) -> None:
+        """Nobody holds the partition's state: bootstrap the stable configuration fresh.
+        Decided on a linearizable read, and our holds key is written guarded by the
+        revision of every known node's holds key, so no node can have started holding
+        the state in between (each one writes its holds key before it starts)."""
+        part.start_inflight = True
+
+        def read(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            kv = {k: v for k, v in f.result().items}
+            st = self._kv.get(part.keys.stable)
+            epoch = self._restart_epoch(part, kv)
+            if epoch is None or st is None:
+                part.start_inflight = False
+                self._kick(part.group)
+                return
+            nodes = [k[len(INCARNATION_PREFIX):].decode() for k in kv
+                     if k.startswith(INCARNATION_PREFIX)]
+            conds = [Cond.revision(part.keys.stable).eq(st.mod_revision),
+                     Cond.value(incarnation_key(self.id)).eq(self.incarnation)]
+            for n in nodes:
+                hk = holds_key(part.table, part.index, n)
+                conds.append(Cond.revision(hk).eq(kv[hk].mod_revision if hk in kv else 0))
+            voters = decode_nodes(st.value)
+            ops = [Op.put(holds_key(part.table, part.index, self.id),
+                          self.incarnation + b"/" + epoch)]
+            self._on_loop(self.meta.invoke(conds, ops), lambda r: written(r, voters))
+
+        def written(f: Future[Any], voters: list[str]) -> None:
+            part.start_inflight = False
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            if not f.result().succeeded:
+                self._kick(part.group)  # something moved: decide again
+                return
+            part.rejoin = False
+            self.metrics["full_restarts"] += 1
+            log.info("node %s: %s full-partition restart: bootstrapping %s", self.id,
+                     part.group, voters)
+            self._start_partition(part, desc, voters)
+
+        def fail(exc: BaseException) -> None:
+            part.start_inflight = False
+            self._failed(part, "start", exc)
+
+        self._on_loop(self.meta.range(b"placement."), read)
+
+    def _start_with_holds(self, part: _Partition, desc: TableDescriptor,
+                          voters: list[str] | None) -> None:
+        """Write our holds key (this incarnation), then start the group."""
+        part.start_inflight = True
+        key = holds_key(part.table, part.index, self.id)
+
+        def done(f: Future[Any]) -> None:
+            part.start_inflight = False
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "start", exc)
+                return
+            stable, pending = self._nodes(part.keys.stable), self._nodes(part.keys.pending)
+            if part.group not in self._hosted and (self.id in stable or self.id in pending):
+                self._start_partition(part, desc, voters)
+            self._kick(part.group)
+
+        if self._kv.get(key, _EMPTY).value == self.incarnation:
+            done_f: Future[Any] = Future()
+            done_f.set_result(None)
+            done(done_f)
+            return
+        self._on_loop(self.meta.put(key, self.incarnation), done)
+
+    def _start_partition(self, part: _Partition, desc: TableDescriptor,
+                         voters: list[str] | None) -> None:
         bo = self._backoff(part, "start")
         if not bo.ready("start", monotonic()):
             return
-        founders = desc.initial[part.index]
         try:
             storage = open_group_storage(
                 self.data_dir if desc.storage == PERSISTENT else None, part.group, self.durable)
-            g = self.node.add_group(
-                part.group, storage, list(founders) if self.id in founders else None)
+            g = self.node.add_group(part.group, storage, voters)
         except Exception as e:  # noqa: BLE001  # storage errors: retried, then recorded
             self._failed(part, "start", e)
             return
@@ -646,13 +988,17 @@ class PlacementManager:
         self._hosted.add(gid)
         self.metrics["partitions_started"] += 1
         log.info("node %s: hosting %s (%s)", self.id, gid,
-                 "founder" if self.id in founders else "joining")
+                 f"bootstrapping {voters}" if voters else "joining")
 
     def _stop_partition(self, part: _Partition) -> None:
         if part.change is not None:
             self._abort_change(part, StaleTerm(f"{self.id} stopped hosting {part.group}"))
         self._hosted.discard(part.group)
         self.node.remove_group(part.group)
+        hk = holds_key(part.table, part.index, self.id)  # best effort: we hold it no more
+        mine = self._kv.get(hk)
+        if mine is not None and mine.value.split(b"/")[0] == self.incarnation:
+            self.meta.invoke([Cond.value(hk).eq(mine.value)], [Op.remove(hk)])
         self.metrics["partitions_stopped"] += 1
         log.info("node %s: stopped hosting %s", self.id, part.group)
 
@@ -669,6 +1015,9 @@ class PlacementManager:
         ch = part.change
         if ch is not None and ch.term != term:
             self._abort_change(part, StaleTerm(f"term {ch.term} is over (now {term})"))
+        reduce = self._kv.get(part.sw.reduce)
+        if not pending and reduce is not None and reduce.value:
+            self._trigger_switch_reduce(part, reduce)
         if pending:
             target = frozenset(pending)
             ch = part.change
@@ -681,6 +1030,44 @@ class PlacementManager:
             part.change = None  # someone finished it (pending is empty)
         if part.change is not None:
             self._advance(part, g)
+
+    def _calc(self, part: _Partition, topo: VersionedValue | None,
+              dkv: VersionedValue | None) -> list[str]:
+        """calcPartAssignments() from a topology and a descriptor (stable without them)."""
+        if topo is None or dkv is None:
+            return self._nodes(part.keys.stable)
+        try:
+            desc = TableDescriptor.decode(dkv.value)
+        except ValueError:
+            return self._nodes(part.keys.stable)
+        return calc_assignments(desc.name, part.index, decode_nodes(topo.value), desc.replicas)
+
+    def _trigger_switch_reduce(self, part: _Partition, reduce: VersionedValue) -> None:
+        """IGNITE-16668: the leader's watch on switch.reduce (pending is empty)."""
+        stable = self._kv.get(part.keys.stable)
+        key = (reduce.mod_revision, stable.mod_revision if stable is not None else 0)
+        if part.switch_key == key:
+            return
+        bo = self._backoff(part, "switch")
+        if not bo.ready(key, monotonic()):
+            return
+        part.switch_key = key
+        calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(table_key(part.table)))
+        tree = steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable)
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                part.switch_key = None
+                self._failed(part, "switch", exc)
+                return
+            bo.succeeded()
+            if f.result().tag == steps.SWITCH_PENDING_WRITTEN:
+                self.metrics["switch_reduce_triggered"] += 1
+                log.info("node %s: %s switch.reduce %s: pending := %s - reduce", self.id,
+                         part.group, decode_nodes(reduce.value), calc)
+
+        self._on_loop(self.meta.iif(tree), done)
 
     def _check_term(self, g: Group, term: int) -> None:
         if g.raft.role != Role.LEADER or g.raft.term != term:
@@ -800,7 +1187,9 @@ class PlacementManager:
         if not bo.ready(key, monotonic()):
             return
         part.finishing = key
-        applied = encode_nodes(voters)
+
+        keys = [part.keys.stable, part.keys.pending, part.keys.planned, part.sw.reduce,
+                part.sw.append, TOPOLOGY_KEY, table_key(part.table)]
 
         def attempt(retries: int) -> None:
             def read(f: Future[Any]) -> None:
@@ -808,10 +1197,20 @@ class PlacementManager:
                 if exc is not None:
                     fail(exc)
                     return
-                tree = steps.finish_rebalance(part.keys, applied, f.result())
-                self._on_loop(self.meta.iif(tree), lambda r: result(r, retries))
+                st, pe, pl, red, app, topo, dkv = f.result()
+                done = steps.rebalance_done_switch(
+                    part.keys, part.sw, voters, st, pe, pl, red, app,
+                    self._calc(part, topo, dkv))
+                if done.tree is None:
+                    bo.succeeded()
+                    self.metrics["done_stale"] += 1
+                    return
+                log.info("node %s: %s onRebalanceDone(%s): reduce %s append %s -> pending %s",
+                         self.id, part.group, done.resolved_stable, done.reduce, done.append,
+                         done.pending)
+                self._on_loop(self.meta.iif(done.tree), lambda r: result(r, retries))
 
-            self._on_loop(self.meta.get(part.keys.planned), read)
+            self._on_loop(self.meta.get_many(keys), read)
 
         def fail(exc: BaseException) -> None:
             part.finishing = None
@@ -831,7 +1230,11 @@ class PlacementManager:
                     fail(RuntimeError("planned kept changing"))
                 return
             bo.succeeded()
-            if tag in (DONE_CLEARED, DONE_PLANNED_MOVED):
+            if tag in (steps.DONE_SWITCH_APPEND, steps.DONE_SWITCH_REDUCE):
+                self.metrics["switch_append" if tag == steps.DONE_SWITCH_APPEND
+                             else "switch_reduce"] += 1
+            if tag in (DONE_CLEARED, DONE_PLANNED_MOVED, steps.DONE_SWITCH_APPEND,
+                       steps.DONE_SWITCH_REDUCE):
                 self.metrics["rebalances_done"] += 1
                 log.info("node %s: %s rebalanced to %s", self.id, part.group, sorted(voters))
             else:
@@ -886,6 +1289,9 @@ class PlacementManager:
                 "stable": self._nodes(part.keys.stable),
                 "pending": self._nodes(part.keys.pending),
                 "planned": planned or None,
+                "switch_reduce": self._nodes(part.sw.reduce),
+                "switch_append": self._nodes(part.sw.append),
+                "rejoin": part.rejoin,
                 "hosted": g is not None,
             }
             if g is not None:

@@ -27,21 +27,42 @@
   rebalance wrote pending) would set stable back and clear the newer pending.
   ``DONE_STALE``: pending no longer names these peers; nothing was written.
 
+- IGNITE-16668 (in-memory restart, see ``rebalance.py``): ``switch_keys``,
+  ``add_to_switch_reduce`` (the restarting node's invoke), ``trigger_switch_reduce`` (the
+  leader's watch on ``switch.reduce``) and ``rebalance_done_switch`` (onRebalanceDone with
+  the switch keys, the four retry preconditions and the planned revision).
+
 - ``move_planned_to_pending``: Approach 2's "move planned peers to pending", guarded by the
   revisions of both keys as the caller read them (``MOVE_RETRY``: re-read and decide again).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
 from raftkv.placement.assignments import (
+    DONE_CLEARED,
+    DONE_PLANNED_MOVED,
+    DONE_RETRY,
     PENDING_WRITTEN,
     PLANNED_REMOVED,
     PLANNED_WRITTEN,
     SKIPPED,
     PartitionKeys,
+    decode_nodes,
+    encode_nodes,
     rebalance_done,
 )
-from raftkv.placement.meta_commands import Cond, Do, If, Op, VersionedValue, encode_revision
+from raftkv.placement.meta_commands import (
+    Cond,
+    Condition,
+    Do,
+    If,
+    Op,
+    VersionedValue,
+    encode_revision,
+)
 
 ALREADY_PLACED = 4
 DONE_STALE = 3
@@ -100,3 +121,157 @@ def move_planned_to_pending(keys: PartitionKeys, pending: VersionedValue,
         Do(MOVED, Op.put(keys.pending, planned.value), Op.remove(keys.planned)),
         Do(MOVE_RETRY),
     )
+
+
+# ====================================================== IGNITE-16668: the switch keys =====
+# Tags of trigger_switch_reduce (SKIPPED: nothing written).
+SWITCH_PENDING_WRITTEN = 5
+# Tags of rebalance_done_switch (besides DONE_RETRY / DONE_CLEARED / DONE_PLANNED_MOVED).
+DONE_SWITCH_APPEND, DONE_SWITCH_REDUCE = 6, 7
+
+
+class SwitchKeys(NamedTuple):
+    reduce: bytes
+    append: bytes
+
+
+def switch_keys(table: str, partition: int) -> SwitchKeys:
+    base = f"{table}.{partition}.assignments.switch.".encode()
+    return SwitchKeys(base + b"reduce", base + b"append")
+
+
+def _rev(v: VersionedValue | None) -> int:
+    return 0 if v is None else v.mod_revision
+
+
+def _nodes(v: VersionedValue | None) -> set[str]:
+    return set(decode_nodes(v.value if v is not None else None))
+
+
+def _put_or_remove(key: bytes, nodes: Iterable[str]) -> Op:
+    raw = encode_nodes(nodes)
+    return Op.put(key, raw) if raw else Op.remove(key)
+
+
+def add_to_switch_reduce(sw: SwitchKeys, node: str, read: VersionedValue | None) -> If:
+    """The restarting node's step, one iteration of the seed's retry loop::
+
+        if read is empty:  if empty(switch.reduce): switch.reduce = read ∪ {node}
+        else:              if revision(switch.reduce) == read.revision: ... the same
+
+    Tag 1: written; 0: the key moved since ``read`` (read again and retry)."""
+    calc = encode_nodes(_nodes(read) | {node})
+    cond: Condition
+    if read is None or not read.value:
+        cond = Cond.empty(sw.reduce)
+    else:
+        cond = Cond.revision(sw.reduce).eq(read.mod_revision)
+    return If(cond, Do(1, Op.put(sw.reduce, calc)), Do(0))
+
+
+def trigger_switch_reduce(keys: PartitionKeys, sw: SwitchKeys, reduce: VersionedValue,
+                          calc_part_assignments: Iterable[str],
+                          stable: VersionedValue | None) -> If:
+    """The leader's watch on ``switch.reduce`` (event.revision = the key's revision)::
+
+        calculated = calcPartAssignments() - switch.reduce
+        if (empty(trigger) || trigger < event.revision
+            || revision(switch.reduce) == event.revision && revision(stable) == seen):
+            if empty(pending): pending = calculated; trigger = event.revision
+
+    The third alternative of the outer condition is ours: the trigger key is shared with
+    seed 004's step (1), which may move it past the reduce event without handling it (an
+    ALREADY_PLACED topology event right after the reduce); the reduce would then never
+    be acted on. "reduce and stable unchanged since read" still runs the reduce once: the
+    invoke makes pending non-empty, and the rebalance it starts rewrites stable. The
+    trigger is written only if it would not go backwards."""
+    rev = encode_revision(reduce.mod_revision)
+    calculated = encode_nodes(set(calc_part_assignments) - _nodes(reduce))
+    fresh = Cond.empty(keys.trigger) | Cond.value(keys.trigger).lt(rev)
+    again = (Cond.revision(sw.reduce).eq(reduce.mod_revision)
+             & Cond.revision(keys.stable).eq(_rev(stable)))
+    return If(
+        Cond.empty(keys.pending),
+        If(fresh,
+           Do(SWITCH_PENDING_WRITTEN, Op.put(keys.pending, calculated),
+              Op.put(keys.trigger, rev)),
+           If(again, Do(SWITCH_PENDING_WRITTEN, Op.put(keys.pending, calculated)),
+              Do(SKIPPED))),
+        Do(SKIPPED),
+    )
+
+
+class SwitchDone(NamedTuple):
+    tree: If | Do | None  # None: pending no longer names these peers (DONE_STALE)
+    resolved_stable: list[str]
+    reduce: list[str]
+    append: list[str]
+    pending: list[str]  # what pending becomes ([] in the common branch without planned)
+
+
+def rebalance_done_switch(
+    keys: PartitionKeys, sw: SwitchKeys, new_peers: Iterable[str],
+    stable: VersionedValue | None, pending: VersionedValue | None,
+    planned: VersionedValue | None, reduce: VersionedValue | None,
+    append: VersionedValue | None, calc_part_assignments: Iterable[str],
+) -> SwitchDone:
+    """IGNITE-16668 onRebalanceDone, one iteration of its retry loop (the caller reads the
+    five keys, runs the tree, and on ``DONE_RETRY`` reads again)::
+
+        reduced   = switch.reduce - resolvedStable
+        added     = resolvedStable - stable
+        reduce'   = switch.reduce - reduced
+        append'   = ((switch.append ∪ reduced) - added) ∩ calc      (- resolvedStable, ours)
+        pendingReduction = resolvedStable - switch.reduce
+        pendingAddition  = (resolvedStable ∪ reduced) ∩ calc
+        <pre> = revisions of stable, pending, switch.reduce, switch.append (and planned)
+        if append' != {}:   if <pre>: stable, pending = resolvedStable, pendingAddition;
+                                      switch.reduce = reduce'; switch.append = append'
+        elif reduce' != {}: if <pre>: stable, pending = resolvedStable, pendingReduction; ...
+        else:               if <pre>: common done (pending = planned or empty) + append'
+
+    Ours, where the seed is silent: the planned revision joins the preconditions (the
+    common branch copies planned, a value the invoke cannot read); nothing is written
+    unless pending still names ``new_peers`` (a late duplicate is DONE_STALE, as in
+    ``finish_rebalance``); ``append'`` also drops nodes already in resolvedStable (else
+    a no-op "addition" would repeat forever); and a reduction that would empty pending
+    falls to the common branch (a group needs a voter)."""
+    resolved = set(new_peers)
+    calc = set(calc_part_assignments)
+    if _nodes(pending) != resolved:
+        return SwitchDone(None, sorted(resolved), [], [], [])
+    red, app, st = _nodes(reduce), _nodes(append), _nodes(stable)
+    reduced = red - resolved
+    added = resolved - st
+    calc_reduce = red - reduced
+    calc_append = ((app | reduced) - added - resolved) & calc
+    pending_reduction = resolved - red
+    pending_addition = (resolved | reduced) & calc
+    pre = (Cond.revision(keys.stable).eq(_rev(stable))
+           & Cond.revision(keys.pending).eq(_rev(pending))
+           & Cond.revision(sw.reduce).eq(_rev(reduce))
+           & Cond.revision(sw.append).eq(_rev(append))
+           & Cond.revision(keys.planned).eq(_rev(planned)))
+    new_stable = encode_nodes(resolved)
+    switch_ops = (_put_or_remove(sw.reduce, calc_reduce), _put_or_remove(sw.append, calc_append))
+    if calc_append:
+        tag, new_pending = DONE_SWITCH_APPEND, pending_addition
+    elif calc_reduce and pending_reduction:
+        tag, new_pending = DONE_SWITCH_REDUCE, pending_reduction
+    else:
+        has_planned = planned is not None and bool(planned.value)
+        tag = DONE_PLANNED_MOVED if has_planned else DONE_CLEARED
+        ops = [Op.put(keys.stable, new_stable)]
+        if has_planned:
+            assert planned is not None
+            ops += [Op.put(keys.pending, planned.value), Op.remove(keys.planned)]
+        else:
+            ops.append(Op.put(keys.pending, b""))
+        tree = If(pre, Do(tag, *ops, *switch_ops), Do(DONE_RETRY))
+        return SwitchDone(tree, sorted(resolved), sorted(calc_reduce), sorted(calc_append),
+                          sorted(_nodes(planned)))
+    tree = If(pre, Do(tag, Op.put(keys.stable, new_stable),
+                      Op.put(keys.pending, encode_nodes(new_pending)), *switch_ops),
+              Do(DONE_RETRY))
+    return SwitchDone(tree, sorted(resolved), sorted(calc_reduce), sorted(calc_append),
+                      sorted(new_pending))

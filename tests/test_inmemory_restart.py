@@ -1,0 +1,295 @@
+"""IGNITE-16668: the safe restart of in-memory partitions (and of a persistent partition
+whose storage was wiped), on in-process nodes over real TCP.
+
+A restarted in-memory replica has lost its Raft log *and its vote*; it must not rejoin its
+group as the voter it was. ``PlacementManager`` records it in
+``<table>.<p>.assignments.switch.reduce`` instead of starting the group; the partition's
+leader removes it (a rebalance to ``calc - switch.reduce``), and onRebalanceDone moves it to
+``switch.append`` and re-adds it as a fresh learner. The node starts its group (empty, never
+bootstrapped as a voter) only once stable no longer names it, i.e. after a configuration
+without it applied.
+
+The cluster helpers come from tests/test_rebalance.py (metastore on n1..n3, n4 a learner).
+Tables here have one partition, so every key lives in group ``t.<table>.0``."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_rebalance import ALL, META, Cluster, wait_for
+
+from raftkv.core import Role
+from raftkv.node.driver import Node
+from raftkv.placement.assignments import decode_nodes
+from raftkv.placement.catalog import partition_group
+from raftkv.placement.rebalance import PlacementManager
+from raftkv.placement.rebalance_steps import switch_keys
+from storage.commands import encode_put as kv_put
+from storage.layout import group_paths
+
+T = "mem"
+GID = partition_group(T, 0)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        for nid in META:
+            c.start(nid)
+        yield c
+    finally:
+        c.stop()
+
+
+def _create(c: Cluster, storage: str) -> None:
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(META)
+    mgr.create_table(T, 1, 3, storage)
+    wait_for(lambda: all(c.info(n, GID) is not None for n in META), 10, "the group on n1..n3")
+    c.leader(GID)
+
+
+def _put(c: Cluster, data: dict[bytes, bytes]) -> None:
+    for k, v in data.items():
+        def write(k: bytes = k, v: bytes = v) -> bool:
+            c.nodes[c.leader(GID)].propose(GID, kv_put(k, v)).result(5)
+            return True
+
+        wait_for(write, 10, f"a write of {k!r}")
+
+
+def _local(c: Cluster, nid: str, key: bytes) -> Any:
+    return c.nodes[nid].read(GID, lambda s: s.get(key), False).result(5)
+
+
+def _switch(c: Cluster) -> tuple[list[str], list[str]]:
+    m = c.metas[c.live[0]]
+    red, app = m.get_many(list(switch_keys(T, 0))).result(5)
+    return decode_nodes(red.value if red else None), decode_nodes(app.value if app else None)
+
+
+def _settled(c: Cluster, nodes: list[str]) -> bool | str:
+    """stable == nodes, nothing pending/planned/switched, the leader's voters == nodes with
+    no learner, every node hosts the group and all replicas are equal."""
+    st, pe, pl = c.assignments(T, 0)
+    sw = _switch(c)
+    if (st, pe, pl, sw) != (nodes, [], [], ([], [])):
+        return f"metastore {(st, pe, pl, sw)}"
+    infos = {n: c.info(n, GID) for n in nodes}
+    if any(i is None for i in infos.values()):
+        return f"hosts {[n for n, i in infos.items() if i is not None]}"
+    leaders = [i for i in infos.values() if i is not None and i["role"] == Role.LEADER]
+    if len(leaders) != 1 or leaders[0]["voters"] != nodes or leaders[0]["learners"]:
+        return f"leaders {leaders}"
+    figures = {(i["applied"], i["digest"]) for i in infos.values() if i is not None}
+    return True if len(figures) == 1 else f"replicas differ {figures}"
+
+
+def _wait_settled(c: Cluster, nodes: list[str], timeout: float = 20.0) -> None:
+    try:
+        wait_for(lambda: _settled(c, nodes) is True, timeout, f"settled on {nodes}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {_settled(c, nodes)}; "
+                             f"{[m.status() for m in c.mgrs.values()]}") from None
+
+
+class VoterLog:
+    """Polls the leader's voters (10 ms) and records each distinct set, in order."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.seen: list[list[str]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for nid, node in list(self.c.nodes.items()):
+                g = node.groups.get(GID)
+                if g is not None and g.raft.role == Role.LEADER:
+                    voters = sorted(g.raft.conf.voters)
+                    if not self.seen or self.seen[-1] != voters:
+                        self.seen.append(voters)
+            time.sleep(0.01)
+
+    def stop(self) -> list[list[str]]:
+        self._stop.set()
+        self._t.join()
+        return self.seen
+
+
+def _record_starts(monkeypatch: pytest.MonkeyPatch, c: Cluster, victim: str,
+                   ) -> list[dict[str, Any]]:
+    """Every start of GID on ``victim``: the ``voters`` it was started with and, at that
+    moment, the voters of the group's leader elsewhere (read from its core)."""
+    starts: list[dict[str, Any]] = []
+    orig = Node.add_group
+
+    def add_group(self: Node, group_id: str, storage: Any, voters: list[str] | None) -> Any:
+        if self.id == victim and group_id == GID:
+            leaders = {}
+            for nid, node in list(c.nodes.items()):
+                g = node.groups.get(GID) if node is not self else None
+                if g is not None and g.raft.role == Role.LEADER:
+                    leaders[nid] = (sorted(g.raft.conf.voters), sorted(g.raft.conf.learners))
+            g = orig(self, group_id, storage, voters)
+            starts.append({"voters": voters, "leaders": leaders, "vote": g.raft.vote,
+                           "own_voters": sorted(g.raft.conf.voters)})
+            return g
+        return orig(self, group_id, storage, voters)
+
+    monkeypatch.setattr(Node, "add_group", add_group)
+    return starts
+
+
+def _metric(c: Cluster, name: str) -> int:
+    return sum(m.status()["metrics"].get(name, 0) for m in c.mgrs.values())
+
+
+def _check_rejoin(starts: list[dict[str, Any]], victim: str) -> None:
+    assert len(starts) == 1, starts
+    s = starts[0]
+    assert s["voters"] is None  # joined empty: never bootstrapped as a voter
+    assert s["vote"] is None and s["own_voters"] == []  # no vote, no configuration
+    assert s["leaders"], "some leader existed when the restarted node started its group"
+    for voters, _learners in s["leaders"].values():
+        assert victim not in voters  # removed from the configuration before starting
+
+
+def test_seed_example_restart_during_the_non_cancelable_phase(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """stable=[A,B,C], pending=[A,B,C,D] with D already a voter (done not yet run); C (an
+    in-memory replica) restarts. End: stable=[A,B,C,D], C removed then re-added fresh."""
+    c = cluster
+    A, B, C, D = "n1", "n2", "n3", "n4"
+    _create(c, "memory")
+    data = {f"k{i}".encode(): f"v{i}".encode() for i in range(10)}
+    _put(c, data)
+    c.start(D)
+    c.transfer(GID, A)
+    # Hold onRebalanceDone so [A,B,C] -> [A,B,C,D] stays in its non-cancelable phase.
+    hold = {"done": True}
+    orig_done = PlacementManager._on_new_peers_configuration_applied
+
+    def held_done(self: PlacementManager, *a: Any, **k: Any) -> None:
+        if not hold["done"]:
+            orig_done(self, *a, **k)
+
+    monkeypatch.setattr(PlacementManager, "_on_new_peers_configuration_applied", held_done)
+    mgr = c.mgrs[A]
+    mgr.set_replicas(T, 4)  # topology still [A,B,C]: nothing to do
+    mgr.set_nodes(ALL)  # pending := [A,B,C,D]
+
+    def d_is_voter() -> bool:
+        i = c.info(c.leader(GID), GID)
+        return i is not None and i["voters"] == ALL and not i["learners"]
+
+    wait_for(d_is_voter, 10, "D promoted")
+    assert c.assignments(T, 0)[:2] == ([A, B, C], ALL)
+
+    voters = VoterLog(c)
+    starts = _record_starts(monkeypatch, c, C)
+    c.kill(C)
+    c.start(C)  # in memory: its log, state and vote are gone
+    wait_for(lambda: _switch(c)[0] == [C], 10, "C in switch.reduce")
+    time.sleep(0.3)
+    assert c.info(C, GID) is None and not starts  # C did not start its Raft node
+    assert c.assignments(T, 0)[:2] == ([A, B, C], ALL)
+
+    hold["done"] = False
+    lead = c.leader(GID)
+    c.nodes[lead].call(lambda: c.mgrs[lead]._kick(GID)).result(5)
+    _wait_settled(c, ALL)
+    seen = voters.stop()
+    # The leader's configuration went [A,B,C,D] -> [A,B,D] -> [A,B,C,D].
+    i = seen.index(ALL)
+    assert [A, B, D] in seen[i:], seen
+    assert seen[-1] == ALL
+    _check_rejoin(starts, C)
+    for k, v in data.items():
+        assert _local(c, C, k) == v  # C got everything back from the leader
+    assert _metric(c, "switch_reduce") >= 1 and _metric(c, "switch_append") >= 1
+    assert c.mgrs[C].status()["metrics"].get("partitions_rejoined") == 1
+
+
+def test_one_in_memory_replica_restarts_with_a_majority_alive(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = cluster
+    _create(c, "memory")
+    data = {f"k{i}".encode(): f"v{i}".encode() for i in range(10)}
+    _put(c, data)
+    c.transfer(GID, "n1")
+    voters = VoterLog(c)
+    starts = _record_starts(monkeypatch, c, "n3")
+    c.kill("n3")
+    for n in ("n1", "n2"):  # the survivors keep everything
+        for k, v in data.items():
+            assert _local(c, n, k) == v
+    c.start("n3")
+    _wait_settled(c, META)
+    seen = voters.stop()
+    assert ["n1", "n2"] in seen and seen[-1] == META, seen
+    _check_rejoin(starts, "n3")
+    for n in META:
+        for k, v in data.items():
+            assert _local(c, n, k) == v
+    st = c.mgrs["n3"].status()
+    assert st["metrics"].get("switch_reduce_added") == 1 and not st["errors"]
+
+
+def test_full_partition_restart_of_an_in_memory_table_starts_empty(cluster: Cluster) -> None:
+    c = cluster
+    _create(c, "memory")
+    _put(c, {b"k": b"v"})
+    for n in META:
+        c.kill(n)
+    for n in META:
+        c.start(n)
+    _wait_settled(c, META)
+    assert _local(c, c.leader(GID), b"k") is None  # the data went with the processes
+    _put(c, {b"k2": b"v2"})
+    # Each node bootstraps fresh, or (once a majority did) comes back through the switch.
+    full = _metric(c, "full_restarts")
+    assert full >= 2 and full + _metric(c, "partitions_rejoined") == 3
+    assert _switch(c) == ([], [])
+
+
+def test_a_persistent_partition_with_wiped_storage_takes_the_switch_path(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = cluster
+    _create(c, "persistent")
+    data = {f"k{i}".encode(): f"v{i}".encode() for i in range(10)}
+    _put(c, data)
+    c.transfer(GID, "n1")
+    starts = _record_starts(monkeypatch, c, "n3")
+    c.kill("n3")
+    shutil.rmtree(Path(group_paths(str(c.root / "n3"), GID)[0]).parent)  # cleaned-up PDS
+    c.start("n3")
+    _wait_settled(c, META)
+    _check_rejoin(starts, "n3")
+    for k, v in data.items():
+        assert _local(c, "n3", k) == v
+    m = c.mgrs["n3"].status()["metrics"]
+    assert m.get("restarts_detected") == 1 and m.get("switch_reduce_added") == 1
+
+
+def test_a_persistent_partition_with_its_storage_restarts_normally(cluster: Cluster) -> None:
+    c = cluster
+    _create(c, "persistent")
+    _put(c, {b"k": b"v"})
+    c.kill("n3")
+    c.start("n3")
+    _wait_settled(c, META)
+    assert _local(c, "n3", b"k") == b"v"
+    assert c.mgrs["n3"].status()["metrics"].get("restarts_detected", 0) == 0
