@@ -117,7 +117,43 @@ class _ReadIterator(Iterator[T]):
         self.close()
 
 
-class LmdbStateStore(Checkpointing):
+class LmdbBacked(Checkpointing):
+    """What every store kept in one LMDB environment shares: errors that name the store,
+    checkpoint = ``env.sync``, and an idempotent ``close``. ``_what`` names the store."""
+
+    _env: lmdb.Environment
+    _closed: bool
+    path: str
+    _what = "LMDB state store"
+
+    def _live(self) -> None:
+        if self._closed:
+            raise StorageError(f"{self._what} at {self.path} is closed")
+
+    def _fail(self, what: str, e: lmdb.Error) -> StorageError:
+        hint = " (raise map_size)" if isinstance(e, lmdb.MapFullError) else ""
+        return StorageError(f"{what} in the {self._what} at {self.path}: {e}{hint}")
+
+    def _make_durable(self, applied: int) -> bool:
+        try:
+            self._env.sync(True)
+        except lmdb.Error as e:
+            raise self._fail("checkpoint (sync) failed", e) from e
+        return True
+
+    def close(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self._env.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LmdbStateStore(LmdbBacked):
     """The durable ``StateStore`` (contract: storage.state_store; theory: this module).
 
     ``path`` is the env directory, created if missing. ``map_size`` is address space, not
@@ -202,14 +238,6 @@ class LmdbStateStore(Checkpointing):
                 )
             return data, meta, int.from_bytes(raw, "big")
 
-    def _live(self) -> None:
-        if self._closed:
-            raise StorageError(f"LMDB state store at {self.path} is closed")
-
-    def _fail(self, what: str, e: lmdb.Error) -> StorageError:
-        hint = " (raise map_size)" if isinstance(e, lmdb.MapFullError) else ""
-        return StorageError(f"{what} in LMDB state store at {self.path}: {e}{hint}")
-
     # -- writes --------------------------------------------------------------------------------
     def apply(self, entries: Sequence[tuple[int, bytes]]) -> list[object]:
         self._live()
@@ -226,13 +254,6 @@ class LmdbStateStore(Checkpointing):
             raise self._fail(f"apply of [{entries[0][0]}, {last}] failed", e) from e
         self._applied = last
         return results
-
-    def _make_durable(self, applied: int) -> bool:
-        try:
-            self._env.sync(True)
-        except lmdb.Error as e:
-            raise self._fail("checkpoint (sync) failed", e) from e
-        return True
 
     # -- reads ---------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
@@ -331,14 +352,3 @@ class LmdbStateStore(Checkpointing):
         self._policy.reset()
         self.checkpoints += 1
         return loader.applied
-
-    def close(self) -> None:
-        if not getattr(self, "_closed", True):
-            self._closed = True
-            self._env.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

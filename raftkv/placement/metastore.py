@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import NamedTuple, Self, TypeVar
+from typing import NamedTuple, TypeVar
 
 import lmdb
 
@@ -100,12 +100,11 @@ from storage.commands import CommandError
 from storage.digest import Digest, DigestBuilder
 from storage.errors import Compacted, StorageError
 from storage.lmdb_files import check_lmdb_file
-from storage.lmdb_state import DEFAULT_MAP_SIZE, _ReadIterator
+from storage.lmdb_state import DEFAULT_MAP_SIZE, LmdbBacked, _ReadIterator
 from storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
-    Checkpointing,
     CheckpointPolicy,
     SnapshotLoader,
     check_apply,
@@ -239,13 +238,15 @@ class _Writer:
         return True, rev
 
 
-class MetaStore(Checkpointing):
+class MetaStore(LmdbBacked):
     """The metastore ``StateStore`` (contract: storage.state_store; theory: this module).
 
     ``path`` is the LMDB env directory, created if missing. ``history`` is how many
     revisions of events to keep (>= 1; the same on every replica). ``map_size``,
     ``checkpoint_entries`` and ``checkpoint_seconds`` are as for ``LmdbStateStore``.
     """
+
+    _what = "metastore"
 
     def __init__(
         self,
@@ -329,14 +330,6 @@ class MetaStore(Checkpointing):
                 counters.append(_int(raw))
             return counters[0], counters[1], counters[2]
 
-    def _live(self) -> None:
-        if self._closed:
-            raise StorageError(f"metastore at {self.path} is closed")
-
-    def _fail(self, what: str, e: lmdb.Error) -> StorageError:
-        hint = " (raise map_size)" if isinstance(e, lmdb.MapFullError) else ""
-        return StorageError(f"{what} in the metastore at {self.path}: {e}{hint}")
-
     # -- writes --------------------------------------------------------------------------------
     def apply(self, entries: Sequence[tuple[int, bytes]]) -> list[object]:
         """Apply a batch in one transaction. Results: None for an empty entry, a
@@ -385,13 +378,6 @@ class MetaStore(Checkpointing):
                     break
                 cursor.delete()  # moves to the next event
         return bound
-
-    def _make_durable(self, applied: int) -> bool:
-        try:
-            self._env.sync(True)
-        except lmdb.Error as e:
-            raise self._fail("checkpoint (sync) failed", e) from e
-        return True
 
     # -- metastore reads -----------------------------------------------------------------------
     def revision(self) -> int:
@@ -576,14 +562,3 @@ class MetaStore(Checkpointing):
         self._policy.reset()
         self.checkpoints += 1
         return loader.applied
-
-    def close(self) -> None:
-        if not getattr(self, "_closed", True):
-            self._closed = True
-            self._env.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
