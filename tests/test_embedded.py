@@ -7,6 +7,7 @@ restart from the data directory, and a PySyncObj-style ``ReplicatedObject``.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,6 +87,12 @@ def test_a_restarted_node_recovers_from_its_data_dir(tmp_path: Path) -> None:
         for i in range(100):
             kvs["n2"].put(f"k{i}", str(i))
         kvs["n3"].close()
+        # If n3 led, a write forwarded to it as it stopped has an unknown outcome: wait
+        # for a leader among the others first.
+        deadline = time.monotonic() + 10
+        while kvs["n1"].leader() in (None, "n3"):
+            assert time.monotonic() < deadline, "no new leader"
+            time.sleep(0.02)
         kvs["n1"].put("late", "yes")
         kvs["n3"] = RaftKV("n3", ps["n3"], ps, SECRET, data_dir=str(tmp_path / "n3"))
         assert kvs["n3"].get("late") == b"yes"
@@ -153,6 +160,10 @@ def test_a_replicated_object_behaves_like_pysyncobj(tmp_path: Path) -> None:
             nodes[n].node.read("default", lambda s: None).result(timeout=5)
         assert {o.value for o in objs.values()} == {10}
         nodes["n3"].close()
+        deadline = time.monotonic() + 10  # see test_a_restarted_node_recovers_from_its_data_dir
+        while nodes["n1"].leader() in (None, "n3"):
+            assert time.monotonic() < deadline, "no new leader"
+            time.sleep(0.02)
         objs["n3"] = Counter()
         nodes["n3"] = raftkv.ReplicatedNode(objs["n3"], "n3", ps["n3"], ps, SECRET,
                                             data_dir=str(tmp_path / "n3"))
