@@ -7,6 +7,7 @@ with ``--join`` and is added to the placement topology with ``POST /v1/cluster/n
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,8 +99,17 @@ def test_tables_route_describe_errors_and_a_fourth_node(cluster: ProcCluster) ->
         admin.set_replicas(TABLE, 4)
     assert e.value.status == 400
     with pytest.raises(ClientError) as e:
-        admin.drop_table(TABLE)
-    assert e.value.status == 501
+        admin.drop_table("nope")
+    assert e.value.status == 404 and "unknown table" in e.value.body["error"]
+    with pytest.raises(ClientError) as e:
+        admin.drop_table("bad.name")
+    assert e.value.status == 400
+    with pytest.raises(ClientError) as e:
+        admin.put("k" * 600, "v", table=TABLE)  # over the key size limit
+    assert e.value.status == 400
+    with pytest.raises(ClientError) as e:
+        admin.get("", table=TABLE)  # an empty key
+    assert e.value.status == 400
 
     all4 = [*ids, "n4"]
     moving = [p for p in range(PARTS) if calc_assignments(TABLE, p, all4, 3) != ids]
@@ -117,3 +127,96 @@ def test_tables_route_describe_errors_and_a_fourth_node(cluster: ProcCluster) ->
     assert clients["n1"].get("after", table=TABLE) == b"growth"
     for c in [*clients.values(), admin, n4]:
         c.close()
+
+
+def test_drop_a_table_under_load_on_it_and_on_another(cluster: ProcCluster) -> None:
+    """DELETE /v1/tables/{t} while clients write to it and to another table: the other
+    table keeps every acknowledged write (replicas equal per partition); the dropped
+    table's writes fail with 404 (in flight: "was dropped", later: "unknown table"); the
+    re-created table starts empty."""
+    other = "orders"
+    ids = ["n1", "n2", "n3"]
+    admin = cluster.client()
+    admin.create_table(TABLE, PARTS, 3)
+    admin.create_table(other, PARTS, 3)
+    for t in (TABLE, other):
+        _wait(lambda t=t: _converged(admin.describe_table(t), ids, 3), 30, f"{t} leaders")
+    acked: dict[str, dict[str, str]] = {TABLE: {}, other: {}}
+    failures: dict[str, list[ClientError]] = {TABLE: [], other: []}
+    stop = threading.Event()
+
+    def writer(table: str, w: int) -> None:
+        c = cluster.client([ids[w % 3]])
+        i = 0
+        try:
+            while not stop.is_set():
+                k, v = f"w{w}-{i:04d}", f"v{i}"
+                try:
+                    c.put(k, v, table=table)
+                    acked[table][k] = v
+                except ClientError as e:
+                    failures[table].append(e)
+                    if table == TABLE:
+                        time.sleep(0.02)
+                i += 1
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=writer, args=(t, w)) for t in (TABLE, other)
+               for w in range(3)]
+    for th in threads:
+        th.start()
+    _wait(lambda: len(acked[TABLE]) > 60 and len(acked[other]) > 60, 30, "writes")
+    before = dict(acked[TABLE])
+    started = time.monotonic()
+    assert admin.drop_table(TABLE)["dropped"] == TABLE
+    drop_call = time.monotonic() - started
+    _wait(lambda: len(failures[TABLE]) >= 20, 20, "writes to the dropped table failing")
+    n_other = len(acked[other])
+    _wait(lambda: len(acked[other]) > n_other + 30, 20, "the other table to keep going")
+    stop.set()
+    for th in threads:
+        th.join(30)
+    assert not failures[other], [str(e) for e in failures[other][:3]]
+    assert {e.status for e in failures[TABLE]} == {404}, {
+        (e.status, e.body.get("error")) for e in failures[TABLE]}
+    assert all("dropped" in e.body["error"] or "unknown table" in e.body["error"]
+               for e in failures[TABLE])
+    readers = [cluster.client([n]) for n in ids]
+    for i, (k, v) in enumerate(acked[other].items()):
+        assert readers[i % 3].get(k, table=other) == v.encode(), k
+    for r in readers:
+        r.close()
+
+    def same_replicas() -> Any:
+        d = admin.describe_table(other)
+        if not _converged(d, ids, 3):
+            return d
+        return True
+
+    _wait(same_replicas, 20, "the other table converged")
+    with pytest.raises(ClientError) as e:
+        admin.put("x", "y", table=TABLE)
+    assert e.value.status == 404
+    with pytest.raises(ClientError) as e:
+        admin.drop_table(TABLE)
+    assert e.value.status == 404
+
+    # Every node forgets the dropped table (and its files) before it is re-created.
+    def forgotten() -> bool:
+        for n in ids:
+            groups = Path(cluster.nodes[n].data_dir) / "groups"
+            if any(p.name.startswith(f"t.{TABLE}.") for p in groups.iterdir()):
+                return False
+        return True
+
+    _wait(forgotten, 20, "the dropped table's files deleted everywhere")
+    admin.create_table(TABLE, PARTS, 3)
+    _wait(lambda: _converged(admin.describe_table(TABLE), ids, 3), 30, "re-created leaders")
+    for k in list(before)[:50]:
+        assert admin.get(k, table=TABLE) is None
+    admin.put("fresh", "1", table=TABLE)
+    assert admin.get("fresh", table=TABLE) == b"1"
+    print(f"drop call {drop_call:.3f}s, {len(acked[other])} writes to {other} kept, "
+          f"{len(failures[TABLE])} refused on {TABLE}")
+    admin.close()

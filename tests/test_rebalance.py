@@ -551,3 +551,93 @@ def test_reconfiguration_errors_back_off_are_recorded_when_exhausted_and_a_new_l
     other = next(n for n in calc_assignments(TABLE, p, ALL, 3) if n != lead and n != "n4")
     cluster.transfer(gid, other)  # a new term: a fresh budget
     cluster.wait_converged(TABLE, ALL, 3)
+
+
+# ============================================================ dropping a table =============
+def test_dropping_a_table_under_load_spares_the_other_table_and_recreation_starts_empty(
+    cluster: Cluster,
+) -> None:
+    """drop_table while writers hammer the dropped table and another one: the other table
+    loses no acknowledged write and its replicas stay equal; the dropped table's writes
+    fail (NodeStopped / UnknownGroup) and its groups and files are gone on every node; a
+    table re-created under the name starts empty; dropping an unknown table fails."""
+    import threading
+
+    from raftkv.placement.rebalance import UnknownTable
+
+    other = "orders"
+    mgr = _table(cluster, META)
+    mgr.create_table(other, PARTS, 3)
+    cluster.wait_converged(TABLE, META, 3)
+    cluster.wait_converged(other, META, 3)
+    acked: dict[str, dict[bytes, bytes]] = {TABLE: {}, other: {}}
+    errors: dict[str, list[BaseException]] = {TABLE: [], other: []}
+    dropped = threading.Event()
+    stop = threading.Event()
+
+    def writer(table: str, w: int) -> None:
+        i = 0
+        while not stop.is_set():
+            key, value = f"w{w}-{i:04d}".encode(), f"v{i}".encode()
+            gid = partition_group(table, partition_of(key, PARTS))
+            for nid in cluster.live:  # a follower forwards to the leader
+                try:
+                    cluster.nodes[nid].propose(gid, kv_put(key, value)).result(5)
+                except Exception as e:  # noqa: BLE001
+                    if dropped.is_set():
+                        errors[table].append(e)
+                    continue
+                acked[table][key] = value
+                break
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(t, w)) for t in (TABLE, other)
+               for w in range(2)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(acked[TABLE]) > 40 and len(acked[other]) > 40, 20, "some writes")
+    before = dict(acked[TABLE])
+    started = time.monotonic()
+    dropped.set()
+    cluster.mgrs["n2"].drop_table(TABLE)
+
+    def gone() -> bool:
+        for nid in META:
+            for p in range(PARTS):
+                gid = partition_group(TABLE, p)
+                if cluster.info(nid, gid) is not None or (cluster.root / nid / "groups" / gid
+                                                          ).exists():
+                    return False
+        return all(m.table(TABLE) is None for m in cluster.mgrs.values())
+
+    wait_for(gone, 10, "every node to stop the dropped table's groups and delete them")
+    drop_seconds = time.monotonic() - started
+    wait_for(lambda: len(errors[TABLE]) >= 10, 10, "writes to the dropped table failing")
+    n_other = len(acked[other])
+    wait_for(lambda: len(acked[other]) > n_other + 20, 10, "the other table to keep going")
+    stop.set()
+    for t in threads:
+        t.join(20)
+    # Here, or forwarded to a leader that stopped the group (RemoteError of that kind).
+    kinds = {getattr(e, "kind", type(e).__name__) for e in errors[TABLE]}
+    assert kinds <= {"NodeStopped", "UnknownGroup"}, kinds
+    assert not errors[other], errors[other][:3]
+    for k, v in acked[other].items():
+        assert cluster.get(other, k) == v
+    cluster.wait_converged(other, META, 3)  # digests equal on every replica
+    assert drop_seconds < 5, drop_seconds
+    for m in cluster.mgrs.values():
+        assert m.status()["metrics"]["partitions_dropped"] == PARTS
+        assert TABLE not in m.status()["tables"]
+    with pytest.raises(UnknownTable):
+        mgr.drop_table(TABLE)
+    assert all(cluster.assignments(TABLE, p) == ([], [], []) for p in range(PARTS))
+
+    cluster.mgrs["n3"].create_table(TABLE, PARTS, 3)
+    cluster.wait_converged(TABLE, META, 3)
+    for k in before:
+        assert cluster.get(TABLE, k) is None
+    cluster.put(TABLE, b"fresh", b"1")
+    assert cluster.get(TABLE, b"fresh") == b"1"
+    cluster.wait_converged(TABLE, META, 3)
+    _no_errors(cluster)

@@ -145,7 +145,22 @@ Choices where the seed is ambiguous or does not fit raftkv
 - Table creation writes the initial ``stable`` assignments (and the descriptor) in one
   invoke guarded by the topology's revision; it does not go through pending. The initial
   assignments stay in the descriptor: they are the founding configuration of the group.
-- ``partitions`` changes are out of scope, as in the seed. Dropping tables is not handled.
+- ``partitions`` changes are out of scope, as in the seed.
+- Dropping a table (``drop_table``; not in the seed): one invoke guarded by the
+  descriptor's revision removes the descriptor, every partition's assignment and switch
+  keys and the table's holds keys. Each node reacts to the descriptor's removal in its
+  watch (or, after a compaction, to its absence in the full read): it aborts the
+  partitions' changes, stops their groups (``Node.remove_group``: pending requests fail
+  with ``NodeStopped``), deletes their directories and forgets them. Invokes that write a
+  partition's keys (step (1), switch.reduce, the leader's reduce trigger, holds keys) are
+  guarded by the descriptor's existence, so a node that has not seen the drop yet cannot
+  write the keys back; ``create_table`` also removes any such leftovers. A persistent
+  partition's directory carries ``table.gen`` (the descriptor's create revision): a node
+  that was down while the table was dropped and re-created deletes the old files before
+  its storage self-check, and a full read deletes ``t.*`` directories of tables that no
+  longer exist. Not covered: a node that lags the drop *and* still runs the old group
+  while the table is re-created can reach the new group of the same id with old-term
+  messages; re-create only once every node has seen the drop (``status()``).
 - "STAGE_CATCHING_UP" (JRaft's joint consensus) becomes: some pending member is not yet a
   voter. With one-by-one promotions a cancelled change may already have promoted some of
   its new members; those are voters outside the new target and are removed in its
@@ -177,6 +192,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from collections import Counter
@@ -228,6 +244,8 @@ from raftkv.placement.catalog import (
 from raftkv.placement.meta_commands import (
     BranchResult,
     Cond,
+    Do,
+    If,
     InvokeResult,
     Op,
     VersionedValue,
@@ -244,6 +262,8 @@ log = logging.getLogger(__name__)
 _PLACEMENT_PREFIX = b"placement."
 _NO_SWITCH = steps.SwitchKeys(b"", b"")
 _ADMIN_ATTEMPTS = 5
+_DROPPED = 0xD0D  # the tag of an invoke that found its table gone (``_if_table``)
+_GEN_FILE = "table.gen"  # in groups/<gid>/: the descriptor's create revision (generation)
 
 
 class StaleTerm(RaftError):
@@ -261,6 +281,10 @@ class TableExists(ValueError):
 
 class UnknownTable(KeyError):
     pass
+
+
+class TableDropped(RaftError):
+    """The table was dropped while this operation on one of its partitions was under way."""
 
 
 class Route(NamedTuple):
@@ -306,6 +330,7 @@ class _Partition:
     reduce_added: bool = False  # we are in switch.reduce (our cache may not show it yet)
     wait_scheduled: bool = False
     switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
+    gen: int = 0  # the descriptor's create revision: which incarnation of the table
 
 
 class PlacementManager:
@@ -390,10 +415,14 @@ class PlacementManager:
             topo = self.meta.get(TOPOLOGY_KEY).result(self.admin_timeout)
             nodes = decode_nodes(topo.value) if topo is not None else []
             desc = TableDescriptor.new(name, partitions, replicas, storage, nodes)
-            ops = [Op.put(key, desc.encode())] + [
-                Op.put(partition_keys(name, p).stable, encode_nodes(desc.initial[p]))
-                for p in range(partitions)
-            ]
+            ops = [Op.put(key, desc.encode())]
+            for p in range(partitions):
+                pk, sw = partition_keys(name, p), steps.switch_keys(name, p)
+                ops.append(Op.put(pk.stable, encode_nodes(desc.initial[p])))
+                # Leftovers of a dropped table of this name (a late invoke of a node
+                # that had not seen the drop yet) must not steer the new one.
+                ops += [Op.remove(k) for k in (pk.pending, pk.planned, pk.trigger,
+                                               sw.reduce, sw.append)]
             guard = Cond.revision(TOPOLOGY_KEY).eq(topo.mod_revision if topo else 0)
             res = self.meta.invoke([Cond.not_exists(key), guard], ops).result(self.admin_timeout)
             assert isinstance(res, InvokeResult)
@@ -418,6 +447,35 @@ class PlacementManager:
             if res.succeeded:
                 return res.revision
         raise RuntimeError(f"table {name!r} kept changing while setting its replicas")
+
+    def drop_table(self, name: str) -> int:
+        """Drop a table; returns the revision of the drop. One invoke, guarded by the
+        descriptor's revision, removes the descriptor, every partition's assignment keys
+        and the table's holds keys. Every node sees it in its watch (or its next full
+        read), stops the table's partition groups (their pending requests fail with
+        ``NodeStopped``) and deletes their files, so a table re-created under the same
+        name starts empty. ``UnknownTable`` if there is no such table."""
+        check_table_name(name)
+        self._not_on_loop()
+        key = table_key(name)
+        for _ in range(_ADMIN_ATTEMPTS):
+            cur = self.meta.get(key).result(self.admin_timeout)
+            if cur is None:
+                raise UnknownTable(name)
+            parts = TableDescriptor.decode(cur.value).partitions
+            holds = self.meta.range(HOLDS_PREFIX + name.encode() + b".").result(
+                self.admin_timeout)
+            ops = [Op.remove(key)]
+            for p in range(parts):
+                ops += [Op.remove(k) for k in partition_keys(name, p)]
+                ops += [Op.remove(k) for k in steps.switch_keys(name, p)]
+            ops += [Op.remove(k) for k, _ in holds.items]
+            res = self.meta.invoke([Cond.revision(key).eq(cur.mod_revision)], ops).result(
+                self.admin_timeout)
+            assert isinstance(res, InvokeResult)
+            if res.succeeded:
+                return res.revision
+        raise RuntimeError(f"table {name!r} kept changing while dropping it")
 
     def change_peers(self, group: str, term: int, peers: Iterable[str]) -> Future[None]:
         """Move ``group``'s configuration to ``peers`` (see the module docstring). Runs on
@@ -585,11 +643,14 @@ class PlacementManager:
         result: RangeResult = f.result()
         self._backoffs["watch"].succeeded()
         self._kv = {k: v for k, v in result.items if _tracked(k)}
-        self._tables = {}
+        old, self._tables = self._tables, {}
         for k, v in self._kv.items():
             if k.startswith(TABLES_PREFIX):
                 self._learn_table(k, v.value)
+        for name in set(old) - set(self._tables):  # dropped while we were not watching
+            self._forget_table(name)
         self._revision = result.revision
+        self._sweep_orphan_files()
         self._synced = True
         for part in self._parts.values():
             part.cleanup_rev = -1  # step (3) looks again after a full read
@@ -638,6 +699,8 @@ class PlacementManager:
         if key.startswith(TABLES_PREFIX):
             if value is not None:
                 self._learn_table(key, value)
+            else:
+                self._forget_table(key[len(TABLES_PREFIX):].decode(errors="replace"))
         elif key.startswith((HOLDS_PREFIX, INCARNATION_PREFIX)):
             for gid, part in self._parts.items():
                 if part.rejoin:
@@ -656,8 +719,11 @@ class PlacementManager:
         except ValueError as e:
             log.warning("node %s: ignoring %r: %s", self.id, key, e)
             return
-        self._tables[desc.name] = desc
         dkv = self._kv.get(key)
+        gen = dkv.create_revision if dkv is not None else 0
+        if any(p.table == desc.name and p.gen != gen for p in self._parts.values()):
+            self._forget_table(desc.name)  # dropped and re-created while we did not watch
+        self._tables[desc.name] = desc
         # Created before this incarnation registered: we may have held (and lost) its state.
         preexisting = dkv is not None and dkv.create_revision < self._incarnation_rev
         for p in range(desc.partitions):
@@ -665,8 +731,90 @@ class PlacementManager:
             if gid not in self._parts:
                 self._parts[gid] = _Partition(desc.name, p, gid, partition_keys(desc.name, p),
                                               sw=steps.switch_keys(desc.name, p),
-                                              preexisting=preexisting)
+                                              preexisting=preexisting, gen=gen)
             self._kick(gid)
+
+    # ============================================= loop thread: dropping a table ========
+    def _forget_table(self, name: str) -> None:
+        """The table's descriptor is gone: stop its partitions, delete their files, and
+        forget them (a table re-created under this name is a new one)."""
+        self._tables.pop(name, None)
+        for part in [p for p in self._parts.values() if p.table == name]:
+            self._parts.pop(part.group, None)
+            self._routes.pop(part.group, None)
+            self._dirty.discard(part.group)
+            self._abort_change(part, TableDropped(f"table {name} was dropped"))
+            if part.group in self._hosted:
+                self._hosted.discard(part.group)
+                self.node.remove_group(part.group)  # its pending requests fail: NodeStopped
+                self.metrics["partitions_dropped"] += 1
+            self._delete_files(part.group)
+        log.info("node %s: table %s dropped", self.id, name)
+
+    def _group_dir(self, gid: str) -> str | None:
+        if self.data_dir is None:
+            return None
+        return os.path.dirname(group_paths(self.data_dir, gid)[0])
+
+    def _delete_files(self, gid: str) -> None:
+        base = self._group_dir(gid)
+        if base is None or not os.path.exists(base):
+            return
+        try:
+            shutil.rmtree(base)
+        except OSError as e:
+            log.error("node %s: cannot delete %s: %s", self.id, base, e)
+            self._record(gid, "drop", e, 1)
+
+    def _sweep_orphan_files(self) -> None:
+        """Delete the partition directories of tables that no longer exist (dropped while
+        this node was down). Only ``t.<table>.<p>`` directories are touched."""
+        if self.data_dir is None:
+            return
+        root = os.path.join(self.data_dir, "groups")
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return
+        for gid in names:
+            if gid.startswith("t.") and gid not in self._parts and gid not in self._hosted:
+                log.info("node %s: deleting %s (its table no longer exists)", self.id, gid)
+                self._delete_files(gid)
+
+    def _clear_stale_files(self, part: _Partition) -> None:
+        """Files of an earlier table of the same name (dropped and re-created while this
+        node was down) are not this table's: delete them before the storage self-check."""
+        base = self._group_dir(part.group)
+        if base is None:
+            return
+        try:
+            with open(os.path.join(base, _GEN_FILE)) as f:
+                gen = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return  # no marker: no files, or files written before markers existed
+        if gen != part.gen:
+            log.info("node %s: %s holds files of an earlier table %s (generation %d, now "
+                     "%d): deleting them", self.id, part.group, part.table, gen, part.gen)
+            self._delete_files(part.group)
+
+    def _write_gen(self, part: _Partition) -> None:
+        base = self._group_dir(part.group)
+        if base is None:
+            return
+        os.makedirs(base, exist_ok=True)
+        path = os.path.join(base, _GEN_FILE)
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{part.gen}\n")
+        os.replace(path + ".tmp", path)
+
+    def _current(self, part: _Partition) -> bool:
+        """``part`` is still the manager's partition (its table was not dropped since)."""
+        return self._parts.get(part.group) is part
+
+    def _if_table(self, part: _Partition, tree: If | Do) -> If:
+        """Run ``tree`` only while the table exists (else tag ``_DROPPED``): a node that
+        has not seen a drop yet must not write the dropped table's keys back."""
+        return If(Cond.exists(table_key(part.table)), tree, Do(_DROPPED))
 
     def _nodes(self, key: bytes) -> list[str]:
         v = self._kv.get(key)
@@ -741,7 +889,8 @@ class PlacementManager:
                               PLANNED_WRITTEN: "plan.planned_written"}.get(
                                   res.tag, "plan.other")] += 1
 
-        self._on_loop(self.meta.iif(steps.plan_rebalance(part.keys, source, calc)), done)
+        self._on_loop(self.meta.iif(self._if_table(
+            part, steps.plan_rebalance(part.keys, source, calc))), done)
 
     # ============================================ loop thread: IGNITE-16668 restart ====
     def _in_memory(self, desc: TableDescriptor) -> bool:
@@ -809,6 +958,7 @@ class PlacementManager:
         if part.start_inflight or part.reduce_inflight:
             return
         if part.rejoin is None:
+            self._clear_stale_files(part)
             part.rejoin = part.preexisting and self.id in stable and (
                 self._in_memory(desc) or not self._has_log(part))
             if part.rejoin:
@@ -868,12 +1018,15 @@ class PlacementManager:
                 fail(f.exception())
                 return
             tree = steps.add_to_switch_reduce(part.sw, self.id, f.result())
-            self._on_loop(self.meta.iif(tree), result)
+            self._on_loop(self.meta.iif(self._if_table(part, tree)), result)
 
         def result(f: Future[Any]) -> None:
             exc = f.exception()
             if exc is not None:
                 fail(exc)
+                return
+            if f.result().tag == _DROPPED or not self._current(part):
+                part.reduce_inflight = False
                 return
             if f.result().tag != 1:
                 self.metrics["switch_reduce_retries"] += 1
@@ -915,7 +1068,8 @@ class PlacementManager:
             nodes = [k[len(INCARNATION_PREFIX):].decode() for k in kv
                      if k.startswith(INCARNATION_PREFIX)]
             conds = [Cond.revision(part.keys.stable).eq(st.mod_revision),
-                     Cond.value(incarnation_key(self.id)).eq(self.incarnation)]
+                     Cond.value(incarnation_key(self.id)).eq(self.incarnation),
+                     Cond.exists(table_key(part.table))]
             for n in nodes:
                 hk = holds_key(part.table, part.index, n)
                 conds.append(Cond.revision(hk).eq(kv[hk].mod_revision if hk in kv else 0))
@@ -930,7 +1084,7 @@ class PlacementManager:
             if exc is not None:
                 fail(exc)
                 return
-            if not f.result().succeeded:
+            if not f.result().succeeded or not self._current(part):
                 self._kick(part.group)  # something moved: decide again
                 return
             part.rejoin = False
@@ -953,10 +1107,14 @@ class PlacementManager:
 
         def done(f: Future[Any]) -> None:
             part.start_inflight = False
+            if not self._current(part):
+                return  # the table was dropped meanwhile
             exc = f.exception()
             if exc is not None:
                 self._failed(part, "start", exc)
                 return
+            if isinstance(f.result(), InvokeResult) and not f.result().succeeded:
+                return  # the table is gone (the drop's event is on its way)
             stable, pending = self._nodes(part.keys.stable), self._nodes(part.keys.pending)
             if part.group not in self._hosted and (self.id in stable or self.id in pending):
                 self._start_partition(part, desc, voters)
@@ -967,14 +1125,17 @@ class PlacementManager:
             done_f.set_result(None)
             done(done_f)
             return
-        self._on_loop(self.meta.put(key, self.incarnation), done)
+        self._on_loop(self.meta.invoke([Cond.exists(table_key(part.table))],
+                                       [Op.put(key, self.incarnation)]), done)
 
     def _start_partition(self, part: _Partition, desc: TableDescriptor,
                          voters: list[str] | None) -> None:
         bo = self._backoff(part, "start")
-        if not bo.ready("start", monotonic()):
+        if not self._current(part) or not bo.ready("start", monotonic()):
             return
         try:
+            if desc.storage == PERSISTENT:
+                self._write_gen(part)
             storage = open_group_storage(
                 self.data_dir if desc.storage == PERSISTENT else None, part.group, self.durable)
             g = self.node.add_group(part.group, storage, voters)
@@ -1053,7 +1214,8 @@ class PlacementManager:
             return
         part.switch_key = key
         calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(table_key(part.table)))
-        tree = steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable)
+        tree = self._if_table(
+            part, steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable))
 
         def done(f: Future[Any]) -> None:
             exc = f.exception()

@@ -14,7 +14,11 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   ``planned`` assignments, ``leader``, ``voters``, ``learners`` (merged from every node's
   own view: ``?local=true`` gives just this node's), plus ``errors`` (rebalance errors
   recorded by any node's manager). 404 unknown table.
-- ``DELETE /v1/tables/{t}``: 501: ``PlacementManager`` cannot drop tables (see below).
+- ``DELETE /v1/tables/{t}``: ``{"dropped", "revision"}``; 404 unknown table. Every node
+  stops the table's partition groups and deletes their files (``PlacementManager.
+  drop_table``); a table re-created under the name starts empty. A KV request on the
+  table that was in flight answers 404 ``table <t> was dropped``; later ones 404
+  ``unknown table``.
 - ``PUT /v1/tables/{t}/replicas`` ``{"replicas": n}``: ``{"revision"}``; 400 if n exceeds
   the node count.
 - ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: the key's partition is ``partition_of(key,
@@ -31,10 +35,8 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   move away; it stays a metastore learner). The default KV group is not touched: use
   ``/v1/cluster/learners`` for that.
 
-Dropping a table is refused (501): the manager keeps a table's descriptor cached and its
-partitions reconciled until a restart, and a stopped persistent partition keeps its files,
-so a table re-created under the same name would reopen the old logs (old data). Doing it
-right needs ``PlacementManager`` support (forget the table, stop and delete its groups).
+Errors of the table KV endpoints: 400 bad table name or key (empty, too long), 404
+unknown (or dropped) table or missing key, 413 value too large.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from aiohttp import web
 
 from raftkv.core import NotLeader, Role
 from raftkv.kv import RaftKV
-from raftkv.node.errors import NodeStopped
+from raftkv.node.errors import NodeStopped, RemoteError, UnknownGroup
 from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of
 from raftkv.placement.catalog import (
     TABLES_PREFIX,
@@ -290,10 +292,11 @@ class TablesApi:
 
     async def drop(self, request: web.Request) -> web.Response:
         name = self._name(request)
-        await self._desc(name)
-        return _error(501, "dropping tables is not implemented: PlacementManager cannot "
-                           "forget a table or delete its partitions' files yet, and a "
-                           "re-created table would reopen the old partition logs")
+        try:
+            rev = await self._run(lambda: self.p.mgr.drop_table(name))
+        except UnknownTable:
+            return _error(404, f"unknown table {name}")
+        return web.json_response({"dropped": name, "revision": rev})
 
     async def set_replicas(self, request: web.Request) -> web.Response:
         name = self._name(request)
@@ -461,14 +464,25 @@ class TablesApi:
         from raftkv.server.app import _wait
 
         node = self.p.node
-        if request.method == "GET":
-            stale = request.query.get("stale", "false").lower() in ("true", "1")
-            value = await _wait(node.read(gid, lambda s: s.get(key), linearizable=not stale))
-            if value is None:
-                return _error(404, "key not found")
-            return web.Response(body=value, content_type="application/octet-stream")
-        cmd = encode_put(key, body) if request.method == "PUT" else encode_delete(key)
-        index = await _wait(node.propose(gid, cmd, lambda i, r: i))
+        name = request.match_info["table"]
+        try:
+            if request.method == "GET":
+                stale = request.query.get("stale", "false").lower() in ("true", "1")
+                value = await _wait(node.read(gid, lambda s: s.get(key),
+                                              linearizable=not stale))
+                if value is None:
+                    return _error(404, "key not found")
+                return web.Response(body=value, content_type="application/octet-stream")
+            cmd = encode_put(key, body) if request.method == "PUT" else encode_delete(key)
+            index = await _wait(node.propose(gid, cmd, lambda i, r: i))
+        except (NodeStopped, UnknownGroup, RemoteError) as e:
+            # The group stopped under the request (here or on the leader it was forwarded
+            # to): if the table is gone, say so; otherwise it moved (503: retry).
+            if isinstance(e, RemoteError) and e.kind not in ("NodeStopped", "UnknownGroup"):
+                raise
+            if await self._run(lambda: self.p.descriptor(name)) is None:
+                return _error(404, f"table {name} was dropped", group=gid)
+            raise
         return web.json_response({"index": index})
 
     async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:
