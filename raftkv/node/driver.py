@@ -165,6 +165,7 @@ class Node:
         # Proposals from other threads (deque appends and pops are atomic).
         self._inbox: deque[tuple[str, bytes, Future[Any]]] = deque()
         self._woken = False
+        self._dirty: set[str] = set()  # groups that may have a Ready this turn
         # (group, peer) -> None while its image is packed, or the newer request to pack next
         self._imaging: dict[tuple[str, str], Message | None] = {}
         self._lock = threading.Lock()
@@ -210,6 +211,7 @@ class Node:
         )
         g = Group(group_id, raft, storage, report)
         self.groups[group_id] = g
+        self._dirty.add(group_id)
         self._learn_conf_addresses(g)
         return g
 
@@ -366,9 +368,15 @@ class Node:
                     next_tick = max(next_tick + tick, now)
                     self._tick(now)
                 self._flush_proposals()
-                for g in list(self.groups.values()):  # hooks may add or remove groups
-                    if g.raft.has_ready():
+                # Only groups something happened to can have a Ready: with hundreds of
+                # groups, asking each one after every frame dominates an idle node.
+                dirty, self._dirty = self._dirty, set()
+                for gid in dirty:
+                    g = self.groups.get(gid)
+                    if g is not None and g.raft.has_ready():
                         self._handle_ready(g)
+                        if g.raft.has_ready():  # more to apply than one Ready carries
+                            self._dirty.add(gid)
                 self.transport.flush()
         except BaseException as e:  # the loop must not die silently
             log.critical("node %s: driver loop failed", self.id, exc_info=True)
@@ -399,6 +407,7 @@ class Node:
                 fn, fut = self._calls.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue
+            self._dirty.update(self.groups)  # a call may touch any group
             try:
                 fut.set_result(fn())
             except Exception as e:  # noqa: BLE001  # a request's failure is its caller's
@@ -406,6 +415,7 @@ class Node:
 
     def _tick(self, now: float) -> None:
         self.transport.maintain()
+        self._dirty.update(self.groups)
         compact = now >= self._next_compact
         if compact:
             self._next_compact = now + COMPACT_EVERY
@@ -476,6 +486,7 @@ class Node:
             if not g.queued:
                 continue
             queued, g.queued = g.queued, []
+            self._dirty.add(g.id)
             try:
                 last = g.raft.propose_batch(d for d, _ in queued)
             except RaftError as e:
@@ -615,6 +626,7 @@ class Node:
                 else:
                     keep.append((to, fut, deadline))
             g.transfers = keep
+        self._dirty.add(g.id)  # the reactions below may step the core
         if lead is not None and g.parked:
             parked, g.parked = g.parked, []
             for fn, fut, _ in parked:
@@ -748,6 +760,7 @@ class Node:
             return
         if not g.storage.accept(msg):
             return
+        self._dirty.add(group)
         try:
             g.raft.step(msg)
         except ValueError as e:  # the core's strict decoding of peer-supplied records
