@@ -383,7 +383,11 @@ def pysyncobj_load(d: Any, n: int, window: int, size: int, prefix: str) -> dict[
 
 # -- HTTP load client ---------------------------------------------------------------------
 def http_client(argv: list[str]) -> int:
-    endpoint, n, threads, size, prefix, start_at = argv
+    """``http ENDPOINTS(comma) TABLE|- N THREADS SIZE PREFIX START_AT``: sequential PUTs
+    per thread (thread t on endpoint t mod len), into TABLE or the default group."""
+    eps, table, n, threads, size, prefix, start_at = argv
+    endpoints = eps.split(",")
+    tbl = None if table == "-" else table
     n_total, n_threads, vsize = int(n), int(threads), int(size)
     from raftkv.client import Client
 
@@ -391,7 +395,7 @@ def http_client(argv: list[str]) -> int:
            for t in range(n_threads)]
     lats: list[list[float]] = [[] for _ in range(n_threads)]
     errors = [0] * n_threads
-    clients = [Client([endpoint], timeout=30.0) for _ in range(n_threads)]
+    clients = [Client([endpoints[t % len(endpoints)]], timeout=30.0) for t in range(n_threads)]
     for c in clients:  # open the kept-alive connection before the clock starts
         c.request("GET", "/health")
     barrier = threading.Barrier(n_threads + 1)
@@ -405,7 +409,7 @@ def http_client(argv: list[str]) -> int:
         for k, v in zip(keys, vals):
             t0 = pc()
             try:
-                c.put(k, v)
+                c.put(k, v, table=tbl)
             except Exception:  # noqa: BLE001 - counted, the run goes on
                 errors[t] += 1
                 continue

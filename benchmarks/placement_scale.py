@@ -48,7 +48,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -56,7 +55,7 @@ from typing import Any
 
 from benchmarks._throughput_peer import percentiles
 from benchmarks.recovery import machine, value, verdict
-from benchmarks.throughput import ROOT, fmt
+from benchmarks.throughput import PEER, ROOT, fmt
 from raftkv.client import Client
 from raftkv.placement.assignments import calc_assignments
 from raftkv.testing.procs import ProcCluster
@@ -65,7 +64,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TABLE = "bench"
 TARGET_IDLE_PCT = 10.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-MODULE = "benchmarks.placement_scale"
 
 
 # -- process CPU -----------------------------------------------------------------------------
@@ -140,54 +138,6 @@ def wait_for(c: Client, count: Any, total: int, timeout: float, poll: float
         time.sleep(poll)
 
 
-# -- load clients (child processes of this module) -------------------------------------------
-def client_main(argv: list[str]) -> int:
-    """``_client ENDPOINTS(comma) TABLE|- N THREADS SIZE PREFIX START_AT``: sequential
-    PUTs per thread, thread t on endpoint t mod len(endpoints)."""
-    eps, table, n, threads, size, prefix, start_at = argv
-    endpoints = eps.split(",")
-    tbl = None if table == "-" else table
-    n_total, n_threads, vsize = int(n), int(threads), int(size)
-    per = [n_total // n_threads + (1 if t < n_total % n_threads else 0)
-           for t in range(n_threads)]
-    lats: list[list[float]] = [[] for _ in range(n_threads)]
-    errors = [0] * n_threads
-    clients = [Client([endpoints[t % len(endpoints)]], timeout=30.0) for t in range(n_threads)]
-    for c in clients:
-        c.request("GET", "/health")
-    barrier = threading.Barrier(n_threads + 1)
-
-    def work(t: int) -> None:
-        c, out = clients[t], lats[t]
-        keys = [f"{prefix}-{t}-{i:08d}" for i in range(per[t])]
-        vals = [value(i, vsize) for i in range(per[t])]
-        pc = time.perf_counter
-        barrier.wait()
-        for k, v in zip(keys, vals, strict=True):
-            t0 = pc()
-            try:
-                c.put(k, v, table=tbl)
-            except Exception:  # noqa: BLE001 - counted, the run goes on
-                errors[t] += 1
-                continue
-            out.append((pc() - t0) * 1000.0)
-
-    ths = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(n_threads)]
-    for th in ths:
-        th.start()
-    time.sleep(max(0.0, float(start_at) - time.time()))
-    t_start = time.time()
-    barrier.wait()
-    for th in ths:
-        th.join()
-    t_end = time.time()
-    for c in clients:
-        c.close()
-    print(json.dumps({"t_start": t_start, "t_end": t_end, "errors": sum(errors),
-                      "lat_ms": [round(x, 3) for lat in lats for x in lat]}))
-    return 0
-
-
 def run_load(cluster: ProcCluster, endpoints: list[str], table: str | None, n: int,
              clients: int, procs: int, size: int, prefix: str) -> dict[str, Any]:
     procs = max(1, min(procs, clients))
@@ -201,7 +151,7 @@ def run_load(cluster: ProcCluster, endpoints: list[str], table: str | None, n: i
         # rotate the endpoint list per process so threads spread over every node
         eps = endpoints[i % len(endpoints):] + endpoints[:i % len(endpoints)]
         children.append(subprocess.Popen(
-            [sys.executable, "-m", MODULE, "_client", ",".join(eps), table or "-",
+            [sys.executable, "-m", PEER, "http", ",".join(eps), table or "-",
              str(ops[i]), str(threads[i]), str(size), f"{prefix}{i}", repr(start_at)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     time.sleep(max(0.0, start_at - time.time()))
@@ -457,8 +407,6 @@ def plot(path: Path, doc: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "_client":
-        return client_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m benchmarks.placement_scale")
     p.add_argument("--partitions", type=int, default=256)
     p.add_argument("--replicas", type=int, default=3)

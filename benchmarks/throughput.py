@@ -319,7 +319,7 @@ def run_http(base: str, nodes: int, n: int, clients: int, procs: int, size: int
         ops[0] += n - sum(ops)
         start_at = time.time() + 1.5 + 0.2 * procs
         children = [
-            subprocess.Popen([sys.executable, "-m", PEER, "http", ep, str(ops[i]),
+            subprocess.Popen([sys.executable, "-m", PEER, "http", ep, "-", str(ops[i]),
                               str(threads[i]), str(size), f"h{i}", repr(start_at)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
