@@ -146,7 +146,7 @@ class NodeConfig:
     peers: dict[str, str] = field(default_factory=dict)
     tick_seconds: float = DEFAULT_TICK
     election_tick: int = 10
-    heartbeat_tick: int = 1
+    heartbeat_tick: int = 2  # 100 ms at the default tick: a fifth of the shortest election timeout
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     data_dir: str | None = None  # None: addresses learned at runtime are not kept
     faults: bool = False  # enable the transport's test fault switch
