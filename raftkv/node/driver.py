@@ -400,6 +400,7 @@ class Node:
                     self._propose_or_forward(g, data, fut)
                 except RaftError as e:
                     _fail(fut, e)
+        marked = False
         while True:
             with self._lock:
                 if not self._calls:
@@ -407,7 +408,9 @@ class Node:
                 fn, fut = self._calls.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue
-            self._dirty.update(self.groups)  # a call may touch any group
+            if not marked:  # a call may touch any group: once per drain is enough
+                self._dirty.update(self.groups)
+                marked = True
             try:
                 fut.set_result(fn())
             except Exception as e:  # noqa: BLE001  # a request's failure is its caller's
@@ -506,12 +509,10 @@ class Node:
 
     def _handle_ready(self, g: Group) -> None:
         rd: Ready = g.raft.ready()
+        t0 = monotonic()
+        g.storage.persist(rd)
         if rd.must_sync:
-            t0 = monotonic()
-            g.storage.persist(rd)
             self.metrics.fsync(g.id, monotonic() - t0)
-        else:
-            g.storage.persist(rd)
         for m in rd.messages:
             if m.type == MessageType.SNAPSHOT and m.snapshot is not None:
                 self._send_snapshot(g, m)
