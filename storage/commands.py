@@ -11,6 +11,19 @@ Wire format (msgpack, ``use_bin_type=True`` so keys and values stay ``bytes``)::
     CAS     [3, key, expected | nil, new | nil]   expected nil: the key must be absent
                                                   new nil: delete the key on success
     BATCH   [4, [[key, value | nil], ...]]        nil value: delete; applied in order, atomically
+    BATCH   [4, [[key, value | nil], ...], id]    an idempotent batch (see below)
+
+Idempotent batches (bulk loads): a batch may carry an ``id`` (1..128 bytes; the Spark loader
+derives it from its load id, the Raft partition and the batch number). The state machine
+applies a batch with an id at most once: applying it also writes the marker key
+``BATCH_MARK_PREFIX + id``, and a batch whose marker already exists is skipped (its result is
+False; a first apply gives True). The markers are ordinary rows under a reserved prefix, so
+they are replicated, checkpointed, carried in snapshots and replayed after a crash exactly
+like the data they guard. No client can write a reserved key: ``check_key`` refuses them when
+encoding (``decode`` admits them, as the fast put path does, so every replica treats a log
+entry the same way whichever path decodes it), and ``user_key`` tells digests that compare user data to leave them out. They are
+kept until the table is dropped: a retried or speculative Spark task may arrive at any time
+while its job runs, and a few bytes per 1,000-row batch are cheap.
 
 The encoding is the on-disk format of the Raft log, so it is as permanent as the log.
 
@@ -45,6 +58,11 @@ MAX_KEY_BYTES = 511  # LMDB's default max key size (compile-time MDB_MAXKEYSIZE)
 MAX_VALUE_BYTES = 1 << 20  # 1 MiB
 MAX_BATCH_OPS = 10_000
 MAX_COMMAND_BYTES = 16 << 20  # 16 MiB: the cap on any encoded command (in practice, a batch)
+MAX_BATCH_ID_BYTES = 128
+# Keys under this prefix belong to the state machine (batch markers), never to a client. A
+# leading NUL keeps them out of the way of printable keys; the name says what they are.
+RESERVED_PREFIX = b"\x00raftkv."
+BATCH_MARK_PREFIX = RESERVED_PREFIX + b"batch."
 
 
 class Op(IntEnum):
@@ -82,9 +100,11 @@ class Cas(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """Puts (value is bytes) and deletes (value is None), applied in order, all or nothing."""
+    """Puts (value is bytes) and deletes (value is None), applied in order, all or nothing.
+    With an ``id`` it is applied at most once (see the module docstring)."""
 
     ops: tuple[tuple[bytes, bytes | None], ...]
+    id: bytes | None = None
 
 
 Command = Put | Delete | Cas | Batch
@@ -104,7 +124,9 @@ _PUT, _DELETE, _CAS, _BATCH = int(Op.PUT), int(Op.DELETE), int(Op.CAS), int(Op.B
 
 
 # -- validation (shared by encode and decode) --------------------------------------------------
-def check_key(key: object, what: str = "key") -> bytes:
+def check_key(key: object, what: str = "key", *, reserved: bool = False) -> bytes:
+    """A valid client key. ``reserved=True`` also admits the state machine's own rows
+    (snapshot images carry them)."""
     if type(key) is not bytes:
         raise CommandError(f"{what} must be bytes, not {type(key).__name__}")
     n = len(key)
@@ -119,7 +141,20 @@ def check_key(key: object, what: str = "key") -> bytes:
             limit=MAX_KEY_BYTES,
             size=n,
         )
+    if not reserved and key.startswith(RESERVED_PREFIX):
+        raise CommandError(f"{what} starts with {RESERVED_PREFIX!r}, which is reserved for raftkv")
     return key
+
+
+def user_key(key: bytes) -> bool:
+    """False for the state machine's own rows (batch markers): digests of user data skip them."""
+    return not key.startswith(RESERVED_PREFIX)
+
+
+def _check_batch_id(batch_id: object) -> bytes:
+    if type(batch_id) is not bytes or not 0 < len(batch_id) <= MAX_BATCH_ID_BYTES:
+        raise CommandError(f"a batch id is 1..{MAX_BATCH_ID_BYTES} bytes, not {batch_id!r:.60}")
+    return batch_id
 
 
 def check_value(value: object, what: str = "value") -> bytes:
@@ -222,8 +257,9 @@ def encode_cas(key: bytes, expected: bytes | None, new: bytes | None) -> bytes:
     )
 
 
-def encode_batch(ops: Iterable[tuple[bytes, bytes | None]]) -> bytes:
-    """An atomic list of puts (``(key, value)``) and deletes (``(key, None)``), in order."""
+def encode_batch(ops: Iterable[tuple[bytes, bytes | None]], batch_id: bytes | None = None) -> bytes:
+    """An atomic list of puts (``(key, value)``) and deletes (``(key, None)``), in order.
+    ``batch_id``: apply at most once (an idempotent bulk-load batch)."""
     items = list(ops)
     # Count first: a 10-million-op batch should fail fast, not after validating every op.
     _check_op_count(len(items))
@@ -238,7 +274,9 @@ def encode_batch(ops: Iterable[tuple[bytes, bytes | None]]) -> bytes:
                 _check_optional_value(value, f"batch op {i}: value"),
             ]
         )
-    return _pack([_BATCH, body], "batch")
+    if batch_id is None:
+        return _pack([_BATCH, body], "batch")
+    return _pack([_BATCH, body, _check_batch_id(batch_id)], "batch")
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -291,22 +329,22 @@ def decode(data: bytes | bytearray | memoryview) -> Command:
     if op == _PUT:
         if size != 3:
             raise CommandError(f"malformed put: expected 3 fields, got {size}")
-        return Put(check_key(obj[1]), check_value(obj[2]))
+        return Put(check_key(obj[1], reserved=True), check_value(obj[2]))
     if op == _DELETE:
         if size != 2:
             raise CommandError(f"malformed delete: expected 2 fields, got {size}")
-        return Delete(check_key(obj[1]))
+        return Delete(check_key(obj[1], reserved=True))
     if op == _CAS:
         if size != 4:
             raise CommandError(f"malformed cas: expected 4 fields, got {size}")
         return Cas(
-            check_key(obj[1]),
+            check_key(obj[1], reserved=True),
             _check_optional_value(obj[2], "expected value"),
             _check_optional_value(obj[3], "new value"),
         )
     if op == _BATCH:
-        if size != 2 or type(obj[1]) is not list:
-            raise CommandError("malformed batch: expected [4, [[key, value | nil], ...]]")
+        if size not in (2, 3) or type(obj[1]) is not list:
+            raise CommandError("malformed batch: expected [4, [[key, value | nil], ...], id?]")
         body = obj[1]
         _check_op_count(len(body))
         ops: list[tuple[bytes, bytes | None]] = []
@@ -315,9 +353,9 @@ def decode(data: bytes | bytearray | memoryview) -> Command:
                 raise CommandError(f"malformed batch: op {i} is not a [key, value | nil] pair")
             ops.append(
                 (
-                    check_key(pair[0], f"batch op {i}: key"),
+                    check_key(pair[0], f"batch op {i}: key", reserved=True),
                     _check_optional_value(pair[1], f"batch op {i}: value"),
                 )
             )
-        return Batch(tuple(ops))
+        return Batch(tuple(ops), _check_batch_id(obj[2]) if size == 3 else None)
     raise CommandError(f"unknown op {op} (known: {', '.join(f'{o.name}={o.value}' for o in Op)})")

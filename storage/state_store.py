@@ -32,7 +32,8 @@ Contract (every implementation keeps it)
 - ``apply(entries)``: ``entries`` are ``(proposedIndex, command data)`` in increasing,
   contiguous index order. The call is ONE atomic transaction that applies every command and
   sets the applied index to the last index. It returns one result per entry: ``None`` for a
-  put, a delete, a batch or an empty no-op entry (``b""``), ``True``/``False`` for a CAS. An
+  put, a delete, a batch or an empty no-op entry (``b""``), ``True``/``False`` for a CAS and
+  for a batch with an id (False: that id was applied before, so nothing was written). An
   entry that fails to decode yields its ``CommandError`` as the *result*: it is skipped the
   same way on every replica, and it still advances the applied index. An empty ``entries``
   is a no-op. The driver passes ``(e.index, e.data)`` for NORMAL entries and
@@ -85,6 +86,7 @@ from typing import Protocol
 import msgpack
 
 from storage.commands import (
+    BATCH_MARK_PREFIX,
     MAX_VALUE_BYTES,
     UNPACK_ERRORS,
     Cas,
@@ -240,12 +242,19 @@ def execute(
         else:
             put(cmd.key, cmd.new)
         return True
-    for key, value in cmd.ops:  # Batch
+    # Batch
+    mark = None if cmd.id is None else BATCH_MARK_PREFIX + cmd.id
+    if mark is not None and get(mark) is not None:
+        return False  # applied before: a retried or duplicated bulk-load batch
+    for key, value in cmd.ops:
         if value is None:
             delete(key)
         else:
             put(key, value)
-    return None
+    if mark is None:
+        return None
+    put(mark, b"")
+    return True
 
 
 def apply_commands(
@@ -398,7 +407,7 @@ class SnapshotLoader:
                 if type(pair) is not list or len(pair) != 2:
                     raise StorageError(f"snapshot {what}, row {i}: not a [key, value] pair")
                 try:
-                    key = check_key(pair[0])
+                    key = check_key(pair[0], reserved=True)
                     value = check_value(pair[1])
                 except CommandError as e:
                     raise StorageError(f"snapshot {what}, row {i}: {e}") from None

@@ -29,6 +29,8 @@ from storage.commands import (
     MAX_COMMAND_BYTES,
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
+    BATCH_MARK_PREFIX,
+    RESERVED_PREFIX,
     Batch,
     Cas,
     CommandError,
@@ -40,6 +42,7 @@ from storage.commands import (
     encode_cas,
     encode_delete,
     encode_put,
+    user_key,
 )
 from storage.digest import EMPTY, Digest, digest_rows
 from storage.errors import IndexMismatch, StorageError
@@ -271,6 +274,47 @@ def test_batch_applies_in_order_and_all_or_nothing(store: Store) -> None:
     assert res[1] is None
     assert store.get(b"c") is None and store.get(b"d") == b"6"
     assert store.applied_index() == 5
+
+
+def test_a_batch_with_an_id_applies_once_even_after_a_crash_or_a_snapshot(
+    store: Store, stores: Stores
+) -> None:
+    """Issue 6's idempotent bulk-load batch: a retried or duplicated batch id is skipped on
+    every replica, and the marker survives what the data survives (crash replay, snapshot)."""
+    b1 = encode_batch([(b"a", b"1"), (b"b", b"2")], batch_id=b"load1/p3/0")
+    assert store.apply(at(1, b1)) == [True]
+    store.apply(at(2, encode_put(b"a", b"changed")))
+    # The same batch again (a retried Spark task) changes nothing and says so.
+    assert store.apply(at(3, b1)) == [False]
+    assert store.get(b"a") == b"changed"
+    b2 = encode_batch([(b"c", b"3")], batch_id=b"load1/p3/1")
+    store.checkpoint()
+    assert store.apply(at(4, b2)) == [True]
+    if isinstance(store, MemoryStateStore):
+        store.crash()  # lost with the data: replay re-applies it exactly once
+        assert store.get(b"c") is None
+        assert store.apply(at(4, b2, b2)) == [True, False]
+    # A replica that installs a snapshot inherits the markers.
+    other = stores.make("memory")
+    other.install_snapshot(store.snapshot_chunks())
+    assert other.apply(at(store.applied_index() + 1, b1, b2)) == [False, False]
+    user = {k: v for k, v in state(other).items() if user_key(k)}
+    assert user == {b"a": b"changed", b"b": b"2", b"c": b"3"}
+    assert other.digest(keys=user_key) == digest_rows(sorted(user.items()))
+
+
+def test_reserved_keys_and_bad_batch_ids_are_refused() -> None:
+    with pytest.raises(CommandError, match="reserved"):
+        encode_put(RESERVED_PREFIX + b"x", b"v")
+    with pytest.raises(CommandError, match="reserved"):
+        encode_batch([(BATCH_MARK_PREFIX + b"forged", b"")])
+    for bad in (b"", b"x" * 129):
+        with pytest.raises(CommandError, match="batch id"):
+            encode_batch([(b"k", b"v")], batch_id=bad)
+    crafted = msgpack.packb([Op.BATCH, [[b"k", b"v"]], "str-id"], use_bin_type=True)
+    with pytest.raises(CommandError, match="batch id"):
+        decode(crafted)
+    assert decode(encode_batch([(b"k", b"v")], batch_id=b"i")) == Batch(((b"k", b"v"),), b"i")
 
 
 def test_malformed_command_in_the_log_is_a_result_and_the_store_continues(store: Store) -> None:
@@ -865,9 +909,10 @@ def test_lmdb_apply_of_a_10k_batch_is_one_fast_transaction(tmp_path: Path) -> No
 def test_put_fast_path_agrees_with_decode(key: bytes, value: bytes) -> None:
     """split_put reads a put straight from its bytes; it must agree with decode on every
     put it accepts, and decline (None) rather than guess on anything else."""
-    from storage.commands import Put, decode, encode_put, split_put
+    from storage.commands import Put, decode, split_put
 
-    data = encode_put(key, value)
+    # Packed directly: encode_put refuses reserved keys, but the log may hold any key.
+    data = msgpack.packb([Op.PUT, key, value], use_bin_type=True)
     fast = split_put(data)
     if fast is not None:
         assert Put(*fast) == decode(data)
