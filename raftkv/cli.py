@@ -9,6 +9,7 @@
     raftkv table list | describe NAME | drop NAME | set-replicas NAME N
     raftkv put|get|del --table T KEY ...   (a table's key instead of the default group's)
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
+    raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
 
 Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``. Errors print one line on
 stderr and exit 1; a failed compare-and-set exits 2.
@@ -174,6 +175,22 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("replicas", type=int)
     rec = sub.add_parser("recover").add_subparsers(dest="action", required=True)
     rec.add_parser("unsafe-reset", add_help=False)
+    sp = sub.add_parser("spark", help="bulk-load or verify a table with Spark")
+    jobs = sp.add_subparsers(dest="action", required=True)
+    for action in ("load", "verify"):
+        a = jobs.add_parser(action)
+        a.add_argument("--table", required=True)
+        a.add_argument("--input", required=True, help="a .parquet or .csv (with a header)")
+        a.add_argument("--key", required=True, help="the key column")
+        a.add_argument("--value-cols", default="", help="comma-separated (default: the rest)")
+        a.add_argument("--master", default="local[*]", help="Spark master URL")
+        if action == "load":
+            a.add_argument("--batch-rows", type=int, default=1000)
+            a.add_argument("--load-id", default=None,
+                           help="reuse to resume a load: applied batches are skipped")
+        else:
+            a.add_argument("--diff-limit", type=int, default=1000,
+                           help="name differing keys of partitions up to this many rows")
     return p
 
 
@@ -188,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "serve":
             return serve.run(args)
+        if args.cmd == "spark":
+            from raftkv.spark.cli import run as spark_job  # pyspark only when asked for
+
+            return spark_job(args, args.endpoints)
         client = Client(args.endpoints, timeout=args.timeout)
         try:
             if args.cmd == "cluster":

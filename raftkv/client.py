@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -229,6 +230,33 @@ class Client:
     def set_replicas(self, name: str, replicas: int) -> Any:
         return self._post(f"/v1/tables/{quote(name, safe='')}/replicas",
                           {"replicas": replicas}, method="PUT")
+
+    def partition_batch(self, table: str, partition: int,
+                        ops: Sequence[tuple[bytes, bytes | None]],
+                        batch_id: bytes | None = None) -> dict[str, Any]:
+        """One batch into one partition as one Raft entry: ``{"index", "ops", "applied"}``.
+        With a ``batch_id`` it applies at most once (``applied`` False: it had already), so
+        a retry after a lost answer is safe, which is why the Spark loader always sets one."""
+        body = msgpack.packb({"id": batch_id, "ops": [list(op) for op in ops]},
+                             use_bin_type=True)
+        path = f"/v1/tables/{quote(table, safe='')}/partitions/{partition}/batch"
+        _, data = self.request("POST", path, body,
+                               headers={"Content-Type": "application/x-msgpack"})
+        return dict(json.loads(data))
+
+    def partition_digest(self, table: str, partition: int, endpoint: str, *,
+                         min_index: int = 0, keys: int = 0, linearizable: bool = False,
+                         timeout: float = 30.0) -> dict[str, Any]:
+        """The digest of ONE replica (the node at ``endpoint``) of a partition, once it has
+        applied ``min_index``; ``keys=N`` also lists rows when there are at most N."""
+        path = (f"/v1/tables/{quote(table, safe='')}/partitions/{partition}/digest"
+                f"?min_index={min_index}&keys={keys}&timeout={timeout}"
+                f"&linearizable={'true' if linearizable else 'false'}")
+        ep = endpoint if "://" in endpoint else f"http://{endpoint}"
+        status, data, ctype = self._once(ep, "GET", path, None)
+        if status != 200:
+            raise ClientError(status, _json(data, ctype))
+        return dict(json.loads(data))
 
     def add_node(self, node_id: str, raft_addr: str, http_addr: str | None = None) -> Any:
         """Add a node to the placement topology (metastore learner + ``placement.nodes``)."""

@@ -46,11 +46,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import aiohttp
+import msgpack
 from aiohttp import web
 
 from raftkv.core import NotLeader, Role
@@ -75,7 +76,17 @@ from raftkv.placement.rebalance import (
 )
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
-from storage.commands import MAX_VALUE_BYTES, CommandError, check_key, encode_delete, encode_put
+from storage.commands import (
+    MAX_BATCH_OPS,
+    MAX_VALUE_BYTES,
+    CommandError,
+    check_key,
+    encode_batch,
+    encode_delete,
+    encode_put,
+    user_key,
+)
+from storage.digest import DigestBuilder, row_hash
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +219,8 @@ class TablesApi:
         r.add_get("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_put("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_delete("/v1/tables/{table}/kv/{key:.*}", self.kv)
+        r.add_post("/v1/tables/{table}/partitions/{p}/batch", self.partition_batch)
+        r.add_get("/v1/tables/{table}/partitions/{p}/digest", self.partition_digest)
         r.add_post("/v1/cluster/nodes", self.add_node)
         r.add_delete("/v1/cluster/nodes/{id}", self.remove_node)
         app.on_cleanup.append(self._close)
@@ -355,7 +368,8 @@ class TablesApi:
             })
         errors = [err for v in views for err in v.get("errors", [])]
         return web.json_response({**_desc_json(desc), "partitions": parts, "errors": errors,
-                                  "nodes_answered": sorted(v["node"] for v in views)})
+                                  "nodes_answered": sorted(v["node"] for v in views),
+                                  "http": addrs})
 
     def _local_view(self, name: str) -> dict[str, Any]:
         st = self.p.mgr.status()
@@ -436,6 +450,12 @@ class TablesApi:
         gid = partition_group(name, partition_of(key, desc.partitions))
         if gid in self.p.node.groups:
             return await self._local(request, gid, key, body)
+        return await self._elsewhere(request, name, gid, key, body)
+
+    async def _elsewhere(self, request: web.Request, name: str, gid: str, key: bytes,
+                         body: bytes) -> web.Response:
+        """Proxy a request for partition group ``gid`` (holding ``key``) that this node does
+        not host to a node that does: its leader first, then its other stable nodes."""
         if request.headers.get(FORWARDED):
             return _error(503, f"{gid} is not hosted here (it may have just moved); retry")
         try:
@@ -485,6 +505,81 @@ class TablesApi:
             raise
         return web.json_response({"index": index})
 
+    # -- partition batches and replica digests (the Spark loader's and verifier's API) --------
+    async def _partition(self, request: web.Request) -> tuple[str, int, str]:
+        name = self._name(request)
+        desc = self.p.mgr.table(name) or await self._desc(name)
+        raw = request.match_info["p"]
+        if not raw.isdigit() or int(raw) >= desc.partitions:
+            raise web.HTTPNotFound(text=json.dumps(
+                {"error": f"table {name} has no partition {raw!r} "
+                          f"(it has partitions 0..{desc.partitions - 1})"}),
+                content_type="application/json")
+        p = int(raw)
+        return name, desc.partitions, partition_group(name, p)
+
+    async def partition_batch(self, request: web.Request) -> web.Response:
+        """One idempotent batch into one partition: one Raft entry (``BATCH`` with an id).
+        Every key must belong to the partition, so a loader that split its rows with a
+        different partition function fails loudly instead of writing rows where no read
+        will find them."""
+        name, count, gid = await self._partition(request)
+        body = await request.read()
+        batch_id, ops = decode_partition_batch(body)
+        p = int(request.match_info["p"])
+        for k, _ in ops:
+            if partition_of(k, count) != p:
+                raise CommandError(f"key {k[:64]!r} belongs to partition "
+                                   f"{partition_of(k, count)}, not {p}")
+        cmd = encode_batch(ops, batch_id)
+        if gid not in self.p.node.groups:
+            return await self._elsewhere(request, name, gid, ops[0][0], body)
+        from raftkv.server.app import _wait
+
+        try:
+            index, applied = await _wait(
+                self.p.node.propose(gid, cmd, lambda i, r: (i, r is not False)))
+        except (NodeStopped, UnknownGroup) as e:
+            if await self._run(lambda: self.p.descriptor(name)) is None:
+                return _error(404, f"table {name} was dropped", group=gid)
+            return _error(503, f"{gid} stopped here ({e}); retry")
+        return web.json_response({"index": index, "ops": len(ops), "applied": applied})
+
+    async def partition_digest(self, request: web.Request) -> web.Response:
+        """THIS replica's ``{"node", "count", "digest", "applied"}`` of the partition's user
+        rows (batch markers left out), once it has applied ``?min_index=`` (504 if it does
+        not within ``?timeout=`` seconds). ``?linearizable=true`` reads after a ReadIndex
+        round instead, so its ``applied`` covers every write acknowledged before the call.
+        With ``?keys=N`` and at most N rows, ``"rows"`` maps each key (hex) to its row hash
+        (hex), so a verifier can name missing, extra and altered keys."""
+        from raftkv.server.app import _wait
+
+        _, _, gid = await self._partition(request)
+        if gid not in self.p.node.groups:
+            return _error(404, f"{gid} has no replica on {self.p.id}", node=self.p.id)
+        q = request.query
+        try:
+            min_index = int(q.get("min_index", "0"))
+            limit = int(q.get("keys", "0"))
+            timeout = min(float(q.get("timeout", "30")), 120.0)
+        except ValueError:
+            raise CommandError("min_index and keys are integers, timeout is seconds") from None
+        linearizable = q.get("linearizable", "").lower() in ("true", "1")
+        deadline = time.monotonic() + timeout
+        while True:
+            rows, applied = await _wait(self.p.node.read(
+                gid, lambda s: (s.scan(), s.applied_index()), linearizable=linearizable))
+            if applied >= min_index:
+                break
+            if time.monotonic() > deadline:
+                return _error(504, f"{gid} on {self.p.id} applied {applied}, not yet "
+                                   f"{min_index}", applied=applied)
+            await asyncio.sleep(0.05)
+        # The scan is a consistent view taken on the loop; hashing it is slow, so off it.
+        out = await self._run(lambda: _digest_rows(rows, limit))
+        return web.json_response({"node": self.p.id, "partition": int(request.match_info["p"]),
+                                  "applied": applied, **out})
+
     async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:
         url = f"http://{addr}{request.rel_url.raw_path_qs}"
         headers = {FORWARDED: self.p.id}
@@ -495,6 +590,45 @@ class TablesApi:
             data = await r.read()
             return web.Response(status=r.status, body=data,
                                 content_type=r.content_type or "application/octet-stream")
+
+
+def decode_partition_batch(raw: bytes) -> tuple[bytes | None, list[tuple[bytes, bytes | None]]]:
+    """The body of a partition batch: msgpack ``{"id": bin | nil, "ops": [[key, value | nil],
+    ...]}`` (binary keys and values; nil value deletes). Raises ``CommandError``."""
+    try:
+        body = msgpack.unpackb(raw, raw=False, max_array_len=MAX_BATCH_OPS, max_map_len=4)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as e:
+        raise CommandError(f'a partition batch is msgpack {{"id", "ops"}}: {e}') from None
+    if not isinstance(body, dict) or not isinstance(body.get("ops"), list) or not body["ops"]:
+        raise CommandError('a partition batch is msgpack {"id": bytes, "ops": [[key, value]]}'
+                           " with at least one op")
+    batch_id = body.get("id")
+    if batch_id is not None and not isinstance(batch_id, bytes):
+        raise CommandError("the batch id must be bytes")
+    ops: list[tuple[bytes, bytes | None]] = []
+    for op in body["ops"]:
+        if not (isinstance(op, list) and len(op) == 2 and isinstance(op[0], bytes)
+                and (op[1] is None or isinstance(op[1], bytes))):
+            raise CommandError(f"batch item {op!r:.60} is not a [key bytes, value bytes|nil] pair")
+        ops.append((op[0], op[1]))
+    return batch_id, ops
+
+
+def _digest_rows(rows: Iterable[tuple[bytes, bytes]], limit: int) -> dict[str, Any]:
+    b = DigestBuilder()
+    listed: dict[str, str] | None = {} if limit > 0 else None
+    for k, v in rows:
+        if not user_key(k):
+            continue
+        b.add(k, v)
+        if listed is not None:
+            if b.count > limit:
+                listed = None
+            else:
+                listed[k.hex()] = f"{row_hash(k, v):016x}"
+    d = b.result()
+    return {"count": d.count, "digest": d.digest, "rows": listed}
 
 
 def _desc_json(d: TableDescriptor) -> dict[str, Any]:

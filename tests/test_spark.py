@@ -1,0 +1,224 @@
+"""Issue 6: ``raftkv.spark`` bulk load and verify, with a real local SparkSession against
+real ``raftkv serve`` processes.
+
+One 3-node cluster and one SparkSession (``local[2,4]``: 2 threads, a task may fail 3
+times and be retried, as on a real cluster) serve the whole module; each test uses its
+own table.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from raftkv.client import Client
+from raftkv.placement.assignments import partition_of
+from raftkv.placement.catalog import partition_group
+from raftkv.testing.procs import ProcCluster
+from raftkv.testing.spark_hooks import FailOnce, TouchAt
+from storage.layout import group_paths
+
+pyspark = pytest.importorskip("pyspark")
+
+from raftkv.spark import SparkJobError, bulk_load, session, verify  # noqa: E402
+
+if sys.platform != "linux":  # pragma: no cover
+    pytest.skip("process tests need Linux", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    s = session("local[2,4]", app_name="raftkv-tests")
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
+    with ProcCluster(str(tmp_path_factory.mktemp("spark")), size=3, tick=0.02) as c:
+        c.start()
+        yield c
+
+
+def _eps(c: ProcCluster, ids: list[str] | None = None) -> list[str]:
+    return [f"127.0.0.1:{n.http_port}" for i, n in c.nodes.items() if ids is None or i in ids]
+
+
+def _table(c: ProcCluster, name: str, partitions: int) -> Client:
+    admin = c.client(timeout=30)
+    admin.create_table(name, partitions, 3)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        d = admin.describe_table(name)
+        if all(p["leader"] for p in d["partitions"]):
+            return admin
+        time.sleep(0.1)
+    raise AssertionError(f"{name}: not every partition elected a leader")
+
+
+def _rows(spark: Any, n: int, tag: str = "") -> Any:
+    return spark.range(n).selectExpr(
+        "concat('user-', id) as id", f"concat('name-{tag}', id) as name",
+        "id % 100 as age")
+
+
+def _count_everywhere(c: ProcCluster, client: Client, table: str) -> dict[str, int]:
+    """Rows per node of the table, from every replica's own digest."""
+    d = client.describe_table(table)
+    out: dict[str, int] = {}
+    for p in d["partitions"]:
+        for node in p["hosted_on"]:
+            got = client.partition_digest(table, p["partition"], d["http"][node])
+            out[node] = out.get(node, 0) + got["count"]
+    return out
+
+
+def test_a_200k_row_load_into_16_partitions_verifies_clean_and_a_rerun_is_skipped(
+    spark: Any, cluster: ProcCluster
+) -> None:
+    """Load, report, verify; the same load id again applies nothing twice (idempotent
+    batches) and the counts stay exact."""
+    admin = _table(cluster, "users", 16)
+    df = _rows(spark, 200_000)
+    rep = bulk_load(df, "users", "id", ["name", "age"], cluster=_eps(cluster), load_id="L1")
+    assert rep.rows == rep.stored == 200_000
+    assert len(rep.partitions) == 16 and all(p.rows > 0 for p in rep.partitions)
+    assert rep.batches == sum(-(-p.stored // 1000) for p in rep.partitions)
+    assert admin.get("user-12345", table="users") == b'{"name":"name-12345","age":45}'
+    v = verify(df, "users", "id", ["name", "age"], cluster=_eps(cluster))
+    assert v.ok and v.rows == 200_000 and v.replicas_checked == 48, v.format()
+
+    again = bulk_load(df, "users", "id", ["name", "age"], cluster=_eps(cluster),
+                      load_id="L1")
+    assert again.batches == rep.batches and sum(p.skipped for p in again.partitions) \
+        == again.batches
+    assert set(_count_everywhere(cluster, admin, "users").values()) == {200_000}
+
+
+def test_a_follower_killed_during_the_load_catches_up_and_verify_is_clean(
+    spark: Any, cluster: ProcCluster, tmp_path: Path
+) -> None:
+    admin = _table(cluster, "events", 16)
+    d = admin.describe_table("events")
+    led = {n: sum(p["leader"] == n for p in d["partitions"]) for n in cluster.nodes}
+    victim = min(led, key=lambda n: led[n])  # the node that leads the fewest partitions
+    others = [n for n in cluster.nodes if n != victim]
+    df = _rows(spark, 100_000, "e")
+    mark = TouchAt(str(tmp_path / "writing"), at=(0, 5))
+    done = threading.Event()
+
+    def kill_once_writing() -> None:
+        while not done.is_set() and not mark.reached():
+            time.sleep(0.01)
+        cluster.kill(victim)
+
+    killer = threading.Thread(target=kill_once_writing)
+    killer.start()
+    try:
+        # Only the survivors' endpoints: the victim's HTTP port is gone mid-load.
+        rep = bulk_load(df, "events", "id", ["name"], cluster=_eps(cluster, others),
+                        batch_rows=500, on_batch=mark)
+    finally:
+        done.set()
+        killer.join()
+    assert mark.reached()
+    assert not cluster.nodes[victim].alive
+    assert rep.rows == rep.stored == 100_000
+    cluster.start(victim)
+    v = verify(df, "events", "id", ["name"], cluster=_eps(cluster), timeout=60)
+    assert v.ok and v.replicas_checked == 48, v.format()
+
+
+def test_a_retried_spark_task_never_applies_a_batch_twice(
+    spark: Any, cluster: ProcCluster
+) -> None:
+    admin = _table(cluster, "retried", 4)
+    df = _rows(spark, 20_000, "r")
+    # Partition 2 gets ~5,000 rows: 50 batches of 100; the first attempt dies after 25.
+    rep = bulk_load(df, "retried", "id", ["name"], cluster=_eps(cluster), batch_rows=100,
+                    inflight=1, on_batch=FailOnce(2, 25))
+    p2 = rep.partitions[2]
+    assert p2.attempt == 1 and p2.skipped == 25 and p2.batches == -(-p2.stored // 100)
+    assert rep.rows == rep.stored == 20_000
+    assert set(_count_everywhere(cluster, admin, "retried").values()) == {20_000}
+    assert verify(df, "retried", "id", ["name"], cluster=_eps(cluster)).ok
+
+
+def _corrupt(c: ProcCluster, node: str, table: str, partition: int,
+             delete: list[bytes], alter: list[bytes]) -> None:
+    """Test-only corruption: write straight into one replica's live LMDB state store (LMDB
+    allows a second process; the server's next read sees the change)."""
+    _, state = group_paths(c.nodes[node].data_dir, partition_group(table, partition))
+    env = lmdb.open(state, subdir=True, max_dbs=2, create=False)
+    try:
+        with env.begin(write=True) as txn:
+            data = env.open_db(b"data", txn=txn, create=False)
+            for k in delete:
+                assert txn.delete(k, db=data)
+            for k in alter:
+                assert txn.put(k, b"tampered", db=data)
+    finally:
+        env.close()
+
+
+def test_verify_names_exactly_the_corrupted_keys_partition_and_replica_and_the_cli_fails(
+    spark: Any, cluster: ProcCluster, tmp_path: Path
+) -> None:
+    _table(cluster, "small", 4)
+    df = _rows(spark, 2000, "s")
+    path = str(tmp_path / "small.parquet")
+    df.write.parquet(path)
+    cli = [sys.executable, "-m", "raftkv.cli", "--endpoints", ",".join(_eps(cluster)),
+           "spark"]
+    common = ["--table", "small", "--input", path, "--key", "id", "--value-cols", "name",
+              "--master", "local[2]"]
+    load = subprocess.run(cli + ["load", *common], capture_output=True, text=True,
+                          timeout=300)
+    assert load.returncode == 0, load.stderr[-2000:]
+    assert "2000 rows" in load.stdout and "stage 2/2 (write)" in load.stdout
+    keys = [f"user-{i}".encode() for i in range(2000)]
+    in_p1 = [k for k in keys if partition_of(k, 4) == 1]
+    deleted, altered = in_p1[:2], in_p1[10:11]
+    _corrupt(cluster, "n2", "small", 1, deleted, altered)
+
+    v = verify(df, "small", "id", ["name"], cluster=_eps(cluster))
+    assert not v.ok
+    assert [(m.partition, m.node) for m in v.mismatches] == [(1, "n2")]
+    m = v.mismatches[0]
+    assert m.missing == sorted(deleted) and m.altered == altered and m.extra == []
+
+    check = subprocess.run(cli + ["verify", *common], capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 3, check.stderr[-2000:]
+    assert "partition 1 on n2" in check.stdout and repr(deleted[0]) in check.stdout
+
+
+def test_bad_input_is_refused_before_any_write(spark: Any, cluster: ProcCluster) -> None:
+    admin = _table(cluster, "guarded", 4)
+    eps = _eps(cluster)
+    df = _rows(spark, 1000)
+    with pytest.raises(SparkJobError, match="no key column 'nope'"):
+        bulk_load(df, "guarded", "nope", ["name"], cluster=eps)
+    with pytest.raises(SparkJobError, match="value columns"):
+        bulk_load(df, "guarded", "id", ["missing"], cluster=eps)
+    nulls = df.selectExpr("CASE WHEN age = 7 THEN NULL ELSE id END AS id", "name")
+    with pytest.raises(SparkJobError, match="null key"):
+        bulk_load(nulls, "guarded", "id", ["name"], cluster=eps)
+    huge = df.selectExpr("concat(id, repeat('k', 600)) as id", "name")
+    with pytest.raises(SparkJobError, match="over the limit"):
+        bulk_load(huge, "guarded", "id", ["name"], cluster=eps)
+    with pytest.raises(SparkJobError, match="unknown table 'nope'"):
+        bulk_load(df, "nope", "id", ["name"], cluster=eps)
+    with pytest.raises(SparkJobError, match="unreachable"):
+        bulk_load(df, "guarded", "id", ["name"], cluster=["127.0.0.1:9"])
+    assert set(_count_everywhere(cluster, admin, "guarded").values()) == {0}
