@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/ruff check raftkv storage recovery benchmarks tests
 	$(BIN)/mypy raftkv/core raftkv/node raftkv/transport raftkv/server raftkv/kv.py raftkv/embedded.py \
-		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py \
+		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py raftkv/spark \
 		storage recovery
 	$(BIN)/python -m pytest
 
