@@ -17,6 +17,8 @@ import pytest
 
 from raftkv.client import Client, ClientError
 from raftkv.placement.assignments import calc_assignments
+from raftkv.placement.catalog import partition_group
+from raftkv.placement.leader_balance import preferred_leader
 from raftkv.testing.procs import ProcCluster
 
 TABLE, PARTS = "users", 8
@@ -220,3 +222,27 @@ def test_drop_a_table_under_load_on_it_and_on_another(cluster: ProcCluster) -> N
     print(f"drop call {drop_call:.3f}s, {len(acked[other])} writes to {other} kept, "
           f"{len(failures[TABLE])} refused on {TABLE}")
     admin.close()
+
+
+def test_partition_leadership_moves_to_each_partitions_preferred_voter(
+    cluster: ProcCluster,
+) -> None:
+    """Elections leave most partitions on whichever node timed out first; the balancer
+    hands each to its rendezvous-preferred voter, so every node leads its share."""
+    admin = cluster.client()
+    admin.create_table("balanced", 12, 3)
+    want = {p: preferred_leader(partition_group("balanced", p), ["n1", "n2", "n3"])
+            for p in range(12)}
+
+    def balanced() -> Any:
+        d = admin.describe_table("balanced")
+        got = {p["partition"]: p["leader"] for p in d["partitions"]}
+        return True if got == want else got
+
+    _wait(balanced, 60, "every partition led by its preferred voter")
+    counts = {n: sum(v == n for v in want.values()) for n in ("n1", "n2", "n3")}
+    assert min(counts.values()) >= 2, counts  # rendezvous spreads 12 over 3 nodes
+    data = {f"b-{i}": f"v{i}" for i in range(60)}
+    for k, v in data.items():
+        admin.put(k, v, table="balanced")
+    assert all(admin.get(k, table="balanced") == v.encode() for k, v in data.items())

@@ -8,7 +8,6 @@ own table.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -19,6 +18,8 @@ from typing import Any
 
 import lmdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raftkv.client import Client
 from raftkv.placement.assignments import partition_of
@@ -29,7 +30,7 @@ from storage.layout import group_paths
 
 pyspark = pytest.importorskip("pyspark")
 
-from raftkv.spark import SparkJobError, bulk_load, session, verify  # noqa: E402
+from raftkv.spark import SparkJobError, bulk_load, session, verify
 
 if sys.platform != "linux":  # pragma: no cover
     pytest.skip("process tests need Linux", allow_module_level=True)
@@ -182,7 +183,7 @@ def test_verify_names_exactly_the_corrupted_keys_partition_and_replica_and_the_c
            "spark"]
     common = ["--table", "small", "--input", path, "--key", "id", "--value-cols", "name",
               "--master", "local[2]"]
-    load = subprocess.run(cli + ["load", *common], capture_output=True, text=True,
+    load = subprocess.run(cli + ["load", *common], check=False, capture_output=True, text=True,
                           timeout=300)
     assert load.returncode == 0, load.stderr[-2000:]
     assert "2000 rows" in load.stdout and "stage 2/2 (write)" in load.stdout
@@ -197,7 +198,7 @@ def test_verify_names_exactly_the_corrupted_keys_partition_and_replica_and_the_c
     m = v.mismatches[0]
     assert m.missing == sorted(deleted) and m.altered == altered and m.extra == []
 
-    check = subprocess.run(cli + ["verify", *common], capture_output=True, text=True,
+    check = subprocess.run(cli + ["verify", *common], check=False, capture_output=True, text=True,
                            timeout=300)
     assert check.returncode == 3, check.stderr[-2000:]
     assert "partition 1 on n2" in check.stdout and repr(deleted[0]) in check.stdout
@@ -222,3 +223,30 @@ def test_bad_input_is_refused_before_any_write(spark: Any, cluster: ProcCluster)
     with pytest.raises(SparkJobError, match="unreachable"):
         bulk_load(df, "guarded", "id", ["name"], cluster=["127.0.0.1:9"])
     assert set(_count_everywhere(cluster, admin, "guarded").values()) == {0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=8)),
+                          st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)),
+                          st.one_of(st.none(), st.booleans())), min_size=1, max_size=20))
+def test_the_column_wise_json_values_equal_the_per_row_encoder(
+    rows: list[tuple[str | None, int | None, bool | None]]
+) -> None:
+    """Load and verify may take either path for a batch, so they must agree byte for byte
+    (or the fast path must decline)."""
+    import pyarrow as pa
+
+    from raftkv.spark.rows import value_encoder
+    from raftkv.spark.shuffle import _json_objects
+
+    b = pa.RecordBatch.from_pydict({"s": [r[0] for r in rows], "n": [r[1] for r in rows],
+                                    "ok": [r[2] for r in rows]},
+                                   schema=pa.schema([("s", pa.string()), ("n", pa.int64()),
+                                                     ("ok", pa.bool_())]))
+    fast = _json_objects(b, ["s", "n", "ok"])
+    slow = [value_encoder(["s", "n", "ok"], None)(r) for r in b.to_pylist()]
+    if fast is None:
+        assert any(r[0] is not None and any(c in r[0] for c in '"\\') or
+                   r[0] is not None and any(ord(c) < 0x20 for c in r[0]) for r in rows)
+    else:
+        assert fast.to_pylist() == slow

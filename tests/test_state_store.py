@@ -456,7 +456,8 @@ def test_digest_follows_the_documented_formula(store: Store) -> None:
 
 
 rows_strategy = st.dictionaries(
-    st.binary(min_size=1, max_size=12), st.binary(max_size=16), min_size=0, max_size=40
+    st.binary(min_size=1, max_size=12).filter(user_key), st.binary(max_size=16),
+    min_size=0, max_size=40,
 )
 
 

@@ -52,12 +52,15 @@ def partitions_of(keys: Iterable[bytes], partitions: int) -> list[int]:
             for k in keys]
 
 
+def rendezvous(name: str, nodes: Iterable[str]) -> list[str]:
+    """``nodes`` by rendezvous (highest-random-weight) score for ``name``, best first."""
+    scored = sorted(((_hash64(f"{name}/{n}".encode()), n) for n in set(nodes)), reverse=True)
+    return [n for _, n in scored]
+
+
 def calc_assignments(table: str, partition: int, nodes: Iterable[str], replicas: int) -> list[str]:
     """The ``replicas`` nodes with the highest rendezvous score for this partition."""
-    scored = sorted(
-        ((_hash64(f"{table}/{partition}/{n}".encode()), n) for n in set(nodes)), reverse=True
-    )
-    return sorted(n for _, n in scored[:replicas])
+    return sorted(rendezvous(f"{table}/{partition}", nodes)[:replicas])
 
 
 def encode_nodes(nodes: Iterable[str]) -> bytes:

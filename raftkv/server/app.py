@@ -43,7 +43,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from raftkv.core import ConfChangeRejected, NotLeader, TransferRejected
+from raftkv.core import ConfChangeRejected, NotLeader, ProposalDropped, TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.server.metrics import StatusCollector
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 KV_PREFIX = "/v1/kv/"
 # Status codes for errors a leader reports on a forwarded write, by error kind.
 _REMOTE_STATUS = {"CommandError": 400, "NotLeader": 503, "UnknownGroup": 404,
-                  "RequestTimeout": 504, "NodeStopped": 503}
+                  "RequestTimeout": 504, "NodeStopped": 503, "ProposalDropped": 503}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,6 +73,8 @@ def _status_of(e: BaseException) -> web.Response:
         return error(503, "no leader is known; retry shortly", leader=None)
     if isinstance(e, ConfChangeRejected | TransferRejected):
         return error(409, str(e))
+    if isinstance(e, ProposalDropped):  # a leadership transfer is under way: nothing applied
+        return error(503, str(e))
     if isinstance(e, RequestTimeout | TimeoutError):
         return error(504, str(e) or "timed out")
     if isinstance(e, UnknownGroup):

@@ -2,7 +2,8 @@
 
 Every node hosts the metastore group (``meta``; the founding peers are its voters, a
 ``--join``ed node is admitted as a non-voting learner) and a ``PlacementManager``, which
-hosts the partition groups (``t.<table>.<p>``) this node is assigned.
+hosts the partition groups (``t.<table>.<p>``) this node is assigned, and a
+``LeaderBalancer``, which hands each partition's leadership to its preferred voter.
 
 Endpoints (JSON; errors are ``{"error": ...}``):
 
@@ -57,7 +58,7 @@ from aiohttp import web
 from raftkv.core import NotLeader, Role
 from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, UnknownGroup
-from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of
+from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of, partitions_of
 from raftkv.placement.catalog import (
     TABLES_PREFIX,
     TOPOLOGY_KEY,
@@ -67,6 +68,7 @@ from raftkv.placement.catalog import (
     partition_group,
     table_key,
 )
+from raftkv.placement.leader_balance import LeaderBalancer
 from raftkv.placement.meta_commands import Cond, InvokeResult, Op
 from raftkv.placement.rebalance import (
     PlacementManager,
@@ -119,17 +121,20 @@ class Placement:
         self.mgr = PlacementManager(
             self.meta, data_dir, durable=durable,
             retry=RetryPolicy(base=0.05, cap=1.0, max_attempts=30), watch_timeout=2.0)
+        self.balancer = LeaderBalancer(self.node)
         self._stop = threading.Event()
         self._http: dict[str, str] = {}
         self._http_at = 0.0
 
     def start(self) -> None:
         self.mgr.start()
+        self.balancer.start()
         threading.Thread(target=self._publish, name=f"placement-publish-{self.id}",
                          daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.balancer.stop()
         self.mgr.stop()
 
     # -- background: publish this node's HTTP address (and the founders' topology) --------
@@ -527,10 +532,10 @@ class TablesApi:
         body = await request.read()
         batch_id, ops = decode_partition_batch(body)
         p = int(request.match_info["p"])
-        for k, _ in ops:
-            if partition_of(k, count) != p:
-                raise CommandError(f"key {k[:64]!r} belongs to partition "
-                                   f"{partition_of(k, count)}, not {p}")
+        for k, got in zip((k for k, _ in ops), partitions_of([k for k, _ in ops], count),
+                          strict=True):
+            if got != p:
+                raise CommandError(f"key {k[:64]!r} belongs to partition {got}, not {p}")
         cmd = encode_batch(ops, batch_id)
         if gid not in self.p.node.groups:
             return await self._elsewhere(request, name, gid, ops[0][0], body)
@@ -592,7 +597,7 @@ class TablesApi:
                                 content_type=r.content_type or "application/octet-stream")
 
 
-def decode_partition_batch(raw: bytes) -> tuple[bytes | None, list[tuple[bytes, bytes | None]]]:
+def decode_partition_batch(raw: bytes) -> tuple[bytes | None, list[list[Any]]]:
     """The body of a partition batch: msgpack ``{"id": bin | nil, "ops": [[key, value | nil],
     ...]}`` (binary keys and values; nil value deletes). Raises ``CommandError``."""
     try:
@@ -606,13 +611,11 @@ def decode_partition_batch(raw: bytes) -> tuple[bytes | None, list[tuple[bytes, 
     batch_id = body.get("id")
     if batch_id is not None and not isinstance(batch_id, bytes):
         raise CommandError("the batch id must be bytes")
-    ops: list[tuple[bytes, bytes | None]] = []
-    for op in body["ops"]:
-        if not (isinstance(op, list) and len(op) == 2 and isinstance(op[0], bytes)
-                and (op[1] is None or isinstance(op[1], bytes))):
+    ops = body["ops"]
+    for op in ops:
+        if not (type(op) is list and len(op) == 2 and type(op[0]) is bytes):
             raise CommandError(f"batch item {op!r:.60} is not a [key bytes, value bytes|nil] pair")
-        ops.append((op[0], op[1]))
-    return batch_id, ops
+    return batch_id, ops  # values (bytes or nil) and every limit: encode_batch checks
 
 
 def _digest_rows(rows: Iterable[tuple[bytes, bytes]], limit: int) -> dict[str, Any]:
