@@ -250,3 +250,17 @@ def test_the_column_wise_json_values_equal_the_per_row_encoder(
                    r[0] is not None and any(ord(c) < 0x20 for c in r[0]) for r in rows)
     else:
         assert fast.to_pylist() == slow
+
+
+def test_the_cli_refuses_an_unknown_table_or_a_missing_input_without_starting_spark(
+    cluster: ProcCluster, tmp_path: Path
+) -> None:
+    cli = [sys.executable, "-m", "raftkv.cli", "--endpoints", ",".join(_eps(cluster)),
+           "spark", "load", "--key", "id"]
+    exists = tmp_path / "in.csv"
+    exists.write_text("id,name\n1,a\n")
+    for args, why in ((["--table", "nope", "--input", str(exists)], "unknown table 'nope'"),
+                      (["--table", "nope", "--input", str(tmp_path / "x.csv")],
+                       "does not exist")):
+        r = subprocess.run(cli + args, check=False, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stderr

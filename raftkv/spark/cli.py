@@ -14,14 +14,25 @@ written if it came before the write stage), 3 verify found mismatches.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from raftkv.spark import SparkJobError, bulk_load, read_input, session, verify
+from raftkv.spark.cluster import table_view
 
 MISMATCH_EXIT = 3
 
 
 def run(args: argparse.Namespace, endpoints: str) -> int:
+    eps = [e.split("://", 1)[-1] for e in endpoints.split(",") if e]
+    try:
+        # Before starting a JVM: a missing input or an unknown table fails in a second.
+        if "://" not in args.input and not os.path.exists(args.input):
+            raise SparkJobError(f"input {args.input} does not exist")
+        table_view(eps, args.table)
+    except SparkJobError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     try:
         spark = session(args.master, app_name=f"raftkv {args.action} {args.table}")
     except Exception as e:  # noqa: BLE001 - no JVM, bad master URL: one line, not a trace
@@ -35,7 +46,6 @@ def run(args: argparse.Namespace, endpoints: str) -> int:
                                 f"are {df.columns}")
         cols = ([c for c in args.value_cols.split(",") if c] if args.value_cols
                 else [c for c in df.columns if c != args.key])
-        eps = [e.split("://", 1)[-1] for e in endpoints.split(",") if e]
         if args.action == "load":
             bulk_load(df, args.table, args.key, cols, cluster=eps, batch_rows=args.batch_rows,
                       load_id=args.load_id, progress=True)
