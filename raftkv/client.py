@@ -172,15 +172,21 @@ class Client:
         body = json.loads(data)
         return bool(body["swapped"]), int(body["index"])
 
-    def batch(self, ops: list[tuple[bytes | str, bytes | str | None]]) -> int:
-        """Puts (and deletes, value None) applied atomically as one log entry."""
+    def batch(self, ops: list[tuple[bytes | str, bytes | str | None]],
+              table: str | None = None) -> Any:
+        """Puts (and deletes, value None) as one log entry, atomically: the entry's index.
+        With a ``table``: one atomic entry per partition, ``{partition: index}``."""
         body = msgpack.packb(
             [[k.encode() if isinstance(k, str) else k,
               v.encode() if isinstance(v, str) else v] for k, v in ops], use_bin_type=True,
         )
-        _, data = self.request("POST", "/v1/batch", body,
+        path = "/v1/batch" if table is None else f"/v1/tables/{quote(table, safe='')}/batch"
+        _, data = self.request("POST", path, body,
                                headers={"Content-Type": "application/x-msgpack"})
-        return int(json.loads(data)["index"])
+        answer = json.loads(data)
+        if table is None:
+            return int(answer["index"])
+        return {int(p): i for p, i in answer["partitions"].items()}
 
     def batch_put(self, items: dict[str, str] | dict[bytes, bytes]) -> int:
         return self.batch(list(items.items()))

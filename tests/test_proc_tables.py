@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from raftkv.client import Client, ClientError
-from raftkv.placement.assignments import calc_assignments
+from raftkv.placement.assignments import calc_assignments, partition_of
 from raftkv.placement.catalog import partition_group
 from raftkv.placement.leader_balance import preferred_leader
 from raftkv.testing.procs import ProcCluster
@@ -228,7 +228,8 @@ def test_partition_leadership_moves_to_each_partitions_preferred_voter(
     cluster: ProcCluster,
 ) -> None:
     """Elections leave most partitions on whichever node timed out first; the balancer
-    hands each to its rendezvous-preferred voter, so every node leads its share."""
+    hands each to its rendezvous-preferred voter, so every node leads its share. Then a
+    table batch writes across the partitions."""
     admin = cluster.client()
     admin.create_table("balanced", 12, 3)
     want = {p: preferred_leader(partition_group("balanced", p), ["n1", "n2", "n3"])
@@ -242,7 +243,14 @@ def test_partition_leadership_moves_to_each_partitions_preferred_voter(
     _wait(balanced, 60, "every partition led by its preferred voter")
     counts = {n: sum(v == n for v in want.values()) for n in ("n1", "n2", "n3")}
     assert min(counts.values()) >= 2, counts  # rendezvous spreads 12 over 3 nodes
+    # A table batch: one atomic entry per partition, every partition it touches.
     data = {f"b-{i}": f"v{i}" for i in range(60)}
-    for k, v in data.items():
-        admin.put(k, v, table="balanced")
+    indexes = admin.batch(list(data.items()), table="balanced")
+    assert set(indexes) == {partition_of(k.encode(), 12) for k in data}
     assert all(admin.get(k, table="balanced") == v.encode() for k, v in data.items())
+    with pytest.raises(ClientError) as e:  # checked before anything is proposed
+        admin.batch([("b-0", "changed"), ("k" * 600, "v")], table="balanced")
+    assert e.value.status == 400 and admin.get("b-0", table="balanced") == b"v0"
+    with pytest.raises(ClientError) as e:
+        admin.batch([("x", "y")], table="nope")
+    assert e.value.status == 404

@@ -22,6 +22,14 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   ``unknown table``.
 - ``PUT /v1/tables/{t}/replicas`` ``{"replicas": n}``: ``{"revision"}``; 400 if n exceeds
   the node count.
+- ``POST /v1/tables/{t}/batch``: puts and deletes (``app.decode_batch_body``'s formats)
+  split by partition, one atomic entry per partition, the partitions concurrently:
+  ``{"ops", "partitions": {p: index}}``. Not atomic across partitions: on a failure the
+  error lists ``applied`` and ``failed`` partitions.
+- ``POST /v1/tables/{t}/partitions/{p}/batch``: msgpack ``{"id", "ops"}``, one idempotent
+  batch into partition p (the Spark loader's): ``{"index", "ops", "applied"}``.
+- ``GET /v1/tables/{t}/partitions/{p}/digest``: this node's replica's user rows, count and
+  digest (``?min_index``, ``?linearizable``, ``?keys``; the Spark verifier's).
 - ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: the key's partition is ``partition_of(key,
   partitions)``. A node hosting that partition's group serves it (reads linearizable, writes
   forwarded to the group leader by the driver); any other node proxies the request to a
@@ -47,7 +55,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -224,6 +232,7 @@ class TablesApi:
         r.add_get("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_put("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_delete("/v1/tables/{table}/kv/{key:.*}", self.kv)
+        r.add_post("/v1/tables/{table}/batch", self.table_batch)
         r.add_post("/v1/tables/{table}/partitions/{p}/batch", self.partition_batch)
         r.add_get("/v1/tables/{table}/partitions/{p}/digest", self.partition_digest)
         r.add_post("/v1/cluster/nodes", self.add_node)
@@ -510,6 +519,64 @@ class TablesApi:
             raise
         return web.json_response({"index": index})
 
+    async def table_batch(self, request: web.Request) -> web.Response:
+        """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
+        partition, all partitions concurrently. Not atomic across partitions (each is its
+        own Raft group): on a failure the answer lists what was applied where."""
+        from raftkv.server.app import decode_batch_body
+
+        name = self._name(request)
+        desc = self.p.mgr.table(name) or await self._desc(name)
+        ops = decode_batch_body(await request.read(), request.content_type)
+        if not ops:
+            raise CommandError("a batch needs at least one operation")
+        per: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        for op, p in zip(ops, partitions_of([k for k, _ in ops], desc.partitions),
+                         strict=True):
+            per.setdefault(p, []).append(op)
+        cmds = {p: encode_batch(o) for p, o in per.items()}  # every op checked up front
+        got = await asyncio.gather(*(self._batch_into(name, p, cmds[p], per[p])
+                                     for p in sorted(per)), return_exceptions=True)
+        applied = {p: r for p, r in zip(sorted(per), got, strict=True)
+                   if not isinstance(r, BaseException)}
+        failed = {p: r for p, r in zip(sorted(per), got, strict=True)
+                  if isinstance(r, BaseException)}
+        if not failed:
+            return web.json_response({"ops": len(ops), "partitions": applied})
+        first = next(iter(failed.values()))
+        status = first.status if isinstance(first, _PartitionFailed) else 503
+        return _error(status, f"{len(failed)} of {len(per)} partitions failed: {first}",
+                      applied=applied, failed={p: str(e) for p, e in failed.items()})
+
+    async def _batch_into(self, name: str, p: int, cmd: bytes,
+                          ops: Sequence[tuple[bytes, bytes | None]]) -> int:
+        """Apply one partition's share of a table batch; its log index."""
+        from raftkv.server.app import _wait
+
+        gid = partition_group(name, p)
+        if gid in self.p.node.groups:
+            index: int = await _wait(self.p.node.propose(gid, cmd, lambda i, r: i))
+            return index
+        route = self.p.mgr.route(name, ops[0][0])
+        addrs = await self._run(self.p.http_addrs)
+        body = msgpack.packb({"id": None, "ops": [[k, v] for k, v in ops]}, use_bin_type=True)
+        last: Exception = _PartitionFailed(503, f"no known host of {gid} yet; retry")
+        for n in ([route.leader] if route.leader else []) + list(route.nodes):
+            if n == self.p.id or n not in addrs:
+                continue
+            url = f"http://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
+            try:
+                async with self._session().post(
+                        url, data=body, headers={FORWARDED: self.p.id,
+                                                 "Content-Type": "application/x-msgpack"}) as r:
+                    answer = await r.json(content_type=None)
+                    if r.status == 200:
+                        return int(answer["index"])
+                    last = _PartitionFailed(r.status, str(answer.get("error", answer)))
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                last = _PartitionFailed(503, f"{n}: {e}")
+        raise last
+
     # -- partition batches and replica digests (the Spark loader's and verifier's API) --------
     async def _partition(self, request: web.Request) -> tuple[str, int, str]:
         name = self._name(request)
@@ -595,6 +662,12 @@ class TablesApi:
             data = await r.read()
             return web.Response(status=r.status, body=data,
                                 content_type=r.content_type or "application/octet-stream")
+
+
+class _PartitionFailed(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def decode_partition_batch(raw: bytes) -> tuple[bytes | None, list[list[Any]]]:
