@@ -6,7 +6,6 @@ restart from the data directory, and a PySyncObj-style ``ReplicatedObject``.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,24 +16,15 @@ import raftkv
 from raftkv.core import NotLeader
 from raftkv.examples.counter import Counter
 from raftkv.kv import RaftKV
+from raftkv.testing.procs import free_ports
 from storage.commands import CommandError
 from storage.errors import StorageError
 
 SECRET = b"embedded-test"
 
 
-def ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    out = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return out
-
-
 def peers(n: int = 3) -> dict[str, str]:
-    return {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports(n))}
+    return {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(n))}
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ Tables here have one partition, so every key lives in group ``t.<table>.0``."""
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from raftkv.placement.assignments import decode_nodes
 from raftkv.placement.catalog import partition_group
 from raftkv.placement.rebalance import PlacementManager
 from raftkv.placement.rebalance_steps import switch_keys
+from raftkv.testing.placement_cluster import VoterLog
 from storage.commands import encode_put as kv_put
 from storage.layout import group_paths
 
@@ -98,32 +98,6 @@ def _wait_settled(c: Cluster, nodes: list[str], timeout: float = 20.0) -> None:
     except AssertionError as e:
         raise AssertionError(f"{e}: {_settled(c, nodes)}; "
                              f"{[m.status() for m in c.mgrs.values()]}") from None
-
-
-class VoterLog:
-    """Polls the leader's voters (10 ms) and records each distinct set, in order."""
-
-    def __init__(self, c: Cluster) -> None:
-        self.c = c
-        self.seen: list[list[str]] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for nid, node in list(self.c.nodes.items()):
-                g = node.groups.get(GID)
-                if g is not None and g.raft.role == Role.LEADER:
-                    voters = sorted(g.raft.conf.voters)
-                    if not self.seen or self.seen[-1] != voters:
-                        self.seen.append(voters)
-            time.sleep(0.01)
-
-    def stop(self) -> list[list[str]]:
-        self._stop.set()
-        self._t.join()
-        return self.seen
 
 
 def _record_starts(monkeypatch: pytest.MonkeyPatch, c: Cluster, victim: str,
@@ -196,7 +170,7 @@ def test_seed_example_restart_during_the_non_cancelable_phase(
     wait_for(d_is_voter, 10, "D promoted")
     assert c.assignments(T, 0)[:2] == ([A, B, C], ALL)
 
-    voters = VoterLog(c)
+    voters = VoterLog(c, GID)
     starts = _record_starts(monkeypatch, c, C)
     c.kill(C)
     c.start(C)  # in memory: its log, state and vote are gone
@@ -229,7 +203,7 @@ def test_one_in_memory_replica_restarts_with_a_majority_alive(
     data = {f"k{i}".encode(): f"v{i}".encode() for i in range(10)}
     _put(c, data)
     c.transfer(GID, "n1")
-    voters = VoterLog(c)
+    voters = VoterLog(c, GID)
     starts = _record_starts(monkeypatch, c, "n3")
     c.kill("n3")
     for n in ("n1", "n2"):  # the survivors keep everything

@@ -4,7 +4,6 @@ another node after the metastore leader stops (seed 004 relies on exactly this).
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,23 +13,14 @@ import pytest
 from raftkv.node.driver import Node, NodeConfig
 from raftkv.placement import meta_commands as mc
 from raftkv.placement.service import MetaService
+from raftkv.testing.procs import free_ports
 
 Cond, Op = mc.Cond, mc.Op
 
 
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture
 def metas(tmp_path: Path) -> Iterator[dict[str, MetaService]]:
-    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(_ports(3))}
+    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
     out = {}
     for nid, addr in peers.items():
         node = Node(NodeConfig(nid, addr, b"meta-secret", peers=peers,

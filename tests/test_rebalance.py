@@ -10,17 +10,15 @@ two ways the seed's literal step (1) loses the latest intent."""
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from raftkv.core import ConfChange, ConfChangeRejected, NotLeader, Role
-from raftkv.node.driver import Node, NodeConfig
+from raftkv.core import ConfChange, ConfChangeRejected, Role
 from raftkv.placement.assignments import (
     DONE_CLEARED,
     PENDING_WRITTEN,
@@ -39,7 +37,7 @@ from raftkv.placement.assignments import rebalance_done as literal_done
 from raftkv.placement.catalog import TableDescriptor, parse_partition_key, partition_group
 from raftkv.placement.meta_commands import decode_revision, encode_iif, encode_put
 from raftkv.placement.metastore import MetaStore
-from raftkv.placement.rebalance import PlacementManager, StaleTerm, join_metastore_as_learner
+from raftkv.placement.rebalance import PlacementManager, StaleTerm
 from raftkv.placement.rebalance_steps import (
     ALREADY_PLACED,
     DONE_STALE,
@@ -50,14 +48,9 @@ from raftkv.placement.rebalance_steps import (
     plan_rebalance,
 )
 from raftkv.placement.retry import Backoff, RetryPolicy
-from raftkv.placement.service import MetaService
+from raftkv.testing.placement_cluster import ALL, META, Cluster, wait_for
 from storage.commands import encode_put as kv_put
 
-SECRET = b"rebalance-secret"
-META = ["n1", "n2", "n3"]
-ALL = ["n1", "n2", "n3", "n4"]
-TICK = 0.02
-DURABLE = True  # fsync every Ready, as in production
 TABLE = "users"
 PARTS = 8
 
@@ -164,176 +157,8 @@ def test_catalog_names_and_backoff() -> None:
 
 
 # ============================================================ real nodes ===================
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-        except Exception as e:  # noqa: BLE001  # transient (leader change, stopped group)
-            last = e
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-class Cluster:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.addrs = {n: f"127.0.0.1:{p}" for n, p in zip(ALL, _ports(len(ALL)), strict=True)}
-        self.nodes: dict[str, Node] = {}
-        self.metas: dict[str, MetaService] = {}
-        self.mgrs: dict[str, PlacementManager] = {}
-        self.admitted: set[str] = set()
-
-    def start(self, nid: str) -> PlacementManager:
-        # Founders know each other; a newcomer knows the founders (and itself).
-        peers = {n: self.addrs[n] for n in META}
-        peers[nid] = self.addrs[nid]
-        data = str(self.root / nid)
-        node = Node(NodeConfig(nid, self.addrs[nid], SECRET, peers=peers, data_dir=data,
-                               tick_seconds=TICK, request_timeout=2.0))
-        meta = MetaService(node, data, META if nid in META else None, durable=DURABLE)
-        node.start()
-        self.nodes[nid], self.metas[nid] = node, meta
-        if nid not in META and nid not in self.admitted:
-            self._admit(nid)
-        mgr = PlacementManager(meta, data, durable=DURABLE,
-                               retry=RetryPolicy(base=0.02, cap=0.5, max_attempts=20),
-                               watch_timeout=2.0)
-        mgr.start()
-        self.mgrs[nid] = mgr
-        return mgr
-
-    def _admit(self, nid: str) -> None:
-        """Add ``nid`` to the metastore as a learner that is never promoted."""
-        def admit() -> bool:
-            join_metastore_as_learner(self.metas[self.meta_leader()], nid,
-                                      self.addrs[nid]).result(5)
-            return True
-
-        wait_for(admit, 10, f"{nid} to join the metastore")
-        self.admitted.add(nid)
-
-    def kill(self, nid: str) -> None:
-        self.mgrs.pop(nid).stop()
-        self.metas.pop(nid)
-        self.nodes.pop(nid).stop()
-
-    def stop(self) -> None:
-        for nid in list(self.nodes):
-            self.kill(nid)
-
-    @property
-    def live(self) -> list[str]:
-        return sorted(self.nodes)
-
-    def meta_leader(self) -> str:
-        for nid, m in self.metas.items():
-            if m.node.groups["meta"].raft.role == Role.LEADER:
-                return nid
-        raise NotLeader("test", None)
-
-    def info(self, nid: str, gid: str) -> dict[str, Any] | None:
-        node = self.nodes[nid]
-
-        def look() -> dict[str, Any] | None:
-            g = node.groups.get(gid)
-            if g is None:
-                return None
-            conf = g.raft.conf
-            return {"role": g.raft.role, "term": g.raft.term, "voters": sorted(conf.voters),
-                    "learners": sorted(conf.learners), "applied": g.state.applied_index(),
-                    "digest": g.state.digest()}
-
-        result: dict[str, Any] | None = node.call(look).result(5)
-        return result
-
-    def leader(self, gid: str) -> str:
-        def find() -> str | None:
-            for nid in self.live:
-                i = self.info(nid, gid)
-                if i is not None and i["role"] == Role.LEADER:
-                    return nid
-            return None
-
-        found: str = wait_for(find, 10, f"a leader of {gid}")
-        return found
-
-    def transfer(self, gid: str, to: str) -> None:
-        def moved() -> bool:
-            lead = self.leader(gid)
-            if lead != to:
-                self.nodes[lead].transfer_leadership(gid, to).result(5)
-            return True
-
-        wait_for(moved, 10, f"{to} to lead {gid}")
-
-    def assignments(self, table: str, p: int) -> tuple[list[str], list[str], list[str]]:
-        m = self.metas[self.live[0]]
-        st, pe, pl, _ = m.get_many(list(partition_keys(table, p))).result(5)
-        return (decode_nodes(st.value if st else None), decode_nodes(pe.value if pe else None),
-                decode_nodes(pl.value if pl else None))
-
-    def put(self, table: str, key: bytes, value: bytes) -> None:
-        gid = partition_group(table, partition_of(key, PARTS))
-
-        def write() -> bool:
-            self.nodes[self.leader(gid)].propose(gid, kv_put(key, value)).result(5)
-            return True
-
-        wait_for(write, 10, f"a write to {gid}")
-
-    def get(self, table: str, key: bytes) -> bytes | None:
-        gid = partition_group(table, partition_of(key, PARTS))
-        got: list[bytes | None] = []
-
-        def read() -> bool:
-            got.append(self.nodes[self.leader(gid)].read(gid, lambda s: s.get(key)).result(5))
-            return True
-
-        wait_for(read, 10, f"a read from {gid}")
-        return got[-1]
-
-    def converged(self, table: str, nodes: list[str], replicas: int) -> bool | str:
-        """Every partition: stable == calc, nothing pending or planned, the leader's voters
-        are stable with no learners, exactly the live stable nodes host it, and their
-        replicas hold the same data. Returns a reason string while not there yet."""
-        for p in range(PARTS):
-            gid = partition_group(table, p)
-            want = calc_assignments(table, p, nodes, replicas)
-            st, pe, pl = self.assignments(table, p)
-            if (st, pe, pl) != (want, [], []):
-                return f"{gid}: metastore {(st, pe, pl)} != {want}"
-            infos = {n: self.info(n, gid) for n in self.live}
-            hosts = {n for n, i in infos.items() if i is not None}
-            if hosts != set(want) & set(self.live):
-                return f"{gid}: hosted on {sorted(hosts)}, want {want}"
-            leaders = [i for i in infos.values() if i is not None and i["role"] == Role.LEADER]
-            if len(leaders) != 1:
-                return f"{gid}: {len(leaders)} leaders"
-            if leaders[0]["voters"] != want or leaders[0]["learners"]:
-                return f"{gid}: voters {leaders[0]['voters']} learners {leaders[0]['learners']}"
-            figures = {(i["applied"], i["digest"]) for i in infos.values() if i is not None}
-            if len(figures) != 1:
-                return f"{gid}: replicas differ {figures}"
-        return True
-
-    def wait_converged(self, table: str, nodes: list[str], replicas: int,
-                       timeout: float = 20.0) -> None:
-        wait_for(lambda: self.converged(table, nodes, replicas) is True, timeout,
-                 f"convergence to {nodes} x{replicas}: {self.converged(table, nodes, replicas)}")
+# Cluster, wait_for: raftkv/testing/placement_cluster.py (also used by test_inmemory_restart
+# and test_placement_chaos).
 
 
 @pytest.fixture

@@ -117,9 +117,28 @@ Choices where the seed is ambiguous or does not fit raftkv
   - "Restarted" means: the table's descriptor was created before this start's incarnation
     key was written. A founder that first starts after the table's creation therefore
     also takes the switch path (safe, one extra remove/add). A node assigned only in
-    pending (a learner, or a promoted voter not yet in stable) is not checked: it starts
-    empty as a joiner (see "missing" in the report: a promoted pending-only voter that
-    restarts in memory is not covered).
+    pending (a learner, or a voter promoted before onRebalanceDone named it in stable)
+    that lost its state *and* hosted the partition before this start (its holds key
+    names an earlier incarnation) leaves pending instead: one invoke, guarded by the
+    revisions of pending and switch.reduce, writes ``pending - {node}`` and adds it to
+    switch.reduce (``rebalance_steps.leave_pending_for_switch_reduce``). The leader's
+    retargeted change removes it from the configuration, onRebalanceDone finds it in
+    ``reduced`` and re-adds it through switch.append, and it starts empty as a joiner
+    once stable (without it) is written. Without this it came back as the voter it was,
+    empty (found by tests/test_placement_chaos.py, seed 11). A pending-only node that
+    never hosted the partition is an ordinary joiner.
+  - Step (2) on a restart: a persistent partition this node hosted before the restart
+    (holds key of an earlier incarnation, log present) is started again while pending
+    is non-empty even if neither stable nor pending names it: a cancel may have dropped
+    it from pending after it was promoted, and the configuration may need it for a
+    quorum (chaos seed 13: the new leader's handover removal of the old leader left
+    a configuration of itself and that node). Step (3) stops it at the next stable
+    update.
+  - A node of switch.reduce waits, not started, to be removed. If pending names it
+    while it is not a voter (a cancel moved into pending a planned assignment naming it
+    after the configuration dropped it), the change would wait for it to catch up as a
+    learner forever: the leader drops such nodes from pending with the same invoke, and
+    onRebalanceDone re-adds them through switch.append (chaos seed 68).
   - "No log" for a persistent partition is: its ``groups/<gid>/log`` directory is absent.
   - Majority is over stable (the seed's assignments), not over the Raft configuration,
     which during a rebalance may also contain pending members.
@@ -328,6 +347,9 @@ class _Partition:
     start_inflight: bool = False  # our holds key is being written before the start
     reduce_inflight: bool = False  # the switch.reduce retry loop is running
     reduce_added: bool = False  # we are in switch.reduce (our cache may not show it yet)
+    leave_pending: bool = False  # lost our state while only in pending: leave it first
+    left_at: int = 0  # the revision of our leave-pending invoke (wait for the cache)
+    unblock_key: tuple[int, int] | None = None  # (pending rev, reduce rev) unblocked for
     wait_scheduled: bool = False
     switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
     gen: int = 0  # the descriptor's create revision: which incarnation of the table
@@ -835,6 +857,13 @@ class PlacementManager:
         self._maybe_plan(part, desc)
         wanted = self.id in stable or self.id in pending
         hosted = part.group in self._hosted
+        if (not wanted and not hosted and pending and self._held_before(part)
+                and not self._in_memory(desc) and self._has_log(part)):
+            # We hosted it before this start and a change is under way: we may be a
+            # voter the change still counts on (promoted, then dropped from pending by
+            # a cancel; chaos seed 13). Rejoin with our log; the leader removes us if
+            # the target excludes us, and step (3) stops the group once stable moves.
+            wanted = True
         stable_rev = self._kv[keys.stable].mod_revision if keys.stable in self._kv else 0
         if wanted and not hosted:
             self._on_partition_start(part, desc, stable, pending)
@@ -959,8 +988,13 @@ class PlacementManager:
             return
         if part.rejoin is None:
             self._clear_stale_files(part)
-            part.rejoin = part.preexisting and self.id in stable and (
-                self._in_memory(desc) or not self._has_log(part))
+            lost = self._in_memory(desc) or not self._has_log(part)
+            part.rejoin = part.preexisting and self.id in stable and lost
+            if (not part.rejoin and part.preexisting and lost and self.id in pending
+                    and len(set(pending) - {self.id}) > 0 and self._held_before(part)):
+                # A member of pending only (learner, or promoted voter) that lost its
+                # state: the same rule as for stable; leave pending, be re-added fresh.
+                part.rejoin = part.leave_pending = True
             if part.rejoin:
                 self.metrics["restarts_detected"] += 1
                 log.info("node %s: %s lost its state (%s): safe restart", self.id, part.group,
@@ -973,7 +1007,12 @@ class PlacementManager:
             return
         reduce = self._nodes(part.sw.reduce)
         if self.id not in stable:
-            if self.id in reduce:  # stable without us is written together with reduce
+            if part.leave_pending:
+                self._leave_pending(part)
+                return
+            if self.id in reduce or self._revision < part.left_at:
+                # stable without us is written together with reduce (or our own
+                # leave-pending invoke has not reached our cache yet)
                 self._wait(part)
                 return
             # Removed from the configuration (stable excludes us only once a configuration
@@ -993,6 +1032,66 @@ class PlacementManager:
             self._add_to_switch_reduce(part)
         else:
             self._wait(part)  # neither: retry later
+
+    def _held_before(self, part: _Partition) -> bool:
+        """Our holds key names an earlier incarnation: we hosted the partition before
+        this start and never stopped hosting it (a stop removes the key)."""
+        h = self._kv.get(holds_key(part.table, part.index, self.id))
+        return (h is not None and bool(h.value)
+                and h.value.split(b"/")[0] != self.incarnation)
+
+    def _leave_pending(self, part: _Partition) -> None:
+        """``rebalance_steps.leave_pending_for_switch_reduce``, retried while the keys
+        move; then wait (not started) until the leader has removed us and re-adds us."""
+        part.reduce_inflight = True
+
+        def attempt() -> None:
+            self._on_loop(self.meta.get_many([part.keys.pending, part.sw.reduce]), read)
+
+        def read(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            pending, reduce = f.result()
+            if pending is None or self.id not in decode_nodes(pending.value) or len(
+                    set(decode_nodes(pending.value)) - {self.id}) == 0:
+                done_leaving(0)  # no longer in pending (or alone in it): nothing to leave
+                return
+            tree = steps.leave_pending_for_switch_reduce(part.keys, part.sw, [self.id],
+                                                         pending, reduce)
+            self._on_loop(self.meta.iif(self._if_table(part, tree)), result)
+
+        def result(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            res = f.result()
+            if res.tag == _DROPPED or not self._current(part):
+                part.reduce_inflight = False
+                return
+            if res.tag != 1:
+                self.metrics["switch_reduce_retries"] += 1
+                attempt()
+                return
+            self.metrics["pending_left"] += 1
+            log.info("node %s: %s lost its state while only in pending: left pending, "
+                     "recorded in switch.reduce", self.id, part.group)
+            done_leaving(res.revision)
+
+        def done_leaving(revision: int) -> None:
+            part.reduce_inflight = False
+            part.leave_pending = False
+            part.left_at = revision
+            self._backoff(part, "reduce").succeeded()
+            self._kick(part.group)
+
+        def fail(exc: BaseException | None) -> None:
+            part.reduce_inflight = False
+            self._failed(part, "reduce", exc or RuntimeError("?"))
+
+        attempt()
 
     def _wait(self, part: _Partition) -> None:
         if part.wait_scheduled:
@@ -1159,7 +1258,14 @@ class PlacementManager:
         hk = holds_key(part.table, part.index, self.id)  # best effort: we hold it no more
         mine = self._kv.get(hk)
         if mine is not None and mine.value.split(b"/")[0] == self.incarnation:
-            self.meta.invoke([Cond.value(hk).eq(mine.value)], [Op.remove(hk)])
+            # Guarded by the revision, not the value: if we host the partition again in
+            # this incarnation, the new holds key has the same value, and a removal that
+            # lands after it must not delete it. Dropped from the cache now, so that
+            # restart writes the key instead of trusting this one (chaos seed 11: a
+            # node hosted a partition without a holds key and, restarted, rejoined as
+            # the voter it was, empty).
+            self.meta.invoke([Cond.revision(hk).eq(mine.mod_revision)], [Op.remove(hk)])
+            self._kv.pop(hk, None)
         self.metrics["partitions_stopped"] += 1
         log.info("node %s: stopped hosting %s", self.id, part.group)
 
@@ -1180,6 +1286,10 @@ class PlacementManager:
         if not pending and reduce is not None and reduce.value:
             self._trigger_switch_reduce(part, reduce)
         if pending:
+            blocked = (set(pending) & set(self._nodes(part.sw.reduce))) - g.raft.conf.voters
+            if blocked and set(pending) - blocked:
+                self._unblock_pending(part, blocked)
+                return  # the change resumes once pending is rewritten
             target = frozenset(pending)
             ch = part.change
             if ch is None or ch.target != target:
@@ -1191,6 +1301,33 @@ class PlacementManager:
             part.change = None  # someone finished it (pending is empty)
         if part.change is not None:
             self._advance(part, g)
+
+    def _unblock_pending(self, part: _Partition, blocked: set[str]) -> None:
+        """Pending names nodes of switch.reduce that are not voters: they wait, not
+        started, to be removed, so they would never catch up as learners. Drop them from
+        pending (``rebalance_steps.leave_pending_for_switch_reduce``); onRebalanceDone
+        re-adds them through switch.append."""
+        pending, reduce = self._kv.get(part.keys.pending), self._kv.get(part.sw.reduce)
+        assert pending is not None
+        key = (pending.mod_revision, reduce.mod_revision if reduce is not None else 0)
+        if part.unblock_key == key:
+            return
+        part.unblock_key = key
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                part.unblock_key = None
+                self._failed(part, "switch", exc)
+                return
+            if f.result().tag == 1:
+                self.metrics["pending_unblocked"] += 1
+                log.info("node %s: %s pending named %s of switch.reduce, not voters: "
+                         "dropped from pending", self.id, part.group, sorted(blocked))
+            self._kick(part.group)
+
+        self._on_loop(self.meta.iif(self._if_table(part, steps.leave_pending_for_switch_reduce(
+            part.keys, part.sw, blocked, pending, reduce))), done)
 
     def _calc(self, part: _Partition, topo: VersionedValue | None,
               dkv: VersionedValue | None) -> list[str]:

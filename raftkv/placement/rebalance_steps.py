@@ -169,6 +169,37 @@ def add_to_switch_reduce(sw: SwitchKeys, node: str, read: VersionedValue | None)
     return If(cond, Do(1, Op.put(sw.reduce, calc)), Do(0))
 
 
+def leave_pending_for_switch_reduce(keys: PartitionKeys, sw: SwitchKeys,
+                                    nodes: Iterable[str], pending: VersionedValue,
+                                    reduce: VersionedValue | None) -> If:
+    """Ours (IGNITE-16668 is silent), for two cases:
+
+    - a node that lost its state (and vote) while it was assigned only in *pending* (a
+      learner, or a voter promoted before onRebalanceDone named it in stable) must not
+      rejoin as that member either (the restarted node runs this for itself);
+    - pending names a node of switch.reduce that is not a voter of the configuration
+      (say a cancel moved a planned assignment naming it into pending after it was
+      removed): the change would wait for it to catch up as a learner while it waits,
+      not started, to be removed (the leader runs this).
+
+    One invoke, guarded by the revisions of pending and switch.reduce::
+
+        pending = pending - nodes; switch.reduce = switch.reduce ∪ nodes
+
+    The leader retargets its change to the new pending, which removes ``nodes`` from the
+    configuration; onRebalanceDone (``rebalance_done_switch``) then finds them in
+    ``reduced`` and re-adds them through switch.append as fresh learners.
+
+    Tag 1: written; 0: a key moved since it was read (read again and retry)."""
+    out = set(nodes)
+    rest = _nodes(pending) - out
+    cond = Cond.revision(keys.pending).eq(pending.mod_revision) & (
+        Cond.empty(sw.reduce) if reduce is None or not reduce.value
+        else Cond.revision(sw.reduce).eq(reduce.mod_revision))
+    return If(cond, Do(1, Op.put(keys.pending, encode_nodes(rest)),
+                       Op.put(sw.reduce, encode_nodes(_nodes(reduce) | out))), Do(0))
+
+
 def trigger_switch_reduce(keys: PartitionKeys, sw: SwitchKeys, reduce: VersionedValue,
                           calc_part_assignments: Iterable[str],
                           stable: VersionedValue | None) -> If:

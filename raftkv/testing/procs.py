@@ -51,6 +51,16 @@ def free_port() -> int:
     raise RuntimeError("no free port found")
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports, each as ``free_port`` picks them."""
+    out: list[int] = []
+    while len(out) < n:
+        port = free_port()
+        if port not in out:
+            out.append(port)
+    return out
+
+
 def http_json(url: str, body: dict[str, Any] | None = None, method: str | None = None,
               timeout: float = 2.0) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
