@@ -250,6 +250,11 @@ def run(args: argparse.Namespace, base: str) -> dict[str, Any]:
                 args.pyspy, pid, args.profile_s,
                 os.path.join(str(args.json.parent), f"placement_scale_{args.partitions}_"
                              f"pyspy_{worst[0]}"))}
+        if args.idle_only:
+            # Setup and idle CPU only: the quick loop for tuning idle cost.
+            c.close()
+            cluster.close()
+            return doc
 
         # throughput: default group (on its leader) vs the table (spread over the nodes)
         eps = [cluster.nodes[i].endpoint for i in ("n1", "n2", "n3")]
@@ -304,6 +309,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     worst = max(v["pct_one_core"] for v in doc["idle"]["nodes"].values())
     out.append({"target": f"idle CPU < {TARGET_IDLE_PCT:.0f}% of a core per node",
                 "met": worst < TARGET_IDLE_PCT, "value": f"worst {worst:.1f}%"})
+    if "ratios" not in doc:
+        return out  # --idle-only
     r = doc["ratios"]["table_over_default"]
     out.append({"target": "across-partitions ops/s >= single group", "met": r >= 1.0,
                 "value": f"{r:.2f}x ({doc['load_table']['ops_s']:,.0f} vs "
@@ -327,18 +334,22 @@ def print_table(doc: dict[str, Any]) -> None:
     for nid, v in (doc.get("idle_after") or {}).get("nodes", {}).items():
         rows.append((f"idle CPU {nid} after rebalance", f"{v['pct_one_core']:.1f}% of a core"))
     for k in ("load_default", "load_table"):
+        if k not in doc:
+            continue  # --idle-only
         x = doc[k]
         rows.append((f"PUT {x['target']}",
                      (f"{x['ops_s']:,.0f} ops/s, p50 {fmt(x['p50_ms'], '.1f')} ms, p99 "
                      f"{fmt(x['p99_ms'], '.1f')} ms, {x['errors']} errors, "
                      f"{x['clients']} clients / {x['client_procs']} procs")))
-    rows.append(("ratio table / default", f"{doc['ratios']['table_over_default']:.2f}"))
-    rb = doc["rebalance"]
-    rows.append(("rebalance: add n4 -> converged",
-                 fmt(rb["seconds"], ".2f") + f" s ({rb['converged']}/{P} converged; "
-                 f"{rb['partitions_moving']} gain n4; add call {rb['add_call_s']:.2f} s)"))
-    rows.append(("CPU during rebalance", ", ".join(
-        f"{n} {v:.0f}%" for n, v in rb["cpu_pct_one_core"].items())))
+    if "ratios" in doc:
+        rows.append(("ratio table / default", f"{doc['ratios']['table_over_default']:.2f}"))
+    rb = doc.get("rebalance")
+    if rb is not None:
+        rows.append(("rebalance: add n4 -> converged",
+                     fmt(rb["seconds"], ".2f") + f" s ({rb['converged']}/{P} converged; "
+                     f"{rb['partitions_moving']} gain n4; add call {rb['add_call_s']:.2f} s)"))
+        rows.append(("CPU during rebalance", ", ".join(
+            f"{n} {v:.0f}%" for n, v in rb["cpu_pct_one_core"].items())))
     w = max(len(r[0]) for r in rows)
     for a, b in rows:
         print(f"{a:<{w}}  {b}")
@@ -360,7 +371,7 @@ def print_table(doc: dict[str, Any]) -> None:
             print("  inclusive:")
             for fr, k in prof["inclusive"][:25]:
                 print(f"    {k / tot:6.1%}  {fr}")
-    if rb["errors"]:
+    if rb is not None and rb["errors"]:
         print(f"\nrebalance errors reported by describe (first {len(rb['errors'])}):")
         for e in rb["errors"][:5]:
             print("  ", e)
@@ -382,6 +393,8 @@ def plot(path: Path, doc: dict[str, Any]) -> None:
     P = doc["partitions"]
     for key, label in (("setup", "partitions with a leader (setup)"),
                        ("rebalance", "partitions converged (after adding n4)")):
+        if key not in doc:
+            continue  # --idle-only
         pr = doc[key]["progress"]
         axes[0].plot([t for t, _ in pr], [k for _, k in pr], label=label)
     axes[0].axhline(P, color="grey", lw=0.5)
@@ -395,6 +408,12 @@ def plot(path: Path, doc: dict[str, Any]) -> None:
     axes[1].set_ylabel("% of one core")
     axes[1].set_title(f"idle CPU over {doc['idle']['seconds']:.0f} s")
     axes[1].legend(fontsize=8)
+    if "load_default" not in doc:  # --idle-only
+        axes[2].set_visible(False)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        print(f"plot: {path}")
+        return
     axes[2].bar(["default group", f"table ({P} parts)"],
                 [doc["load_default"]["ops_s"], doc["load_table"]["ops_s"]], color=["C0", "C1"])
     axes[2].set_ylabel("PUTs/s")
@@ -424,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--profile-s", type=float, default=10.0)
     p.add_argument("--pyspy", default="/tmp/pyspy/bin/py-spy")
+    p.add_argument("--idle-only", action="store_true",
+                   help="stop after setup and the idle CPU window (no load, no rebalance)")
     p.add_argument("--json", type=Path)
     p.add_argument("--dir", help="keep the data dirs here (default: a temp dir, removed)")
     args = p.parse_args(argv)
@@ -437,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
-    doc["ratios"] = {"table_over_default":
-                     doc["load_table"]["ops_s"] / doc["load_default"]["ops_s"]}
+    if "load_table" in doc:
+        doc["ratios"] = {"table_over_default":
+                         doc["load_table"]["ops_s"] / doc["load_default"]["ops_s"]}
     doc["targets"] = targets(doc)
     doc["total_s"] = time.perf_counter() - t_all
     print_table(doc)

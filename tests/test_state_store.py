@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.commands import (
+    BATCH_MARK_PREFIX,
     MAX_BATCH_OPS,
     MAX_COMMAND_BYTES,
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
-    BATCH_MARK_PREFIX,
     RESERVED_PREFIX,
     Batch,
     Cas,

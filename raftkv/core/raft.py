@@ -39,6 +39,48 @@ What is implemented, and where the paper says so:
   the leader, removal of the leader by transferring leadership first (the new leader
   performs the change it was handed in TimeoutNow).
 - Snapshots: a follower that needs compacted entries is sent the storage's snapshot.
+- Quiescence (CockroachDB's quiesced ranges): an idle group stops heartbeating and
+  stops ticking, so a node hosting hundreds of idle groups does no per-group work. See
+  "Quiescence" below.
+
+Quiescence
+----------
+With ``Config.quiesce`` on, a leader whose group has nothing left to do goes quiet.
+When its heartbeat is due it checks (``_quiesce_blocker``, pure and deterministic):
+
+- it leads, with no transfer, handover, pending read or queued broadcast;
+- everything is committed (commit == last index) and the commit is of its own term;
+- no learner waits for automatic promotion (heartbeats are what retry it);
+- a quorum of voters, itself included, is reachable, and every reachable follower has
+  acknowledged the last index (``Progress.match``). Followers the driver reported
+  unreachable (``peer_down``) are exempt, as CockroachDB exempts non-live nodes: the
+  leader is woken when they come back (``peer_up``).
+
+If so it sends one last heartbeat carrying its last entry's (index, term) (a HEARTBEAT
+with ``index > 0``; ordinary heartbeats carry 0) and stops ticking. A follower that
+holds that entry and has not been told its leader is unreachable adopts the commit
+index, stops ticking too and answers normally; one that cannot answers with
+``reject=True``, which wakes the leader, and the leader tries again at a later
+heartbeat.
+
+A quiesced node wakes (``_unquiesce``) on: any local request (propose, read, transfer,
+campaign, membership change); any message, except, for a leader, the plain
+acknowledgements a quiet group still receives (accepting HEARTBEAT_RESP/APP_RESP of its
+term) and, for a follower, its leader's quiesce heartbeat; any change of term or role;
+and ``peer_down`` of its leader (follower) or of a member (leader). ``peer_up`` of a
+member wakes a leader, so a returning follower is caught up. On waking, the election
+timer restarts from zero, so a follower whose leader died campaigns one randomized
+election timeout later, with pre-vote, exactly as if heartbeats had just stopped.
+
+Why this is safe: quiescence changes only *when* ticks take effect and *when*
+heartbeats are sent. Raft's safety never depends on timing; ReadIndex here is confirmed
+by a heartbeat quorum round, never by a lease, so a quiet (possibly deposed) leader
+cannot serve a stale read. The one new message content, the quiesce heartbeat, carries
+min(match, commit) like every heartbeat (an exempt follower may hold other entries
+below the commit index; the simulator caught the first draft sending the commit index
+alone), and a follower goes quiet only if it holds the named last entry. Liveness rests on the driver reporting ``peer_down`` for an
+unreachable leader, which the transport derives from its connection state and from
+per-peer keepalive frames; the simulator models that report, wrong reports included.
 """
 
 from __future__ import annotations
@@ -128,6 +170,9 @@ class Config:
     # The state machine's durable applied index (its checkpointIndex): entries up to it
     # are not redelivered on restart.
     applied: int = 0
+    # Let idle groups go quiet (see "Quiescence" in the module docstring). The driver
+    # and the simulator turn it on; the driver must then report peer liveness.
+    quiesce: bool = False
     # Set by storage when it truncated a damaged tail at open (see VoteFloor): until
     # the floor clears, this node neither votes nor campaigns, since either could elect
     # a leader lacking an entry this node acknowledged and the cluster committed.
@@ -206,6 +251,9 @@ class Raft:
         self.handover: tuple[ConfChange, int] | None = None
         self.pending_handover: ConfChange | None = None
         self._bcast_pending = False
+        # Quiescence: not ticking; and the peers the driver reported unreachable.
+        self.quiesced = False
+        self._unreachable: set[str] = set()
         self._prev_soft = SoftState(None, Role.FOLLOWER)
         self._prev_hard = hard
         self._snapshot_timeout = config.snapshot_timeout or config.election_tick
@@ -213,6 +261,8 @@ class Raft:
 
     # ================================================================ public API ======
     def tick(self) -> None:
+        if self.quiesced:
+            return  # a quiet group keeps no time: that is the whole point
         if self.role == Role.LEADER:
             self._tick_heartbeat()
         else:
@@ -220,6 +270,7 @@ class Raft:
 
     def campaign(self) -> None:
         """Start an election now (tests, demos, operator tooling)."""
+        self._unquiesce()
         self._campaign(CampaignKind.PRE_ELECTION if self.cfg.pre_vote else CampaignKind.ELECTION)
 
     def propose(self, data: bytes) -> int:
@@ -229,6 +280,7 @@ class Raft:
     def propose_batch(self, datas: Iterable[bytes]) -> int:
         """Append several entries at once; returns the index of the last one."""
         self._check_can_propose()
+        self._unquiesce()
         term = self.term
         idx = self.log.last_index()
         new = tuple.__new__
@@ -247,6 +299,7 @@ class Raft:
         the handover to the most up-to-date voter (which then performs the change).
         """
         self._check_can_propose()
+        self._unquiesce()
         why = self._conf_change_blocker()
         if why:
             raise ConfChangeRejected(why)
@@ -267,6 +320,7 @@ class Raft:
 
     def read_index(self, context: Any) -> None:
         """Request a linearizable read point; a ``ReadState`` with ``context`` follows."""
+        self._unquiesce()  # a follower's request wakes its leader on arrival
         if self.role == Role.LEADER:
             self._leader_read(self.id, context)
         elif self.lead is not None:
@@ -275,6 +329,7 @@ class Raft:
             raise NotLeader(self.id, None)
 
     def transfer_leadership(self, to: str) -> None:
+        self._unquiesce()
         if self.role == Role.LEADER:
             self._start_transfer(to, None)
         elif self.lead is not None:
@@ -282,7 +337,41 @@ class Raft:
         else:
             raise NotLeader(self.id, None)
 
+    def peer_down(self, peer: str) -> None:
+        """The driver's liveness report: ``peer`` is unreachable (its connection dropped
+        or went silent). A quiet follower whose leader it is wakes, so that it campaigns
+        after an election timeout; a quiet leader that counts it as a member wakes, so
+        check-quorum and the quiesce rule see the loss."""
+        if peer == self.id or peer in self._unreachable:
+            return
+        self._unreachable.add(peer)
+        if self.quiesced and (peer == self.lead or peer in self.prs):
+            self._unquiesce()
+
+    def peer_up(self, peer: str) -> None:
+        """``peer`` is reachable again. A quiet leader wakes so its heartbeats bring the
+        returning follower up to date (it was exempt while unreachable)."""
+        if peer not in self._unreachable:
+            return
+        self._unreachable.discard(peer)
+        if self.quiesced and self.role == Role.LEADER and peer in self.prs:
+            self._unquiesce()
+
     def step(self, m: Message) -> None:
+        if self.quiesced and not self._keeps_quiet(m):
+            self._unquiesce()
+        if not (self.quiesced and self.role == Role.LEADER):
+            self._step(m)
+            return
+        # A quiet leader answering with anything (say, appends for a follower that came
+        # back before its peer_up) is active again: its followers wake on receipt, and a
+        # leader still asleep would leave them to time out and campaign.
+        sent = len(self.msgs)
+        self._step(m)
+        if len(self.msgs) > sent or self._bcast_pending:
+            self._unquiesce()
+
+    def _step(self, m: Message) -> None:
         if m.term > self.term:
             if m.type in (MT.VOTE, MT.PRE_VOTE):
                 in_lease = (
@@ -424,6 +513,7 @@ class Raft:
         self.read_only = ReadOnly()
         self.pending_reads = []
         self._bcast_pending = False
+        self.quiesced = False  # a new term or role starts awake
 
     def _become_follower(self, term: int, lead: str | None) -> None:
         self._reset(term)
@@ -615,8 +705,20 @@ class Raft:
         self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=last_new))
 
     def _handle_heartbeat(self, m: Message) -> None:
-        self.log.commit_to(min(m.commit, self.log.last_index()))
-        self._send(Message(MT.HEARTBEAT_RESP, m.frm, self.id, self.term, context=m.context))
+        log = self.log
+        log.commit_to(min(m.commit, log.last_index()))
+        if not m.index:
+            self.quiesced = False  # an ordinary heartbeat: the leader is awake
+            self._send(Message(MT.HEARTBEAT_RESP, m.frm, self.id, self.term, context=m.context))
+            return
+        # The leader is going quiet with (m.index, m.log_term) as its last entry. Follow
+        # only if we hold that entry (so our commit index now equals the leader's) and
+        # were not told the leader is unreachable; otherwise reject, which wakes it.
+        ok = log.match_term(m.index, m.log_term) and m.frm not in self._unreachable
+        self.quiesced = ok
+        self.election_elapsed = 0
+        self._send(Message(MT.HEARTBEAT_RESP, m.frm, self.id, self.term, context=m.context,
+                           reject=not ok))
 
     def _handle_snapshot(self, m: Message) -> None:
         snap = m.snapshot
@@ -635,6 +737,65 @@ class Raft:
         # Claim only what the snapshot proves (etcd answers with the commit index too):
         # entries after it in our log have not been checked against the leader's.
         self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.committed))
+
+    # ============================================================= quiescence ========
+    def _keeps_quiet(self, m: Message) -> bool:
+        """Whether a quiesced node may take ``m`` without waking: only the traffic a
+        quiet group still sees (see the module docstring)."""
+        if m.term != self.term:
+            return False
+        if self.role == Role.LEADER:
+            return m.type in (MT.HEARTBEAT_RESP, MT.APP_RESP) and not m.reject
+        return m.type == MT.HEARTBEAT and m.index > 0 and m.frm == self.lead
+
+    def _unquiesce(self) -> None:
+        if self.quiesced:
+            self.quiesced = False
+            # A full election timeout from now: a follower whose leader died campaigns
+            # as if the last heartbeat had just arrived; a leader's check-quorum window
+            # starts afresh.
+            self.election_elapsed = 0
+            self.heartbeat_elapsed = 0
+
+    def _quiesce_blocker(self) -> str | None:
+        """Why this leader must keep heartbeating now, or None if it may go quiet."""
+        if not self.cfg.quiesce:
+            return "quiescence is off"
+        if self.role != Role.LEADER:
+            return "not the leader"
+        if (self.lead_transferee is not None or self.pending_handover is not None
+                or self.pending_reads or len(self.read_only) or self._bcast_pending):
+            return "a transfer, handover, read or broadcast is pending"
+        log = self.log
+        last = log.last_index()
+        if log.committed != last or log.term_or_zero(last) != self.term:
+            return "not everything is committed in this term"
+        if self.conf.learners & self.conf.auto_promote:
+            return "a learner awaits promotion"
+        reachable = {self.id}
+        for nid, pr in self.prs.items():
+            if nid == self.id or nid in self._unreachable:
+                continue
+            if pr.match != last or pr.state != ProgressState.REPLICATE:
+                return f"{nid} has not acknowledged {last}"
+            reachable.add(nid)
+        if not has_quorum(self.conf.voters, reachable):
+            return "no quorum of voters is reachable"
+        return None
+
+    def _quiesce(self) -> None:
+        """Send the last heartbeat, flagged with our last entry, and stop ticking."""
+        self.quiesced = True
+        self.heartbeat_elapsed = 0
+        last = self.log.last_index()
+        committed = self.log.committed
+        for nid, pr in self.prs.items():
+            if nid != self.id:
+                # min(match, commit), as in every heartbeat: an exempt (unreachable)
+                # follower may hold different entries below our commit index.
+                self._send(Message(MT.HEARTBEAT, nid, self.id, self.term, self.term, last,
+                                   commit=min(pr.match, committed),
+                                   context=self.read_only.last_seq()))
 
     # ================================================================= leader =========
     def _tick_heartbeat(self) -> None:
@@ -656,7 +817,10 @@ class Raft:
                     pr.become_probe()  # the snapshot was probably lost: probe again
         if self.heartbeat_elapsed >= self.cfg.heartbeat_tick:
             self.heartbeat_elapsed = 0
-            self._bcast_heartbeat(self.read_only.last_seq())
+            if self._quiesce_blocker() is None:
+                self._quiesce()
+            else:
+                self._bcast_heartbeat(self.read_only.last_seq())
 
     def _quorum_active(self) -> bool:
         active = set()

@@ -11,12 +11,25 @@ to be). Each loop turn:
 2. Run queued calls (proposals, reads, admin) on the loop thread. Proposals queued for
    a group in one turn become one ``propose_batch``: one log append, one fsync.
 3. Tick every group when its time has come (``tick_seconds``), checkpoint state stores
-   by policy and expire deadlines.
+   by policy and expire deadlines. Quiesced groups (idle groups whose leader stopped
+   heartbeating, see "Quiescence" in ``raftkv.core.raft``) are not ticked and not
+   asked for a Ready, which is what keeps a node hosting hundreds of idle groups cheap.
 4. For each group with a Ready: persist it (one fsync per group per turn), queue its
    messages, apply committed entries and resolve their futures, serve reads whose read
    index is now applied, then ``advance``.
 5. Flush the transport: one frame per peer with everything the turn produced, the
    heartbeats of every group included.
+
+Peer liveness (quiescence)
+--------------------------
+A quiesced follower stops ticking, so it would never notice its leader's death by
+missed heartbeats. The transport's connection state stands in, as node liveness does
+in CockroachDB: every heartbeat interval the driver pings each known peer (an empty
+frame, sent only when nothing else went that way), and a peer is live while it is
+connected and was heard from within one election timeout. Each tick the driver
+reports changes to every core (``peer_down``/``peer_up``); the core decides what they
+mean. A SIGKILLed leader's connection drops at once, so its followers wake and
+campaign one randomized election timeout later, as before quiescence.
 
 Callers live on other threads and get ``concurrent.futures.Future`` objects. A write's
 future resolves to ``(index, result)`` once applied here, a read's to whatever the read
@@ -150,6 +163,10 @@ class NodeConfig:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     data_dir: str | None = None  # None: addresses learned at runtime are not kept
     faults: bool = False  # enable the transport's test fault switch
+    # Let idle groups stop heartbeating and ticking (Config.quiesce); the driver then
+    # pings peers and reports their liveness to the cores. RAFTKV_QUIESCE=0 in the
+    # environment turns it off (A/B benchmarks, or an operator's escape hatch).
+    quiesce: bool = field(default_factory=lambda: os.environ.get("RAFTKV_QUIESCE") != "0")
 
 
 class Node:
@@ -185,6 +202,9 @@ class Node:
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         self._next_compact = 0.0
+        # Peers whose connection is down or silent, as last reported to the cores.
+        self._down: set[str] = set()
+        self._ticks = 0
 
     # ================================================================ setup ============
     def add_group(
@@ -206,9 +226,12 @@ class Node:
                 # An image of a large state takes seconds to pack, send and install:
                 # re-sending it after one election timeout only restarts the transfer.
                 snapshot_timeout=SNAPSHOT_TIMEOUT_ELECTIONS * self.cfg.election_tick,
+                quiesce=self.cfg.quiesce,
             ),
             storage.log, random.Random(),
         )
+        for peer in sorted(self._down):  # what the other cores have been told already
+            raft.peer_down(peer)
         g = Group(group_id, raft, storage, report)
         self.groups[group_id] = g
         self._dirty.add(group_id)
@@ -418,22 +441,58 @@ class Node:
 
     def _tick(self, now: float) -> None:
         self.transport.maintain()
-        self._dirty.update(self.groups)
+        if self.cfg.quiesce:
+            self._liveness(now)
         compact = now >= self._next_compact
         if compact:
             self._next_compact = now + COMPACT_EVERY
+        dirty = self._dirty
         for g in list(self.groups.values()):  # hooks may add or remove groups
-            g.raft.tick()
+            raft = g.raft
+            quiet = raft.quiesced
+            if not quiet:
+                raft.tick()
             g.state.maybe_checkpoint(now)
             if compact:
-                g.storage.maybe_compact(g.raft.conf_at)
+                g.storage.maybe_compact(raft.conf_at)
             self._expire(g, now)
             for hook in g.on_tick:
                 hook(g)
+            # A group that was quiet and still is has nothing to hand over (anything
+            # that touched its core, a retried read say, woke it), unless a hook ran.
+            if not (quiet and raft.quiesced and not g.on_tick):
+                dirty.add(g.id)
         for rid, (fut, deadline, *_) in list(self._forwarded.items()):
             if now > deadline:
                 del self._forwarded[rid]
                 _fail(fut, RequestTimeout("the leader did not answer the forwarded write"))
+
+    def _liveness(self, now: float) -> None:
+        """Ping every known peer once per heartbeat interval and tell the cores which
+        peers went down or came back (see "Peer liveness" in the module docstring)."""
+        self._ticks += 1
+        transport = self.transport
+        peers = sorted(transport.peers)
+        if self._ticks % max(1, self.cfg.heartbeat_tick) == 0:
+            for peer in peers:
+                transport.ping(peer)
+        timeout = self._election_seconds()
+        for peer in peers:
+            live = transport.is_live(peer, now, timeout)
+            if live == (peer not in self._down):
+                continue
+            if live:
+                self._down.discard(peer)
+                log.info("peer %s is reachable", peer)
+            else:
+                self._down.add(peer)
+                log.info("peer %s is unreachable", peer)
+            for g in self.groups.values():
+                if live:
+                    g.raft.peer_up(peer)
+                else:
+                    g.raft.peer_down(peer)
+            self._dirty.update(self.groups)
 
     def _when_leader(self, g: Group, fn: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``fn`` now if a leader is known, else when one is elected (within the
@@ -854,6 +913,7 @@ class Node:
                     for n, p in st.peers.items() if n != self.id
                 },
                 "leader_changes": g.leader_changes,
+                "quiesced": g.raft.quiesced,
                 "recovery": g.recovery.describe(),
             }
         return {

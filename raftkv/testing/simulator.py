@@ -20,7 +20,15 @@ Event kinds:
   compare-and-set) against the node it believes leads, and gives up after a timeout,
   recording the outcome as unknown.
 - ``fault``: partitions, crashes/restarts, membership changes (add a learner, promote,
-  demote, remove, transfer leadership) and log compaction.
+  demote, remove, transfer leadership), log compaction, and idle periods (``idle``:
+  clients start nothing for a while, so groups quiesce while faults go on).
+
+Quiescence is on (``SimConfig.quiesce``), so the core's liveness input is modelled
+too: at each of its ticks a node's view of each peer ("down" when the peer crashed or
+its messages are blocked to this node) catches up with the truth with probability
+``liveness_catchup``, a random detection delay like a transport's keepalive timeout;
+with probability ``liveness_false_down`` per tick a live peer is wrongly reported down
+(a flapping connection). The reports reach the core as ``peer_down``/``peer_up``.
 
 The run ends with a settle phase: faults stop, partitions heal, crashed nodes restart,
 and the group must converge.
@@ -70,7 +78,7 @@ from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.node import ReadyOutcome, SimNode, StoreSimNode
 from storage.log_store import MemoryLogStore
 
-ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact")
+ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact", "idle")
 
 
 class SafetyViolation(Exception):
@@ -98,6 +106,12 @@ class SimConfig:
     # Run nodes on the real storage path (GroupStorage, MemoryStateStore with
     # checkpoints that a crash rolls back to) instead of the plain dict state machine.
     state_store: bool = False
+    # Let idle groups quiesce (Config.quiesce) and model the liveness reports it needs.
+    quiesce: bool = True
+    liveness_catchup: float = 0.3
+    liveness_false_down: float = 0.002
+    idle_ms: tuple[int, int] = (200, 1500)  # length of an ``idle`` period
+    busy_ms: tuple[int, int] = (1000, 3000)  # load between two idle periods, at least
 
 
 @dataclass
@@ -123,6 +137,9 @@ class SimResult:
     ops: int = 0
     committed: int = 0
     leaders: int = 0
+    ticks: int = 0  # node ticks delivered
+    quiet_ticks: int = 0  # of which the node was quiesced (so the tick did nothing)
+    liveness_wakes: int = 0  # quiesced nodes woken by a peer_down/peer_up report
     trace: list[str] = field(default_factory=list)
 
     @property
@@ -162,6 +179,11 @@ class Simulation:
         self.outstanding: dict[int, _ClientOp] = {}
         self.client_hint: dict[int, str | None] = {}
         self._op_seq = 0
+        self.quiet_until = 0  # clients start nothing before this time (``idle`` fault)
+        self.busy_until = 0  # no new idle period before this time
+        # -- liveness: the peers each node has been told are down --
+        self.down_view: dict[str, set[str]] = {}
+        self.ticks = self.quiet_ticks = self.liveness_wakes = 0
 
         voters = [f"n{i}" for i in range(1, self.cfg.nodes + 1)]
         for nid in voters:
@@ -178,8 +200,10 @@ class Simulation:
     # ================================================================ plumbing ========
     def _add_node(self, nid: str, store: MemoryLogStore) -> SimNode:
         kind = StoreSimNode if self.cfg.state_store else SimNode
-        node = kind(nid, store, self.seed, election_tick=self.cfg.election_tick)
+        node = kind(nid, store, self.seed, election_tick=self.cfg.election_tick,
+                    quiesce=self.cfg.quiesce)
         self.nodes[nid] = node
+        self.down_view[nid] = set()
         # Clocks drift: each node ticks at its own rate. With identical rates,
         # check-quorum would depose an old leader before anyone else could be elected,
         # hiding every bug that relies on leases being safe.
@@ -220,6 +244,8 @@ class Simulation:
         result.ops = len(self.history)
         result.committed = self.max_committed
         result.leaders = len(self.leader_of_term)
+        result.ticks, result.quiet_ticks = self.ticks, self.quiet_ticks
+        result.liveness_wakes = self.liveness_wakes
         if not result.violations:
             result.linearizability = check_history(self.history)
         if result.violations or not result.linearizable:
@@ -235,9 +261,47 @@ class Simulation:
     def _on_tick(self, nid: str) -> None:
         node = self.nodes[nid]
         if node.alive:
+            if self.cfg.quiesce:
+                self._report_liveness(node)
+            self.ticks += 1
+            self.quiet_ticks += node.raft.quiesced
             node.raft.tick()
             self._touch(nid)
         self._schedule(self.tick_period[nid], "tick", nid)
+
+    def _report_liveness(self, node: SimNode) -> None:
+        """Bring ``node``'s view of its peers a random step closer to the truth (and now
+        and then get it wrong), telling the core of each change, as the driver does
+        from its transport's connection state."""
+        nid, view = node.id, self.down_view[node.id]
+        for p in sorted(self.nodes):
+            if p == nid:
+                continue
+            down = not self.nodes[p].alive or (p, nid) in self.blocked
+            if down == (p in view):
+                if (not down and not self.settling
+                        and self.rng.random() < self.cfg.liveness_false_down):
+                    view.add(p)  # a flapping connection: wrong, and corrected later
+                    self._tell(node, p, False)
+                    self._log(f"{nid} wrongly told {p} is down")
+                continue
+            if self.rng.random() >= self.cfg.liveness_catchup:
+                continue  # not detected yet
+            if down:
+                view.add(p)
+            else:
+                view.discard(p)
+            self._tell(node, p, not down)
+
+    def _tell(self, node: SimNode, peer: str, live: bool) -> None:
+        was = node.raft.quiesced
+        if live:
+            node.raft.peer_up(peer)
+        else:
+            node.raft.peer_down(peer)
+        if was and not node.raft.quiesced:
+            self.liveness_wakes += 1
+            self._log(f"{node.id} woken: {peer} reported {'up' if live else 'down'}")
 
     def _on_ready(self, nid: str) -> None:
         self._ready_scheduled.discard(nid)
@@ -282,7 +346,8 @@ class Simulation:
         if self.settling:
             return
         self._schedule(self.rng.randrange(self.cfg.fault_every_ms) + 1, "fault", None)
-        choices = [f for f in ("partition", "crash", "membership", "compact") if f in self.faults]
+        choices = [f for f in ("partition", "crash", "membership", "compact", "idle")
+                   if f in self.faults]
         if not choices:
             return
         getattr(self, f"_fault_{self.rng.choice(choices)}")()
@@ -326,6 +391,7 @@ class Simulation:
         if down and (self.rng.random() < 0.6 or len(down) * 2 >= len(self.nodes) - 1):
             nid = self.rng.choice(down)
             self.nodes[nid].restart()
+            self.down_view[nid] = set()  # a new core starts believing every peer is up
             self._rebuild_chain(self.nodes[nid])
             self._touch(nid)
             self._log(f"restart {nid} (incarnation {self.nodes[nid].incarnation})")
@@ -334,6 +400,17 @@ class Simulation:
         nid = self.rng.choice(up)
         self.nodes[nid].crash()
         self._log(f"crash {nid}")
+
+    def _fault_idle(self) -> None:
+        """Clients pause (finishing what they have outstanding): the groups go quiet
+        while the other faults carry on, which is where quiescence can go wrong."""
+        if self.now < self.busy_until:
+            return  # keep most of the run under load: that is where the history comes from
+        lo, hi = self.cfg.idle_ms
+        self.quiet_until = self.now + lo + self.rng.randrange(hi - lo)
+        lo, hi = self.cfg.busy_ms
+        self.busy_until = self.quiet_until + lo + self.rng.randrange(hi - lo)
+        self._log(f"clients idle until t={self.quiet_until}")
 
     def _fault_compact(self) -> None:
         nid = self.rng.choice(sorted(self.nodes))
@@ -383,6 +460,7 @@ class Simulation:
         for nid, node in sorted(self.nodes.items()):
             if not node.alive:
                 node.restart()
+                self.down_view[nid] = set()
                 self._rebuild_chain(node)
                 self._touch(nid)
         self._log("settle: faults off, partitions healed, all nodes restarted")
@@ -396,6 +474,9 @@ class Simulation:
             op = None
         if op is None:
             if self.settling:
+                return
+            if self.now < self.quiet_until:
+                self._schedule(self.quiet_until - self.now + self.rng.randrange(20), "client", c)
                 return
             self._start_op(c)
         self._schedule(1 + self.rng.randrange(20), "client", c)

@@ -22,6 +22,12 @@ Theory of operation
   retransmits; nothing durable depends on delivery) and a dial is scheduled with
   exponential back-off. A connection whose unsent bytes exceed ``max_send_buffer`` gets
   nothing more until it drains: backpressure for a slow peer.
+- **Liveness.** ``ping`` asks ``flush`` for a frame to a peer even with nothing queued
+  (an empty item list), and every authenticated frame received stamps the peer's
+  ``last_heard``. ``is_live`` is then "connected, and heard from within the timeout":
+  a dropped connection shows at once, a silent one (a partition, a hung process, the
+  fault switch) within the timeout. The driver reports it to the core, whose quiesced
+  groups rely on it instead of heartbeats (see ``raftkv.core.raft``, "Quiescence").
 - **Test fault switch.** When built with ``faults=True``, ``block`` silently drops
   traffic to and from chosen peers, which is how real-process tests cut the network.
 """
@@ -161,6 +167,7 @@ class Connection:
             assert self.peer is not None
             if self.peer in self.t.blocked:
                 continue
+            self.t.heard(self.peer)
             self.t.stats["frames_in"] += 1
             self.t.on_items(self.peer, payload)
 
@@ -254,6 +261,8 @@ class _Peer:
     next_dial: float = 0.0
     backoff: float = BACKOFF_MIN
     outbox: list[Any] = field(default_factory=list)
+    ping: bool = False  # send a frame at the next flush even if the outbox is empty
+    last_heard: float = 0.0  # monotonic time of the last frame received (liveness)
 
 
 class Transport:
@@ -375,6 +384,7 @@ class Transport:
                 return
         p.conn = conn
         p.backoff = BACKOFF_MIN
+        p.last_heard = monotonic()  # the handshake just proved it alive
         self.stats["connects"] += 1
         log.info("connected to %s", conn.peer)
 
@@ -411,20 +421,38 @@ class Transport:
     def send(self, peer_id: str, item: list[Any]) -> None:
         self.peer(peer_id).outbox.append(item)
 
+    def ping(self, peer_id: str) -> None:
+        """Make the next ``flush`` send ``peer_id`` a frame (empty if nothing else is
+        queued), dialing if need be: the keepalive that ``is_live`` on the far side
+        counts on when no Raft traffic flows."""
+        self.peer(peer_id).ping = True
+
+    def heard(self, peer_id: str) -> None:
+        p = self.peers.get(peer_id)
+        if p is not None:
+            p.last_heard = monotonic()
+
+    def is_live(self, peer_id: str, now: float, timeout: float) -> bool:
+        """Connected, not cut off by the fault switch, and heard from within ``timeout``."""
+        p = self.peers.get(peer_id)
+        return (p is not None and p.conn is not None and peer_id not in self.blocked
+                and now - p.last_heard <= timeout)
+
     def flush(self) -> None:
         """Send each peer's queued items as one frame (called once per loop turn)."""
         now = monotonic()
         for pid, p in self.peers.items():
-            if not p.outbox:
+            if not p.outbox and not p.ping:
                 continue
             items, p.outbox = p.outbox, []
+            p.ping = False
             conn = p.conn
             if pid in self.blocked:
                 continue
             if conn is None:
                 self.stats["dropped"] += len(items)
                 self._dial(pid, p, now)
-                if self.on_undelivered is not None:
+                if self.on_undelivered is not None and items:
                     self.on_undelivered(pid, items)  # known never sent: safe to retry
                 continue
             if len(conn.outbuf) > self.max_send_buffer:
