@@ -48,7 +48,7 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +82,9 @@ from storage.state_store import StateStore
 
 log = logging.getLogger(__name__)
 
+# Worker threads that commit several groups' Readies at once (see _handle_readies): about
+# the number of commits whose syncs the file system can fold together.
+PERSIST_THREADS = 8
 DEFAULT_TICK = 0.05  # 50 ms: with election_tick=10, elections time out in 0.5-1 s
 DEFAULT_REQUEST_TIMEOUT = 5.0
 COMPACT_EVERY = 1.0
@@ -177,6 +180,7 @@ class Node:
         self.id = config.node_id
         self.metrics: Metrics = metrics or NoMetrics()
         self.groups: dict[str, Group] = {}
+        self._persisters: ThreadPoolExecutor | None = None  # see _handle_readies
         self.poller = createPoller("auto")
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         # Proposals from other threads (deque appends and pops are atomic).
@@ -394,18 +398,19 @@ class Node:
                 # Only groups something happened to can have a Ready: with hundreds of
                 # groups, asking each one after every frame dominates an idle node.
                 dirty, self._dirty = self._dirty, set()
-                for gid in dirty:
-                    g = self.groups.get(gid)
-                    if g is not None and g.raft.has_ready():
-                        self._handle_ready(g)
-                        if g.raft.has_ready():  # more to apply than one Ready carries
-                            self._dirty.add(gid)
+                ready = [g for gid in dirty
+                         if (g := self.groups.get(gid)) is not None and g.raft.has_ready()]
+                if ready:
+                    self._handle_readies(ready)
                 self.transport.flush()
         except BaseException as e:  # the loop must not die silently
             log.critical("node %s: driver loop failed", self.id, exc_info=True)
             self.failure = e
             self._fail_everything(NodeStopped(f"node {self.id}: driver loop failed: {e!r}"))
             raise
+        finally:
+            if self._persisters is not None:
+                self._persisters.shutdown(wait=True)
 
     def _run_calls(self) -> None:
         self._woken = False
@@ -566,12 +571,40 @@ class Node:
             g.deadlines.append((deadline, last))
             self.metrics.proposals(g.id, len(queued))
 
-    def _handle_ready(self, g: Group) -> None:
-        rd: Ready = g.raft.ready()
-        t0 = monotonic()
-        g.storage.persist(rd)
-        if rd.must_sync:
-            self.metrics.fsync(g.id, monotonic() - t0)
+    def _handle_readies(self, groups: list[Group]) -> None:
+        """One turn's Readies: every group's is persisted before any group sends or
+        applies anything, so no message leaves before what it reports is durable.
+
+        Each group's log is an LMDB environment of its own, and a commit costs its own
+        fdatasyncs. Done one group after another they add up: 16 groups written in a turn
+        took ~50 ms, which capped writes spread over a table's partitions at a quarter
+        of one group's rate. So when several groups have something to write, their
+        commits run on worker threads (py-lmdb releases the GIL while LMDB commits and
+        syncs), the syncs overlap, and the file system folds them into shared journal
+        commits. Each store is still written by one thread at a time, and the loop
+        thread uses it again only after the join."""
+        readies = [(g, g.raft.ready()) for g in groups]
+        writes = [(g, rd) for g, rd in readies
+                  if rd.hard_state is not None or rd.entries or rd.snapshot is not None]
+        if len(writes) > 1:
+            if self._persisters is None:
+                self._persisters = ThreadPoolExecutor(PERSIST_THREADS,
+                                                      thread_name_prefix=f"persist-{self.id}")
+            timed = list(self._persisters.map(_timed_persist, writes))
+        else:
+            timed = [_timed_persist(w) for w in writes]
+        for (g, rd), seconds in zip(writes, timed, strict=True):
+            if rd.must_sync:
+                self.metrics.fsync(g.id, seconds)
+        for g, rd in readies:
+            if self.groups.get(g.id) is not g:
+                continue  # a hook of an earlier group in this turn removed it
+            self._finish_ready(g, rd)
+            if g.raft.has_ready():  # more to apply than one Ready carries
+                self._dirty.add(g.id)
+
+    def _finish_ready(self, g: Group, rd: Ready) -> None:
+        """Everything after persisting: send, apply, serve reads, advance."""
         for m in rd.messages:
             if m.type == MessageType.SNAPSHOT and m.snapshot is not None:
                 self._send_snapshot(g, m)
@@ -937,6 +970,13 @@ def _resolve(fut: Future[Any], index: int, result: Any) -> None:
         return
     shape = getattr(fut, "shape", None)
     fut.set_result((index, result) if shape is None else shape(index, result))
+
+
+def _timed_persist(job: tuple[Group, Ready]) -> float:
+    g, rd = job
+    t0 = monotonic()
+    g.storage.persist(rd)
+    return monotonic() - t0
 
 
 def _fail(fut: Future[Any], exc: BaseException) -> None:
