@@ -59,6 +59,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks._plot import pyplot
 from raftkv.core import Config, Message, Raft, Role, bootstrap
 from storage.log_store import MemoryLogStore
 
@@ -241,13 +242,8 @@ def write_json(path: Path, results: list[Result]) -> None:
 
 
 def plot(path: Path, results: list[Result]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     rs = sorted(results, key=lambda r: r.batch)
     fig, ax = plt.subplots(figsize=(6, 4))

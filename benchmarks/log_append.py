@@ -57,6 +57,7 @@ from pathlib import Path
 
 import lmdb
 
+from benchmarks._plot import pyplot
 from storage.commands import encode_put
 from storage.lmdb_log import LmdbLogStore, _record
 from storage.records import Entry, EntryType, HardState
@@ -211,13 +212,8 @@ def write_json(path: Path, args: argparse.Namespace, runs: list[Run]) -> None:
 
 
 def plot(path: Path, runs: list[Run]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for target in ("LmdbLogStore", "raw LMDB"):

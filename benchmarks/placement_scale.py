@@ -53,6 +53,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks._plot import pyplot
 from benchmarks._throughput_peer import percentiles
 from benchmarks.recovery import machine, value, verdict
 from benchmarks.throughput import PEER, ROOT, fmt
@@ -381,13 +382,8 @@ def print_table(doc: dict[str, Any]) -> None:
 
 
 def plot(path: Path, doc: dict[str, Any]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     P = doc["partitions"]

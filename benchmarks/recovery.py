@@ -76,6 +76,7 @@ from pathlib import Path
 
 import lmdb
 
+from benchmarks._plot import pyplot
 from recovery.local import replay
 from storage.commands import encode_put
 from storage.lmdb_log import LmdbLogStore
@@ -291,13 +292,8 @@ def print_table(rows: list[dict]) -> None:
 
 
 def plot(path: Path, doc: dict) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     rows = doc["rows"]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks._plot import pyplot
 from raftkv.client import Client
 from raftkv.spark import bulk_load, session, verify
 from raftkv.testing.procs import ProcCluster
@@ -139,13 +140,8 @@ def print_table(doc: dict[str, Any]) -> None:
 
 
 def plot(path: Path, doc: dict[str, Any]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     ax[0].bar(["bulk_load", "naive put/row"], [doc["load"]["rows_s"], doc["naive"]["rows_s"]],

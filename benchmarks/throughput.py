@@ -99,6 +99,7 @@ from typing import Any
 
 import lmdb
 
+from benchmarks._plot import pyplot
 from benchmarks._throughput_peer import percentiles
 from benchmarks.recovery import free_port, key, machine, value, verdict
 from raftkv.client import Client
@@ -731,13 +732,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot(path: Path, doc: dict[str, Any]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipping the plot")
+    plt = pyplot()
+    if plt is None:
         return
     bars = [(name, doc.get(k)) for name, k in (
         ("raftkv\nembedded", "raftkv_ops_s"), ("raftkv\nno fsync", "raftkv_nofsync_ops_s"),
