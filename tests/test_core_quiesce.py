@@ -106,10 +106,9 @@ def test_lagging_follower_keeps_leader_awake():
     assert c.raft("n2").quiesced is False  # ordinary heartbeats keep it awake
 
 
-def test_unreachable_follower_is_exempt_and_peer_up_wakes_leader():
-    """CockroachDB quiesces with non-live followers: one reported down does not block
-    quiescence (a quorum is still reachable). When it is reported up again the leader
-    wakes and its heartbeats bring the follower up to date."""
+def _quiet_without_n3() -> Cluster:
+    """n1 leads; n3 is cut off and reported down; a write commits on n1 and n2, which then
+    go quiet without n3 (exempt as unreachable)."""
     c = Cluster(IDS, seed=1, quiesce=True)
     c.elect("n1")
     c.tick(n=3)
@@ -117,6 +116,14 @@ def test_unreachable_follower_is_exempt_and_peer_up_wakes_leader():
     c.raft("n1").peer_down("n3")
     c.propose("n1", cmd(2))
     c.tick(["n1", "n2"], n=4)
+    return c
+
+
+def test_unreachable_follower_is_exempt_and_peer_up_wakes_leader():
+    """CockroachDB quiesces with non-live followers: one reported down does not block
+    quiescence (a quorum is still reachable). When it is reported up again the leader
+    wakes and its heartbeats bring the follower up to date."""
+    c = _quiet_without_n3()
     assert c.raft("n1").quiesced and c.raft("n2").quiesced
     last = c.raft("n1").log.last_index()
     assert c.raft("n3").log.last_index() < last
@@ -277,13 +284,7 @@ def test_quiet_leader_that_has_to_send_wakes():
     """A quiet leader that must answer with something, here appends for a follower that
     answers before its peer_up arrives, is active again: its followers wake on receipt,
     and it must keep ticking and heartbeating with them."""
-    c = Cluster(IDS, seed=1, quiesce=True)
-    c.elect("n1")
-    c.tick(n=3)
-    c.cut("n1", "n3")
-    c.raft("n1").peer_down("n3")
-    c.propose("n1", cmd(2))
-    c.tick(["n1", "n2"], n=4)
+    c = _quiet_without_n3()
     r = c.raft("n1")
     assert r.quiesced and r.prs["n3"].match < r.log.last_index()
     c.heal()
