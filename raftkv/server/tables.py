@@ -472,26 +472,29 @@ class TablesApi:
         not host to a node that does: its leader first, then its other stable nodes."""
         if request.headers.get(FORWARDED):
             return _error(503, f"{gid} is not hosted here (it may have just moved); retry")
-        try:
-            route = self.p.mgr.route(name, key)
-            candidates = [n for n in ([route.leader] if route.leader else []) + list(route.nodes)
-                          if n != self.p.id]
-        except UnknownTable:
-            candidates = []
+        candidates = self._hosts(name, key)
         if not candidates:
             return _error(503, f"no known host of {gid} yet; retry")
         addrs = await self._run(self.p.http_addrs)
-        seen: set[str] = set()
-        for n in candidates:
-            if n in seen or n not in addrs:
+        for n in dict.fromkeys(candidates):
+            if n not in addrs:
                 continue
-            seen.add(n)
             try:
                 return await self._proxy(request, addrs[n], body)
             except (aiohttp.ClientError, TimeoutError) as e:
                 log.info("proxying %s to %s failed: %s", gid, n, e)
         return _error(421, f"{gid} is hosted on {', '.join(candidates)}; ask there",
                       node=candidates[0], group=gid)
+
+    def _hosts(self, name: str, key: bytes) -> Sequence[str]:
+        """Other nodes hosting the partition of ``key``: its leader first, then its other
+        stable nodes (possibly repeating the leader)."""
+        try:
+            route = self.p.mgr.route(name, key)
+        except UnknownTable:
+            return []
+        return [n for n in ([route.leader] if route.leader else []) + list(route.nodes)
+                if n != self.p.id]
 
     async def _local(self, request: web.Request, gid: str, key: bytes,
                      body: bytes) -> web.Response:
@@ -557,12 +560,11 @@ class TablesApi:
         if gid in self.p.node.groups:
             index: int = await _wait(self.p.node.propose(gid, cmd, lambda i, r: i))
             return index
-        route = self.p.mgr.route(name, ops[0][0])
         addrs = await self._run(self.p.http_addrs)
         body = msgpack.packb({"id": None, "ops": [[k, v] for k, v in ops]}, use_bin_type=True)
         last: Exception = _PartitionFailed(503, f"no known host of {gid} yet; retry")
-        for n in ([route.leader] if route.leader else []) + list(route.nodes):
-            if n == self.p.id or n not in addrs:
+        for n in dict.fromkeys(self._hosts(name, ops[0][0])):
+            if n not in addrs:
                 continue
             url = f"http://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
             try:
@@ -578,7 +580,8 @@ class TablesApi:
         raise last
 
     # -- partition batches and replica digests (the Spark loader's and verifier's API) --------
-    async def _partition(self, request: web.Request) -> tuple[str, int, str]:
+    async def _partition(self, request: web.Request) -> tuple[str, int, int, str]:
+        """(table, its partition count, partition, group) of a partition URL; 404s."""
         name = self._name(request)
         desc = self.p.mgr.table(name) or await self._desc(name)
         raw = request.match_info["p"]
@@ -588,19 +591,18 @@ class TablesApi:
                           f"(it has partitions 0..{desc.partitions - 1})"}),
                 content_type="application/json")
         p = int(raw)
-        return name, desc.partitions, partition_group(name, p)
+        return name, desc.partitions, p, partition_group(name, p)
 
     async def partition_batch(self, request: web.Request) -> web.Response:
         """One idempotent batch into one partition: one Raft entry (``BATCH`` with an id).
         Every key must belong to the partition, so a loader that split its rows with a
         different partition function fails loudly instead of writing rows where no read
         will find them."""
-        name, count, gid = await self._partition(request)
+        name, count, p, gid = await self._partition(request)
         body = await request.read()
         batch_id, ops = decode_partition_batch(body)
-        p = int(request.match_info["p"])
-        for k, got in zip((k for k, _ in ops), partitions_of([k for k, _ in ops], count),
-                          strict=True):
+        keys = [k for k, _ in ops]
+        for k, got in zip(keys, partitions_of(keys, count), strict=True):
             if got != p:
                 raise CommandError(f"key {k[:64]!r} belongs to partition {got}, not {p}")
         cmd = encode_batch(ops, batch_id)
@@ -626,7 +628,7 @@ class TablesApi:
         (hex), so a verifier can name missing, extra and altered keys."""
         from raftkv.server.app import _wait
 
-        _, _, gid = await self._partition(request)
+        _, _, p, gid = await self._partition(request)
         if gid not in self.p.node.groups:
             return _error(404, f"{gid} has no replica on {self.p.id}", node=self.p.id)
         q = request.query
@@ -649,7 +651,7 @@ class TablesApi:
             await asyncio.sleep(0.05)
         # The scan is a consistent view taken on the loop; hashing it is slow, so off it.
         out = await self._run(lambda: _digest_rows(rows, limit))
-        return web.json_response({"node": self.p.id, "partition": int(request.match_info["p"]),
+        return web.json_response({"node": self.p.id, "partition": p,
                                   "applied": applied, **out})
 
     async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:

@@ -51,7 +51,7 @@ from raftkv.client import Client, ClientError, Unavailable
 from raftkv.spark.cluster import SparkJobError, TableView, table_view
 from raftkv.spark.progress import Progress
 from raftkv.spark.rows import Pair, ValueFn, batch_id
-from raftkv.spark.shuffle import routed, row_error, task_partitions
+from raftkv.spark.shuffle import check_columns, job_error, routed, task_partitions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -141,7 +141,7 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
         raise SparkJobError(f"batch_rows and inflight must be at least 1, not "
                             f"{batch_rows} and {inflight}")
     view = table_view(cluster, table)
-    _check_columns(df, key_col, value_cols)
+    check_columns(df, key_col, value_cols)
     load_id = load_id or uuid.uuid4().hex[:12]
     n = len(view.partitions)
     t0, wall0 = time.monotonic(), time.time()
@@ -153,7 +153,7 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
             got = routed(df, key_col, value_cols, value_fn, n, tasks or n).mapInArrow(
                 write, REPORT_SCHEMA).collect()
     except Exception as e:  # noqa: BLE001 - re-raised as is unless it is a bad row
-        raise _job_error(e, "load") from None
+        raise job_error(e, "load") from None
     finally:
         sc.setJobDescription(None)  # type: ignore[arg-type]
     by_part = {r["partition"]: PartitionLoad(**r.asDict()) for r in got}
@@ -166,25 +166,6 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
           f"{report.retries} retries in {report.seconds - routed_at:.1f} s", file=out)
     print(report.format(), file=out, flush=True)
     return report
-
-
-def _job_error(e: Exception, what: str) -> Exception:
-    """A bad row becomes a ``SparkJobError`` with its reason; anything else stays as is."""
-    reason = row_error(e)
-    if reason is None:
-        return e
-    return SparkJobError(f"bad input row, nothing was written by this {what}: {reason}")
-
-
-def _check_columns(df: DataFrame, key_col: str, value_cols: Sequence[str] | None) -> None:
-    cols = set(df.columns)
-    if key_col not in cols:
-        raise SparkJobError(f"no key column {key_col!r}; the columns are {sorted(cols)}")
-    if value_cols is not None:
-        missing = [c for c in value_cols if c not in cols]
-        if missing or not value_cols:
-            raise SparkJobError(f"value columns {missing or list(value_cols)!r} are not in "
-                                f"the input; the columns are {sorted(cols)}")
 
 
 REPORT_SCHEMA = ("partition int, rows long, stored long, batches long, skipped long, "

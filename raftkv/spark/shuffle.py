@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raftkv.placement.assignments import partitions_of
+from raftkv.spark.cluster import SparkJobError
 from raftkv.spark.rows import (
     Pair,
     RowError,
@@ -220,3 +221,21 @@ def row_error(e: BaseException) -> str | None:
         return None
     return text[at + len(marker):].splitlines()[0].strip()
 
+
+def job_error(e: Exception, what: str) -> Exception:
+    """A bad row becomes a ``SparkJobError`` with its reason; anything else stays as is."""
+    reason = row_error(e)
+    if reason is None:
+        return e
+    return SparkJobError(f"bad input row, nothing was written by this {what}: {reason}")
+
+
+def check_columns(df: DataFrame, key_col: str, value_cols: Sequence[str] | None) -> None:
+    cols = set(df.columns)
+    if key_col not in cols:
+        raise SparkJobError(f"no key column {key_col!r}; the columns are {sorted(cols)}")
+    if value_cols is not None:
+        missing = [c for c in value_cols if c not in cols]
+        if missing or not value_cols:
+            raise SparkJobError(f"value columns {missing or list(value_cols)!r} are not in "
+                                f"the input; the columns are {sorted(cols)}")

@@ -36,10 +36,9 @@ import msgpack
 
 from raftkv.client import Client, ClientError, Unavailable
 from raftkv.spark.cluster import PartitionInfo, SparkJobError, TableView, table_view
-from raftkv.spark.load import _check_columns, _job_error
 from raftkv.spark.progress import Progress
 from raftkv.spark.rows import ValueFn
-from raftkv.spark.shuffle import routed, task_partitions
+from raftkv.spark.shuffle import check_columns, job_error, routed, task_partitions
 from storage.digest import EMPTY, DigestBuilder, row_hash
 
 if TYPE_CHECKING:
@@ -117,7 +116,7 @@ def verify(df: DataFrame, table: str, key_col: str,
     if (value_cols is None) == (value_fn is None):
         raise SparkJobError("give exactly one of value_cols and value_fn")
     view = table_view(cluster, table)
-    _check_columns(df, key_col, value_cols)
+    check_columns(df, key_col, value_cols)
     n = len(view.partitions)
     t0 = time.monotonic()
     sc = df.sparkSession.sparkContext
@@ -127,7 +126,7 @@ def verify(df: DataFrame, table: str, key_col: str,
             got = routed(df, key_col, value_cols, value_fn, n, n).mapInArrow(
                 _Digester(diff_limit), EXPECTED_SCHEMA).collect()
     except Exception as e:  # noqa: BLE001 - re-raised as is unless it is a bad row
-        raise _job_error(e, "verify") from None
+        raise job_error(e, "verify") from None
     finally:
         sc.setJobDescription(None)  # type: ignore[arg-type]
     expected = {r["partition"]: Expected(
