@@ -15,7 +15,9 @@ One LMDB environment (a directory holding ``data.mdb``) with three named databas
 
 **Group commit.** ``save()`` writes one Ready batch (hard state, entries, snapshot) in one
 write transaction. With durability on (the default), LMDB syncs once at commit, so a
-batch of any size costs one fsync, never one per entry. Durability off (Ignite's
+batch of any size costs one fsync, never one per entry. A batch that only moves the
+commit index (``sync=False``) is not written at all until the next transaction, as the
+contract in ``storage.log_store`` allows. Durability off (Ignite's
 ``raft.fsync=false``) opens the environment without syncing; ``durable`` reports it.
 
 **Crash safety.** LMDB is copy-on-write: a transaction is either wholly in the file or
@@ -117,6 +119,7 @@ class LmdbLogStore:
         self.path = path
         self.durable = durable
         self.syncs = 0
+        self._unsaved_hard = False  # a commit index saved with sync=False, not yet written
         os.makedirs(path, exist_ok=True)
         check_lmdb_file(path, "Raft log", CorruptLog)
         try:
@@ -325,19 +328,23 @@ class LmdbLogStore:
     # -- writes --------------------------------------------------------------------------
     def save(
         self, hard_state: HardState | None, entries: list[Entry],
-        snapshot: Snapshot | None = None,
+        snapshot: Snapshot | None = None, sync: bool = True,
     ) -> None:
+        if hard_state is not None:
+            self._hard = hard_state
+            self._unsaved_hard = True
+        if not (sync or entries or snapshot is not None):
+            # Only the commit index moved: it rides with the next write (log_store's
+            # contract), which saves a transaction and two fdatasyncs per commit.
+            return
+
         def batch(txn: lmdb.Transaction) -> None:
             if snapshot is not None:
                 self._install(txn, snapshot.meta)
             if entries:
                 self._append(txn, entries)
-            if hard_state is not None:
-                txn.put(b"hard", msgpack.packb(tuple(hard_state)), db=self._meta)
 
         self._write(batch, "save to the Raft log")
-        if hard_state is not None:
-            self._hard = hard_state
         if entries:
             self._last = entries[-1].index
         self.syncs += 1
@@ -401,16 +408,21 @@ class LmdbLogStore:
         return Snapshot(meta, b"")
 
     def _write(self, body: Callable[[lmdb.Transaction], object], what: str) -> None:
-        """Run ``body`` in a write transaction; if it fails, reload the in-memory view
-        (``body`` may have updated it before the transaction aborted)."""
+        """Run ``body`` in a write transaction, with the hard state if it has changed
+        since it was last written; if it fails, reload the in-memory view (``body`` may
+        have updated it before the transaction aborted)."""
         try:
             with self._env.begin(write=True) as txn:
                 body(txn)
+                if self._unsaved_hard:
+                    txn.put(b"hard", msgpack.packb(tuple(self._hard)), db=self._meta)
         except BaseException as e:  # whatever aborted the transaction, memory must follow
             self._load_meta()
+            self._unsaved_hard = False
             if isinstance(e, lmdb.Error):
                 raise StorageError(f"{self.path}: cannot {what}: {e}") from e
             raise
+        self._unsaved_hard = False
 
     def compact(self, index: int) -> None:
         """Drop entries up to ``index`` (at most the snapshot's index)."""
@@ -434,4 +446,6 @@ class LmdbLogStore:
         self._write(drop_prefix, "compact the log")
 
     def close(self) -> None:
+        if self._unsaved_hard:
+            self._write(lambda txn: None, "save the hard state")
         self._env.close()

@@ -35,6 +35,7 @@ IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Self, TypeVar
 
@@ -134,17 +135,49 @@ class LmdbBacked(Checkpointing):
         hint = " (raise map_size)" if isinstance(e, lmdb.MapFullError) else ""
         return StorageError(f"{what} in the {self._what} at {self.path}: {e}{hint}")
 
+    def _init_checkpointing(self, path: str | os.PathLike[str], entries: int,
+                            seconds: float) -> None:
+        self.path = os.fspath(path)
+        self._policy = CheckpointPolicy(entries, seconds)
+        self.checkpoints = 0  # checkpoints that made something durable (for tests)
+        # Held by a background checkpoint's sync and by close: closing the env under a
+        # sync running on another thread would free what the sync is using.
+        self._sync_lock = threading.Lock()
+
     def _make_durable(self, applied: int) -> bool:
         try:
-            self._env.sync(True)
+            with self._sync_lock:
+                self._env.sync(True)
         except lmdb.Error as e:
             raise self._fail("checkpoint (sync) failed", e) from e
         return True
 
+    def background_checkpoint(self) -> Callable[[], int] | None:
+        """``env.sync`` is an fdatasync of the data file, which flushes every commit made
+        before it starts; commits made meanwhile on the store's thread are simply not
+        promised. So the job promises the applied index as of now."""
+        self._live()
+        applied = self._applied
+        if applied == self._checkpoint:
+            return None
+
+        def sync() -> int:
+            with self._sync_lock:
+                if self._closed:
+                    return 0  # closed meanwhile (group removed): nothing to record
+                try:
+                    self._env.sync(True)
+                except lmdb.Error as e:
+                    raise self._fail("checkpoint (sync) failed", e) from e
+            return applied
+
+        return sync
+
     def close(self) -> None:
-        if not getattr(self, "_closed", True):
-            self._closed = True
-            self._env.close()
+        with self._sync_lock:
+            if not getattr(self, "_closed", True):
+                self._closed = True
+                self._env.close()
 
     def __enter__(self) -> Self:
         return self
@@ -171,9 +204,7 @@ class LmdbStateStore(LmdbBacked):
         checkpoint_entries: int = DEFAULT_CHECKPOINT_ENTRIES,
         checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
     ) -> None:
-        self.path = os.fspath(path)
-        self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
-        self.checkpoints = 0  # count of checkpoints that made something durable (for tests)
+        self._init_checkpointing(path, checkpoint_entries, checkpoint_seconds)
         check_lmdb_file(self.path, "LMDB state store")
         try:
             os.makedirs(self.path, exist_ok=True)

@@ -10,7 +10,14 @@ Contract (every implementation, in memory or LMDB, keeps it):
 - ``term(i)`` / ``entries(lo, hi)`` raise ``Compacted`` below the snapshot and
   ``Unavailable`` above ``last_index``. Neither error changes state.
 - ``save(hard_state, entries, snapshot)`` is one Ready batch: it is applied atomically
-  and made durable with one sync (group commit). ``entries[0].index`` may be at or below
+  and made durable with one sync (group commit). With ``sync=False`` (the Ready's
+  ``must_sync`` is false: only the commit index moved, etcd's ``MustSync``) the store
+  may keep the hard state in memory and write it with the next synced batch: the
+  commit index is volatile in Raft (§5.3, Figure 2), and what a crash loses of it
+  only makes replay stop earlier; the rest is committed again by the leader and
+  re-delivered (entries the state store already holds come back ``IndexMismatch``).
+  Every other write (snapshot, compaction, close) takes the latest hard state with it,
+  so the persisted commit never lags the snapshot. ``entries[0].index`` may be at or below
   ``last_index``; the existing suffix from there is replaced (Raft §5.3 conflict handling
   happens in the core; by the time entries reach the store the core has decided to
   overwrite).
@@ -67,6 +74,7 @@ class LogStorage(Protocol):
         hard_state: HardState | None,
         entries: list[Entry],
         snapshot: Snapshot | None = None,
+        sync: bool = True,
     ) -> None: ...
 
     def create_snapshot(self, index: int, conf: ConfState, data: bytes) -> Snapshot: ...
@@ -108,9 +116,11 @@ class MemoryLogStore:
 
     def __init__(self) -> None:
         self._hard = HardState()
+        # What a crash keeps: ``_hard`` minus a commit index saved with ``sync=False``.
+        self._durable_hard = self._hard
         self._snap = Snapshot()
         self._ents: list[Entry] = [Entry(0, 0)]
-        self.syncs = 0  # one per save(): lets tests assert group commit
+        self.syncs = 0  # one per synced save(): lets tests assert group commit
 
     # -- reads -------------------------------------------------------------------------
     def initial_state(self) -> tuple[HardState, ConfState]:
@@ -158,6 +168,7 @@ class MemoryLogStore:
         hard_state: HardState | None,
         entries: list[Entry],
         snapshot: Snapshot | None = None,
+        sync: bool = True,
     ) -> None:
         if snapshot is not None:
             self._install(snapshot)
@@ -165,7 +176,14 @@ class MemoryLogStore:
             self._append(entries)
         if hard_state is not None:
             self._hard = hard_state
-        self.syncs += 1
+        if sync or entries or snapshot is not None:
+            self._durable_hard = self._hard
+            self.syncs += 1
+
+    def crash(self) -> None:
+        """Forget what a process crash would (the simulator's crash): a commit index
+        saved without a sync. Entries and snapshots here are always durable."""
+        self._hard = self._durable_hard
 
     def _install(self, snap: Snapshot) -> None:
         if snap.index <= self._snap.index:
@@ -190,6 +208,7 @@ class MemoryLogStore:
             raise SnapshotUnavailable(f"snapshot at {index} is older than {self._snap.index}")
         snap = Snapshot(SnapshotMeta(index, self.term(index), conf), data)
         self._snap = snap
+        self._durable_hard = self._hard
         return snap
 
     def compact(self, index: int) -> None:
@@ -201,5 +220,6 @@ class MemoryLogStore:
                 f"cannot compact to {index}: the latest snapshot is at {self._snap.index}"
             )
         self._ents = self._ents[index - offset :]
+        self._durable_hard = self._hard
         first = self._ents[0]
         self._ents[0] = Entry(first.term, first.index)

@@ -50,7 +50,10 @@ Contract (every implementation keeps it)
 - ``checkpoint()`` makes everything applied durable and returns the new checkpointIndex.
   ``maybe_checkpoint(now)`` applies the policy (see ``CheckpointPolicy``). ``now`` comes from
   the caller, and the store reads no clock for the policy. The driver should call it
-  periodically (every tick), not only after applies.
+  periodically (every tick), not only after applies. A caller that must not wait for the
+  sync asks ``checkpoint_due(now)``, runs the job ``background_checkpoint()`` returns on
+  another thread, and hands its result to ``checkpointed(index)`` (an LMDB store syncs
+  while its thread goes on applying; other stores return no job).
 - Reads see everything applied, durable or not: ``get(key)``, ``scan(lo, hi)`` over the
   half-open key range ``[lo, hi)`` in key order (``None`` = unbounded), and
   ``digest(lo, hi, keys)``, the ``(count, digest)`` of the rows in the range whose key passes
@@ -138,6 +141,12 @@ class StateStore(Protocol):
     def checkpoint(self) -> int: ...
 
     def maybe_checkpoint(self, now: float) -> bool: ...
+
+    def checkpoint_due(self, now: float) -> bool: ...
+
+    def background_checkpoint(self) -> Callable[[], int] | None: ...
+
+    def checkpointed(self, index: int) -> None: ...
 
     def get(self, key: bytes) -> bytes | None: ...
 
@@ -489,11 +498,32 @@ class Checkpointing:
         return self._checkpoint
 
     def maybe_checkpoint(self, now: float) -> bool:
-        self._live()
-        if self._policy.due(self._applied - self._checkpoint, now):
+        if self.checkpoint_due(now):
             self.checkpoint()
             return True
         return False
+
+    def checkpoint_due(self, now: float) -> bool:
+        """Whether the policy wants a checkpoint now (see ``CheckpointPolicy``)."""
+        self._live()
+        return self._policy.due(self._applied - self._checkpoint, now)
+
+    def background_checkpoint(self) -> Callable[[], int] | None:
+        """A checkpoint whose sync may run on another thread while this store goes on
+        applying: the returned job makes everything applied *now* durable and returns
+        that index, which the store's own thread then hands to ``checkpointed``. None
+        when nothing is pending or the store cannot sync off its thread (then call
+        ``checkpoint``)."""
+        return None
+
+    def checkpointed(self, index: int) -> None:
+        """Record what a ``background_checkpoint`` job made durable. A snapshot installed
+        meanwhile may have moved the checkpoint further: it never moves back."""
+        self._live()
+        if index > self._checkpoint:
+            self._checkpoint = index
+            self.checkpoints += 1
+        self._policy.reset()
 
 
 class MemoryStateStore(Checkpointing):

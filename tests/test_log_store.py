@@ -77,6 +77,64 @@ def test_one_sync_per_saved_batch(make_store) -> None:
     assert s.syncs == 2
 
 
+def test_a_commit_only_save_without_sync_rides_with_the_next_write(make_store) -> None:
+    """etcd's MustSync: a Ready that only moves the commit index is not synced; the
+    store reports it at once and writes it with its next batch."""
+    s = make_store()
+    s.save(HardState(1, "n1", 0), ents(1, 11))
+    s.save(HardState(1, "n1", 10), [], sync=False)
+    assert s.syncs == 1
+    assert s.initial_state()[0] == HardState(1, "n1", 10)
+    s.save(None, ents(11, 12))
+    assert s.syncs == 2 and s.initial_state()[0].commit == 10
+
+
+def test_memory_crash_forgets_only_an_unsynced_commit() -> None:
+    s = MemoryLogStore()
+    s.save(HardState(2, "n2", 3), ents(1, 6, term=2))
+    s.save(HardState(2, "n2", 5), [], sync=False)
+    s.crash()
+    assert s.initial_state()[0] == HardState(2, "n2", 3)
+    assert s.last_index() == 5
+    s.save(HardState(2, "n2", 5), [], sync=False)
+    s.create_snapshot(4, V3, b"")  # a snapshot never lands ahead of the persisted commit
+    s.crash()
+    assert s.initial_state()[0].commit == 5
+
+
+_UNSYNCED_THEN_KILLED = """
+import os, sys
+from storage.lmdb_log import LmdbLogStore
+from storage.records import Entry, HardState
+s = LmdbLogStore(sys.argv[1])
+s.save(HardState(3, "n1", 2), [Entry(3, i, 0, b"x") for i in range(1, 6)])
+s.save(HardState(3, "n1", 5), [], sync=False)
+if sys.argv[2] == "compact":
+    s.create_snapshot(4, s.initial_state()[1])
+os._exit(0)  # no close: what a SIGKILL leaves
+"""
+
+
+@pytest.mark.parametrize("then", ["exit", "compact"])
+def test_lmdb_unsynced_commit_is_lost_by_a_crash_unless_a_write_carried_it(
+        tmp_path, then: str) -> None:
+    import subprocess
+    import sys
+
+    p = str(tmp_path / "log")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", _UNSYNCED_THEN_KILLED, p, then], check=True,
+                   cwd=root)
+    s = LmdbLogStore(p)
+    assert s.initial_state()[0] == HardState(3, "n1", 2 if then == "exit" else 5)
+    assert s.last_index() == 5
+    s.save(HardState(3, "n1", 5), [], sync=False)
+    s.close()  # close writes what is pending
+    s = LmdbLogStore(p)
+    assert s.initial_state()[0].commit == 5
+    s.close()
+
+
 def test_conf_entries_are_found_without_a_scan(make_store) -> None:
     s = make_store()
     conf = ConfState(frozenset({"n1"}), frozenset({"n2"}), frozenset({"n2"}))

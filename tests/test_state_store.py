@@ -170,6 +170,41 @@ def test_checkpoint_makes_the_applied_index_the_checkpoint_index(store: Store) -
     assert store.checkpoint() == 3
 
 
+def test_background_checkpoint_promises_what_was_applied_when_it_started(tmp_path) -> None:
+    """The driver's non-blocking checkpoint: the sync runs on another thread while
+    applies go on, and only the index applied when the job was made becomes the
+    checkpointIndex."""
+    import threading
+
+    s = LmdbStateStore(tmp_path / "s", checkpoint_entries=2)
+    assert s.background_checkpoint() is None  # nothing pending
+    s.apply(puts(1, {b"a": b"1", b"b": b"2"}))
+    assert s.checkpoint_due(0.0)
+    job = s.background_checkpoint()
+    assert job is not None
+    s.apply(puts(3, {b"c": b"3"}))  # after the job was made: not promised by it
+    out: list[int] = []
+    t = threading.Thread(target=lambda: out.append(job()))
+    t.start()
+    s.apply(puts(4, {b"d": b"4"}))  # applies go on while it syncs
+    t.join()
+    assert out == [2]
+    s.checkpointed(out[0])
+    assert (s.checkpoint_index(), s.applied_index()) == (2, 4)
+    s.checkpointed(1)  # a late, older result never moves the checkpoint back
+    assert s.checkpoint_index() == 2
+    late = s.background_checkpoint()
+    assert late is not None
+    s.close()
+    assert late() == 0  # the store closed first: nothing was made durable by it
+
+
+def test_stores_without_background_checkpoints_say_so() -> None:
+    s = MemoryStateStore()
+    s.apply(puts(1, {b"a": b"1"}))
+    assert s.background_checkpoint() is None  # the caller checkpoints inline
+
+
 # -- the IGNITE-16907 protocol -----------------------------------------------------------------
 def test_replay_at_or_below_the_checkpoint_raises_index_mismatch_and_applies_nothing(
     store: Store,

@@ -182,6 +182,7 @@ class Node:
         self.metrics: Metrics = metrics or NoMetrics()
         self.groups: dict[str, Group] = {}
         self._persisters: ThreadPoolExecutor | None = None  # see _handle_readies
+        self._checkpointing: dict[str, tuple[Group, Future[int]]] = {}  # _checkpoint_due
         self.poller = createPoller("auto")
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         # Proposals from other threads (deque appends and pops are atomic).
@@ -475,16 +476,30 @@ class Node:
 
     def _checkpoint_due(self, now: float) -> None:
         """Give each state store with unflushed applies its checkpoint policy's chance.
-        A checkpoint is an fsync of the store's LMDB file: with a table's partitions all
-        being written, one after another they held the loop for a quarter of its time, so
-        several run at once on the persist threads (the loop waits for them: nothing else
-        touches the stores meanwhile)."""
-        due = [g.state for g in self.groups.values()
-               if g.state.applied_index() != g.state.checkpoint_index()]
-        if len(due) > 1:
-            list(self._persist_pool().map(lambda st: st.maybe_checkpoint(now), due))
-        elif due:
-            due[0].maybe_checkpoint(now)
+
+        A checkpoint is an fsync of the store's LMDB file. Waited for, even several at
+        once on the persist threads, they held the loop for a quarter of its time under
+        table load. So an LMDB store's sync runs on a persist thread while the loop goes
+        on applying (``StateStore.background_checkpoint``), and a later tick records what
+        it made durable. A failed sync raises here, on the loop, as an inline one would.
+        Stores without background checkpoints checkpoint inline."""
+        running = self._checkpointing
+        for gid, (g, job) in list(running.items()):
+            if job.done():
+                del running[gid]
+                index = job.result()
+                if self.groups.get(gid) is g:
+                    g.state.checkpointed(index)
+        for g in self.groups.values():
+            st = g.state
+            if (g.id in running or st.applied_index() == st.checkpoint_index()
+                    or not st.checkpoint_due(now)):
+                continue
+            sync = st.background_checkpoint()
+            if sync is None:
+                st.checkpoint()
+            else:
+                running[g.id] = (g, self._persist_pool().submit(sync))
 
     def _persist_pool(self) -> ThreadPoolExecutor:
         if self._persisters is None:
@@ -602,17 +617,20 @@ class Node:
         commits run on worker threads (py-lmdb releases the GIL while LMDB commits and
         syncs), the syncs overlap, and the file system folds them into shared journal
         commits. Each store is still written by one thread at a time, and the loop
-        thread uses it again only after the join."""
+        thread uses it again only after the join. A Ready that need not sync (only the
+        commit index moved) costs the log store no I/O (``LogStorage.save``'s
+        ``sync``), so it is handed over here."""
         readies = [(g, g.raft.ready()) for g in groups]
-        writes = [(g, rd) for g, rd in readies
-                  if rd.hard_state is not None or rd.entries or rd.snapshot is not None]
-        if len(writes) > 1:
-            timed = list(self._persist_pool().map(_timed_persist, writes))
+        syncs = [(g, rd) for g, rd in readies if rd.must_sync]
+        for g, rd in readies:
+            if not rd.must_sync:
+                g.storage.persist(rd)
+        if len(syncs) > 1:
+            timed = list(self._persist_pool().map(_timed_persist, syncs))
         else:
-            timed = [_timed_persist(w) for w in writes]
-        for (g, rd), seconds in zip(writes, timed, strict=True):
-            if rd.must_sync:
-                self.metrics.fsync(g.id, seconds)
+            timed = [_timed_persist(w) for w in syncs]
+        for (g, _), seconds in zip(syncs, timed, strict=True):
+            self.metrics.fsync(g.id, seconds)
         for g, rd in readies:
             if self.groups.get(g.id) is not g:
                 continue  # a hook of an earlier group in this turn removed it

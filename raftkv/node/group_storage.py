@@ -4,7 +4,9 @@
 of the Ready contract:
 
 - ``persist(rd)``: hard state, entries and the snapshot's metadata in one log
-  transaction (one fsync), then, for a received snapshot, the state store image.
+  transaction (one fsync), after, for a received snapshot, the state store image. A
+  Ready that need not sync (only the commit index moved) is left to the log store to
+  write with its next batch.
 - ``apply(entries)``: committed entries go to the state store with their
   proposedIndex, in one transaction. An entry at or below the store's checkpoint is
   refused with ``IndexMismatch`` and skipped (IGNITE-16907): this happens after a
@@ -71,7 +73,7 @@ class GroupStorage:
             # order would leave a log claiming a snapshot the state store never got.
             self.state.install_snapshot(unpack_image(snap.data))
         if rd.hard_state is not None or rd.entries or snap is not None:
-            self.log.save(rd.hard_state, rd.entries, snap)
+            self.log.save(rd.hard_state, rd.entries, snap, sync=rd.must_sync)
 
     def apply(self, entries: Sequence[Entry]) -> list[object]:
         """Apply committed entries; returns one result per entry, ``ALREADY_APPLIED``

@@ -105,7 +105,6 @@ from storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
-    CheckpointPolicy,
     SnapshotLoader,
     check_apply,
     check_chunk_bytes,
@@ -259,10 +258,8 @@ class MetaStore(LmdbBacked):
     ) -> None:
         if type(history) is not int or history < 1:
             raise ValueError(f"history must be an int >= 1, got {history!r}")
-        self.path = os.fspath(path)
+        self._init_checkpointing(path, checkpoint_entries, checkpoint_seconds)
         self.history = history
-        self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
-        self.checkpoints = 0  # checkpoints that made something durable (for tests)
         check_lmdb_file(self.path, "metastore")
         try:
             os.makedirs(self.path, exist_ok=True)

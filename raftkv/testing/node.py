@@ -113,7 +113,7 @@ class SimNode:
         out.ready = rd
         # 1. persist (one sync for the whole batch: group commit)
         if rd.hard_state is not None or rd.entries or rd.snapshot is not None:
-            self.storage.save(rd.hard_state, rd.entries, rd.snapshot)
+            self.storage.save(rd.hard_state, rd.entries, rd.snapshot, sync=rd.must_sync)
         # 2. messages may leave only now that what they promise is durable
         out.messages = rd.messages
         # 3. apply
@@ -165,6 +165,7 @@ class SimNode:
 
     def crash(self) -> None:
         self.alive = False
+        self.storage.crash()
 
     def restart(self) -> None:
         self.alive = True
@@ -186,7 +187,10 @@ class StoreSimNode(SimNode):
         self.state_store = MemoryStateStore(
             checkpoint_entries=checkpoint_entries, checkpoint_seconds=float("inf")
         )
-        self.image_index = 0  # the newest snapshot image installed (its applied index)
+        # The newest index the state store held before the core could deliver it: an
+        # installed image's (newer than its snapshot index), or the checkpoint a restart
+        # found past the log's commit index (a commit index saved without sync is lost).
+        self.held_index = 0
         super().__init__(node_id, storage, seed, **config)
 
     def _start(self) -> None:
@@ -194,12 +198,13 @@ class StoreSimNode(SimNode):
         self.gs = GroupStorage(self.storage, self.state_store)
         self.gs.recover()
         self.last_applied = self.state_store.applied_index()
+        self.held_index = max(self.held_index, self.last_applied)
         rng = random.Random(f"{self.seed}/{self.id}/{self.incarnation}")
         config = Config(id=self.id, applied=self.last_applied, **self.config)
         self.raft = Raft(config, self.storage, rng)
 
     def crash(self) -> None:
-        self.alive = False
+        super().crash()
         self.state_store.crash()
 
     def handle_ready(self) -> ReadyOutcome:
@@ -210,16 +215,17 @@ class StoreSimNode(SimNode):
         out.ready = rd
         self.gs.persist(rd)
         if rd.snapshot is not None:
-            self.image_index = max(self.image_index, self.state_store.applied_index())
+            self.held_index = max(self.held_index, self.state_store.applied_index())
         out.messages = [self.gs.outgoing(m) for m in rd.messages]
         results = self.gs.apply(rd.committed_entries)
         out.applied = []
         for e, r in zip(rd.committed_entries, results):
             if r is ALREADY_APPLIED:
-                # Only an installed image (newer than its snapshot index) may hold
-                # entries the core still delivers; anything else is a lost or doubled apply.
-                assert e.index <= self.image_index, (
-                    f"{self.id}: entry {e.index} reported applied, but no image covered it"
+                # Only an installed image or a restart's checkpoint may hold entries the
+                # core still delivers; anything else is a lost or doubled apply.
+                assert e.index <= self.held_index, (
+                    f"{self.id}: entry {e.index} reported applied, but no image or "
+                    "checkpoint held it"
                 )
             else:
                 out.applied.append(Applied(e, r))

@@ -1,8 +1,15 @@
 """A writer for the SIGKILL test: recover, then log and apply commands until killed.
 
 Each entry i is ``cas(b"last", i-1, i)`` (a chain: a skipped or reordered entry breaks
-it for good), and every fifth entry also puts ``k<i % 97>``. After each log batch is
-durable (one fsync) it prints ``durable <last index>``; the parent kills it at random.
+it for good), and every fifth entry also puts ``k<i % 97>``. It writes as a leader's
+driver does: a batch is saved with the commit index as it stood (one fsync), then it
+prints ``durable <last index> <commit saved with it>``; the batch's own commit is saved
+without a sync (``sync=False``, only the commit moved), and then it is applied. The
+state store checkpoints in the background, its sync on another thread while applies go
+on, as the driver's do. The parent kills it at random.
+
+Restarting, it is a single-node group's new leader: the first commit of its term covers
+its whole log, so after replay it commits and applies the rest of the log.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from recovery.local import replay
 from storage.commands import encode_batch, encode_cas
@@ -29,16 +37,30 @@ def main(directory: str, seed: int) -> None:
     state = LmdbStateStore(f"{directory}/state", checkpoint_entries=300,
                            checkpoint_seconds=0.05)
     report = replay(raft_log, state)
+    last = raft_log.last_index()
+    if state.applied_index() < last:
+        raft_log.save(HardState(1, None, last), [], sync=False)
+        state.apply(raft_log.payloads(state.applied_index() + 1, last + 1))
     print(f"recovered {report.replayed} {state.applied_index()}", flush=True)
     rng = random.Random(seed)
-    i = raft_log.last_index() + 1
-    while True:
-        batch = [Entry(1, j, 0, command(j)) for j in range(i, i + rng.randint(1, 64))]
-        raft_log.save(HardState(1, None, batch[-1].index), batch)
-        print(f"durable {batch[-1].index}", flush=True)
-        state.apply([(e.index, e.data) for e in batch])
-        state.maybe_checkpoint(time.monotonic())
-        i = batch[-1].index + 1
+    i = last + 1
+    syncing: Future[int] | None = None
+    with ThreadPoolExecutor(1) as pool:
+        while True:
+            batch = [Entry(1, j, 0, command(j)) for j in range(i, i + rng.randint(1, 64))]
+            commit = state.applied_index()
+            raft_log.save(HardState(1, None, commit), batch)
+            print(f"durable {batch[-1].index} {commit}", flush=True)
+            raft_log.save(HardState(1, None, batch[-1].index), [], sync=False)
+            state.apply([(e.index, e.data) for e in batch])
+            if syncing is not None and syncing.done():
+                state.checkpointed(syncing.result())
+                syncing = None
+            if syncing is None and state.checkpoint_due(time.monotonic()):
+                job = state.background_checkpoint()
+                if job is not None:
+                    syncing = pool.submit(job)
+            i = batch[-1].index + 1
 
 
 if __name__ == "__main__":
