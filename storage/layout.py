@@ -4,6 +4,9 @@
     DATA_DIR/peers.json               raft addresses learned at runtime
     DATA_DIR/groups/<group>/log       the group's Raft log (LmdbLogStore)
     DATA_DIR/groups/<group>/state     the group's state machine (LmdbStateStore)
+    DATA_DIR/partition-logs           the Raft logs of every table partition hosted here,
+                                      in one shared LMDB environment (LogEnv); their
+                                      groups/<group> directories hold no log
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ DEFAULT_GROUP = "default"
 def group_paths(data_dir: str, group: str) -> tuple[str, str]:
     base = os.path.join(data_dir, "groups", group)
     return os.path.join(base, "log"), os.path.join(base, "state")
+
+
+def partition_logs_path(data_dir: str) -> str:
+    return os.path.join(data_dir, "partition-logs")
 
 
 def read_node_id(data_dir: str) -> str | None:

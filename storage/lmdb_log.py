@@ -37,6 +37,15 @@ of damage from outside (bit rot, a file truncated or scribbled on). On open:
 Entries below the commit index are verified when they are read (replay, or sending to
 a follower), so corruption is never applied or propagated silently.
 
+**Shared environments.** A node hosting a table's partitions keeps all their logs in one
+environment (``LogEnv(path, shared=True)``, ``DATA_DIR/partition-logs``): each group's
+keys in the three databases are prefixed with its id (length first), and the driver
+writes every partition's Ready of a turn in one transaction (``LogEnv.save_many``), so
+a turn that writes into sixteen partitions costs one commit instead of sixteen. The
+CRC covers the prefix too, so an entry under the wrong group is recognised as damaged.
+A group's own environment (``LmdbLogStore(path)``) is the same layout with an empty
+prefix, byte for byte the format of earlier versions.
+
 **Snapshots.** This store keeps only snapshot *metadata*. The snapshot's data is the
 state store itself (a forced checkpoint is the snapshot, IGNITE-16907), which the
 driver streams in chunks. ``snapshot().data`` is therefore empty.
@@ -49,7 +58,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
-from itertools import islice
+from itertools import islice, takewhile
 from typing import NamedTuple
 
 import lmdb
@@ -88,12 +97,17 @@ class OpenReport(NamedTuple):
     reason: str
 
 
-def _record(e: Entry) -> tuple[bytes, bytes]:
-    """(key, value) for an entry. The CRC covers key + value[4:] (index, term, type and
-    data), computed over the bytes as stored so reads need no repacking."""
-    key = _KEY.pack(e[1])
+def _record(e: Entry, prefix: bytes = b"") -> tuple[bytes, bytes]:
+    """(key, value) for an entry. The CRC covers key + value[4:] (group prefix, index,
+    term, type and data), computed over the bytes as stored so reads need no repacking."""
+    key = prefix + _KEY.pack(e[1])
     body = _BODY.pack(e[0], e[2]) + e[3]
     return key, zlib.crc32(body, zlib.crc32(key)).to_bytes(4, "big") + body
+
+
+def _key_at(cur: lmdb.Cursor) -> bytes:
+    """The cursor's key (b"" past the end); no environment here returns buffers."""
+    return bytes(cur.key())
 
 
 def _intact(key: bytes, value: bytes) -> bool:
@@ -102,35 +116,40 @@ def _intact(key: bytes, value: bytes) -> bool:
     ) == int.from_bytes(value[:4], "big")
 
 
-class LmdbLogStore:
-    """The durable ``LogStorage`` (see storage.log_store for the contract)."""
+class LogEnv:
+    """An LMDB environment holding Raft logs: one group's, or many groups' (shared).
 
-    def __init__(
-        self, path: str, *, durable: bool = True, map_size: int = 1 << 36,
-        verify_from: int | None = None,
-    ) -> None:
-        """Open (or create) the log at ``path``.
+    ``LmdbLogStore(path)`` opens an environment of its own, whose keys are the bare
+    indexes (the layout the module docstring describes). ``LogEnv(path, shared=True)``
+    holds the logs of many groups, as a node hosting a table's partitions needs: each
+    group's keys in the three databases start with the group's prefix (its id, length
+    first, so no group's keys can fall inside another's range), ``store(group)`` opens
+    one group's ``LmdbLogStore`` over it, and ``save_many`` writes several groups'
+    batches in one transaction. That is the point of sharing: a turn of the driver that
+    writes into many groups pays one commit (one fsync) instead of one per group.
 
-        ``verify_from`` is where open-time verification starts; by default only the
-        uncommitted tail is checked. Recovery does not need more: every read verifies
-        each entry's checksum before returning it, so replay refuses a damaged entry
-        before applying it, without paying for a second pass at open.
-        """
+    References: whoever creates the environment holds one and each open store one;
+    ``close()`` drops one, and the environment closes with the last. So the owner may
+    close it before or after the stores still open on it.
+    """
+
+    def __init__(self, path: str, *, durable: bool = True, map_size: int = 1 << 36,
+                 shared: bool = False) -> None:
         self.path = path
         self.durable = durable
-        self.syncs = 0
-        self._unsaved_hard = False  # a commit index saved with sync=False, not yet written
+        self.shared = shared
+        self._refs = 1
+        self._open: set[str] = set()  # groups with a store open (shared only)
         os.makedirs(path, exist_ok=True)
         check_lmdb_file(path, "Raft log", CorruptLog)
         try:
-            self._env = lmdb.open(
+            self.env = lmdb.open(
                 path, map_size=map_size, max_dbs=3, subdir=True,
                 sync=durable, metasync=durable, readahead=False,
             )
-            self._entries = self._env.open_db(b"entries")
-            self._confs = self._env.open_db(b"confs")
-            self._meta = self._env.open_db(b"meta")
-            self._load_meta()
+            self.entries = self.env.open_db(b"entries")
+            self.confs = self.env.open_db(b"confs")
+            self.meta = self.env.open_db(b"meta")
         except lmdb.Error as e:
             raise CorruptLog(f"{path}: cannot open the Raft log: {e}") from e
         if not durable:
@@ -138,19 +157,192 @@ class LmdbLogStore:
                 "%s: durability is OFF (like Ignite's raft.fsync=false): the log is not "
                 "synced, so a machine crash can lose acknowledged writes", path,
             )
-        self.open_report = self._verify_tail(verify_from)
+
+    @staticmethod
+    def prefix(group: str) -> bytes:
+        name = group.encode()
+        if not 0 < len(name) < 256:
+            raise StorageError(f"group id {group!r} must be 1..255 bytes to share a log")
+        return bytes([len(name)]) + name
+
+    def store(self, group: str, verify_from: int | None = None) -> LmdbLogStore:
+        """Open ``group``'s log in this shared environment (one store per group)."""
+        if not self.shared:
+            raise StorageError(f"{self.path} holds one group's log; it is not shared")
+        if group in self._open:
+            raise StorageError(f"{self.path}: group {group}'s log is already open")
+        store = LmdbLogStore(self, group=group, verify_from=verify_from)
+        self._open.add(group)
+        return store
+
+    def save_many(
+        self, batches: list[tuple[LmdbLogStore, HardState | None, list[Entry], Snapshot | None]],
+    ) -> None:
+        """Several stores' ``save`` (synced) in one transaction: one commit, one fsync."""
+        stores = [b[0] for b in batches]
+        for st, hard, _, _ in batches:
+            st._stage_hard(hard)
+        def put(txn: lmdb.Transaction) -> None:
+            for st, _, entries, snap in batches:
+                st._put_batch(txn, entries, snap)
+
+        _transaction(self.env, stores, put, "save to the Raft log")
+        for st, _, entries, _ in batches:
+            st._saved(entries)
+
+    def groups(self) -> set[str]:
+        """The groups with any record here (shared environments only)."""
+        found: set[str] = set()
+        with self.env.begin() as txn:
+            for db in (self.entries, self.confs, self.meta):
+                cur = txn.cursor(db=db)
+                ok = cur.first()
+                while ok:
+                    key = _key_at(cur)
+                    pfx = key[: key[0] + 1]
+                    found.add(pfx[1:].decode(errors="replace"))
+                    ok = cur.set_range(pfx + b"\xff" * 9)
+        return found
+
+    def has(self, group: str) -> bool:
+        """Whether ``group`` has any record here."""
+        pfx = self.prefix(group)
+        with self.env.begin() as txn:
+            for db in (self.meta, self.entries):
+                cur = txn.cursor(db=db)
+                if cur.set_range(pfx) and _key_at(cur).startswith(pfx):
+                    return True
+        return False
+
+    def drop(self, group: str) -> None:
+        """Delete every record of ``group`` (its store must be closed)."""
+        if group in self._open:
+            raise StorageError(f"{self.path}: cannot drop group {group}'s log while it is open")
+        pfx = self.prefix(group)
+
+        def delete(txn: lmdb.Transaction) -> None:
+            for db in (self.entries, self.confs, self.meta):
+                cur = txn.cursor(db=db)
+                if cur.set_range(pfx):
+                    while _key_at(cur).startswith(pfx):
+                        if not cur.delete():
+                            break
+
+        _transaction(self.env, [], delete, f"drop group {group}'s log")
+
+    def _closed_store(self, group: str | None) -> None:
+        if group is not None:
+            self._open.discard(group)
+        self.close()
+
+    def close(self) -> None:
+        """Drop one reference; the last closes the environment."""
+        self._refs -= 1
+        if self._refs == 0:
+            self.env.close()
+
+    def _ref(self) -> None:
+        if self._refs <= 0:
+            raise StorageError(f"{self.path}: the Raft log environment is closed")
+        self._refs += 1
+
+
+def _transaction(env: lmdb.Environment, stores: list[LmdbLogStore],
+                 body: Callable[[lmdb.Transaction], object], what: str) -> None:
+    """Run ``body`` in one write transaction, with the hard state of each of ``stores``
+    that changed since it was last written. If it fails, the stores reload their
+    in-memory view (``body`` may have updated it before the transaction aborted)."""
+    try:
+        with env.begin(write=True) as txn:
+            body(txn)
+            for st in stores:
+                if st._unsaved_hard:
+                    txn.put(st._mkey(b"hard"), msgpack.packb(tuple(st._hard)), db=st._meta)
+    except BaseException as e:  # whatever aborted the transaction, memory must follow
+        for st in stores:
+            st._load_meta()
+            st._unsaved_hard = False
+        if isinstance(e, lmdb.Error):
+            where = stores[0]._where if len(stores) == 1 else env.path()
+            raise StorageError(f"{where}: cannot {what}: {e}") from e
+        raise
+    for st in stores:
+        st._unsaved_hard = False
+
+
+class LmdbLogStore:
+    """The durable ``LogStorage`` (see storage.log_store for the contract)."""
+
+    def __init__(
+        self, path: str | LogEnv, *, group: str | None = None, durable: bool = True,
+        map_size: int = 1 << 36, verify_from: int | None = None,
+    ) -> None:
+        """Open (or create) the log at ``path``, in an environment of its own, or
+        ``group``'s log in a shared ``LogEnv`` (use ``LogEnv.store``).
+
+        ``verify_from`` is where open-time verification starts; by default only the
+        uncommitted tail is checked. Recovery does not need more: every read verifies
+        each entry's checksum before returning it, so replay refuses a damaged entry
+        before applying it, without paying for a second pass at open.
+        """
+        if isinstance(path, LogEnv):
+            if group is None:
+                raise StorageError("a store in a shared Raft log environment needs a group")
+            path._ref()
+            self.env = path
+            self._pfx = LogEnv.prefix(group)
+            self.path = f"{path.path}[{group}]"
+            self._where = f"{path.path}/data.mdb (group {group})"
+        else:
+            self.env = LogEnv(path, durable=durable, map_size=map_size)
+            self._pfx = b""
+            self.path = path
+            self._where = f"{path}/data.mdb"
+        self._group = group
+        self._plen = len(self._pfx)
+        self.durable = self.env.durable
+        self.syncs = 0
+        self._unsaved_hard = False  # a commit index saved with sync=False, not yet written
+        self._env = self.env.env
+        self._entries, self._confs, self._meta = self.env.entries, self.env.confs, self.env.meta
+        try:
+            try:
+                self._load_meta()
+            except lmdb.Error as e:
+                raise CorruptLog(f"{self._where}: cannot open the Raft log: {e}") from e
+            self.open_report = self._verify_tail(verify_from)
+        except BaseException:
+            self.env._closed_store(None)
+            raise
         if self.open_report.truncated_from:
-            log.warning("%s: %s", path, self.open_report.reason)
+            log.warning("%s: %s", self.path, self.open_report.reason)
+
+    # -- keys ----------------------------------------------------------------------------
+    def _key(self, index: int) -> bytes:
+        return self._pfx + _KEY.pack(index)
+
+    def _index(self, key: bytes) -> int:
+        return _KEY.unpack_from(key, self._plen)[0]
+
+    def _mine(self, key: bytes) -> bool:
+        """``key`` is one of this group's entry (or conf) keys."""
+        return len(key) == self._plen + 8 and key.startswith(self._pfx)
+
+    def _mkey(self, name: bytes) -> bytes:
+        return self._pfx + name
 
     # -- open-time checks ----------------------------------------------------------------
     def _load_meta(self) -> None:
+        mkey = self._mkey
         with self._env.begin() as txn:
-            hs = txn.get(b"hard", db=self._meta)
-            sm = txn.get(b"snap", db=self._meta)
-            base = txn.get(b"base", db=self._meta)
-            floor = txn.get(b"floor", db=self._meta)
+            hs = txn.get(mkey(b"hard"), db=self._meta)
+            sm = txn.get(mkey(b"snap"), db=self._meta)
+            base = txn.get(mkey(b"base"), db=self._meta)
+            floor = txn.get(mkey(b"floor"), db=self._meta)
             cur = txn.cursor(db=self._entries)
-            last = _KEY.unpack(cur.key())[0] if cur.last() else None
+            # The greatest key of this group: step back from above its greatest index.
+            ok = cur.prev() if cur.set_range(self._pfx + b"\xff" * 9) else cur.last()
+            last = self._index(_key_at(cur)) if ok and self._mine(_key_at(cur)) else None
         self._hard = HardState(*msgpack.unpackb(hs)) if hs else HardState()
         if sm:
             index, term, voters, learners, auto = msgpack.unpackb(sm)
@@ -169,9 +361,11 @@ class LmdbLogStore:
         with self._env.begin(db=self._entries) as txn:
             cur = txn.cursor()
             expect = start
-            if cur.set_range(_KEY.pack(start)):
+            if cur.set_range(self._key(start)):
                 for k, v in cur:
-                    index = _KEY.unpack(k)[0]
+                    if not self._mine(k):
+                        break
+                    index = self._index(k)
                     if index != expect:
                         bad, why = expect, f"entry {expect} is missing"
                         break
@@ -181,13 +375,13 @@ class LmdbLogStore:
                     expect += 1
         if bad and bad <= commit:
             raise CorruptLog(
-                f"{self.path}/data.mdb: {why}, at or below the commit index {commit}; "
+                f"{self._where}: {why}, at or below the commit index {commit}; "
                 "refusing to open (committed entries cannot be repaired locally: "
                 "restore this node from a replica)"
             )
         if commit > self._last:
             raise CorruptLog(
-                f"{self.path}/data.mdb: the log ends at {self._last} but entries up to "
+                f"{self._where}: the log ends at {self._last} but entries up to "
                 f"{commit} were committed; refusing to open (restore from a replica)"
             )
         if not bad:
@@ -200,9 +394,9 @@ class LmdbLogStore:
             floor = VoteFloor(max(floor.index, self._floor.index), max(floor.term, self._floor.term))
         with self._env.begin(write=True) as txn:
             self._delete_from(txn, bad)
-            txn.put(b"floor", msgpack.packb(list(floor)), db=self._meta)
+            txn.put(self._mkey(b"floor"), msgpack.packb(list(floor)), db=self._meta)
         self._floor = floor
-        reason = (f"{why} in {self.path}/data.mdb; truncated the uncommitted tail "
+        reason = (f"{why} in {self._where}; truncated the uncommitted tail "
                   f"{bad}..{self._last} ({dropped} entries)")
         self._last = bad - 1
         return OpenReport(self.first_index(), self._last, commit, bad, dropped, reason)
@@ -234,13 +428,13 @@ class LmdbLogStore:
             return base_term
         if index > self._last:
             raise Unavailable(index, self._last)
-        key = _KEY.pack(index)
+        key = self._key(index)
         with self._env.begin(db=self._entries) as txn:
             v = txn.get(key)
         if v is None:
-            raise CorruptLog(f"{self.path}/data.mdb: entry {index} is missing")
+            raise CorruptLog(f"{self._where}: entry {index} is missing")
         if not _intact(key, v):
-            raise CorruptLog(f"{self.path}/data.mdb: entry {index} fails its checksum")
+            raise CorruptLog(f"{self._where}: entry {index} fails its checksum")
         return _HEAD.unpack_from(v)[1]
 
     def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
@@ -265,12 +459,12 @@ class LmdbLogStore:
         """Raw (key, value) records ``[lo, hi)`` from one read transaction."""
         with self._env.begin(db=self._entries) as txn:
             cur = txn.cursor()
-            rows = list(islice(cur.iternext(), hi - lo)) if cur.set_key(_KEY.pack(lo)) else []
+            rows = list(islice(cur.iternext(), hi - lo)) if cur.set_key(self._key(lo)) else []
         # Keys are unique and sorted, so the right count and last key mean no gaps.
-        if len(rows) != hi - lo or rows[-1][0] != _KEY.pack(hi - 1):
-            have = {_KEY.unpack(k)[0] for k, _ in rows}
+        if len(rows) != hi - lo or rows[-1][0] != self._key(hi - 1):
+            have = {self._index(k) for k, _ in rows if self._mine(k)}
             missing = next(i for i in range(lo, hi) if i not in have)
-            raise CorruptLog(f"{self.path}/data.mdb: entry {missing} is missing")
+            raise CorruptLog(f"{self._where}: entry {missing} is missing")
         return rows
 
     def _verified(self, lo: int, hi: int) -> list[tuple[bytes, bytes]]:
@@ -280,7 +474,7 @@ class LmdbLogStore:
         for k, v in rows:
             if crc32(v[4:], crc32(k)) != from_bytes(v[:4], "big"):
                 raise CorruptLog(
-                    f"{self.path}/data.mdb: entry {_KEY.unpack(k)[0]} fails its checksum"
+                    f"{self._where}: entry {self._index(k)} fails its checksum"
                 )
         return rows
 
@@ -315,8 +509,8 @@ class LmdbLogStore:
         with self._env.begin(db=self._confs) as txn:
             cur = txn.cursor()
             indexes = (
-                [_KEY.unpack(k)[0] for k in cur.iternext(values=False)]
-                if cur.set_range(_KEY.pack(max(lo, self._base[0] + 1))) else []
+                [self._index(k) for k in takewhile(self._mine, cur.iternext(values=False))]
+                if cur.set_range(self._key(max(lo, self._base[0] + 1))) else []
             )
         return [self.entries(i, i + 1)[0] for i in indexes]
 
@@ -330,21 +524,28 @@ class LmdbLogStore:
         self, hard_state: HardState | None, entries: list[Entry],
         snapshot: Snapshot | None = None, sync: bool = True,
     ) -> None:
-        if hard_state is not None:
-            self._hard = hard_state
-            self._unsaved_hard = True
+        self._stage_hard(hard_state)
         if not (sync or entries or snapshot is not None):
             # Only the commit index moved: it rides with the next write (log_store's
             # contract), which saves a transaction and two fdatasyncs per commit.
             return
+        self._write(lambda txn: self._put_batch(txn, entries, snapshot), "save to the Raft log")
+        self._saved(entries)
 
-        def batch(txn: lmdb.Transaction) -> None:
-            if snapshot is not None:
-                self._install(txn, snapshot.meta)
-            if entries:
-                self._append(txn, entries)
+    def _stage_hard(self, hard_state: HardState | None) -> None:
+        if hard_state is not None:
+            self._hard = hard_state
+            self._unsaved_hard = True
 
-        self._write(batch, "save to the Raft log")
+    def _put_batch(self, txn: lmdb.Transaction, entries: list[Entry],
+                   snapshot: Snapshot | None) -> None:
+        if snapshot is not None:
+            self._install(txn, snapshot.meta)
+        if entries:
+            self._append(txn, entries)
+
+    def _saved(self, entries: list[Entry]) -> None:
+        """After a batch's transaction committed."""
         if entries:
             self._last = entries[-1].index
         self.syncs += 1
@@ -352,7 +553,8 @@ class LmdbLogStore:
         if floor is not None and floor.cleared(self._last, self._commit_term()):
             # Clearing late is harmless (the rule still holds), so no need to do it in
             # the batch's own transaction.
-            self._write(lambda txn: txn.delete(b"floor", db=self._meta), "clear the vote floor")
+            self._write(lambda txn: txn.delete(self._mkey(b"floor"), db=self._meta),
+                        "clear the vote floor")
             self._floor = None
 
     def _append(self, txn: lmdb.Transaction, entries: list[Entry]) -> None:
@@ -363,8 +565,11 @@ class LmdbLogStore:
             raise StorageError(f"append at {first} leaves a gap after {self._last}")
         if first <= self._last:
             self._delete_from(txn, first)
-        txn.cursor(db=self._entries).putmulti([_record(e) for e in entries], append=True)
-        confs = [(_KEY.pack(e[1]), b"") for e in entries if e[2] == EntryType.CONF_CHANGE]
+        # append=True skips the B-tree search, but only the last keys of the database
+        # qualify: in a shared environment other groups' keys may follow this group's.
+        txn.cursor(db=self._entries).putmulti(
+            [_record(e, self._pfx) for e in entries], append=not self._pfx)
+        confs = [(self._key(e[1]), b"") for e in entries if e[2] == EntryType.CONF_CHANGE]
         if confs:
             txn.cursor(db=self._confs).putmulti(confs)
 
@@ -372,8 +577,8 @@ class LmdbLogStore:
         """Suffix truncation: drop entries ``first..`` (and their conf markers)."""
         for db in (self._entries, self._confs):
             cur = txn.cursor(db=db)
-            if cur.set_range(_KEY.pack(first)):
-                while cur.delete():
+            if cur.set_range(self._key(first)):
+                while self._mine(_key_at(cur)) and cur.delete():
                     pass
 
     def _install(self, txn: lmdb.Transaction, meta: SnapshotMeta) -> None:
@@ -381,21 +586,20 @@ class LmdbLogStore:
             raise StorageError(
                 f"snapshot {meta.index} is not newer than the current one ({self._snap.index})"
             )
-        txn.drop(self._entries, delete=False)
-        txn.drop(self._confs, delete=False)
+        self._delete_from(txn, 0)
         self._put_snap(txn, meta)
         self._put_base(txn, (meta.index, meta.term))
         self._last = meta.index
 
     def _put_snap(self, txn: lmdb.Transaction, meta: SnapshotMeta) -> None:
         c = meta.conf
-        txn.put(b"snap", msgpack.packb(
+        txn.put(self._mkey(b"snap"), msgpack.packb(
             [meta.index, meta.term, sorted(c.voters), sorted(c.learners), sorted(c.auto_promote)]
         ), db=self._meta)
         self._snap = meta
 
     def _put_base(self, txn: lmdb.Transaction, base: tuple[int, int]) -> None:
-        txn.put(b"base", msgpack.packb(list(base)), db=self._meta)
+        txn.put(self._mkey(b"base"), msgpack.packb(list(base)), db=self._meta)
         self._base = base
 
     def create_snapshot(self, index: int, conf: ConfState, data: bytes = b"") -> Snapshot:
@@ -408,21 +612,7 @@ class LmdbLogStore:
         return Snapshot(meta, b"")
 
     def _write(self, body: Callable[[lmdb.Transaction], object], what: str) -> None:
-        """Run ``body`` in a write transaction, with the hard state if it has changed
-        since it was last written; if it fails, reload the in-memory view (``body`` may
-        have updated it before the transaction aborted)."""
-        try:
-            with self._env.begin(write=True) as txn:
-                body(txn)
-                if self._unsaved_hard:
-                    txn.put(b"hard", msgpack.packb(tuple(self._hard)), db=self._meta)
-        except BaseException as e:  # whatever aborted the transaction, memory must follow
-            self._load_meta()
-            self._unsaved_hard = False
-            if isinstance(e, lmdb.Error):
-                raise StorageError(f"{self.path}: cannot {what}: {e}") from e
-            raise
-        self._unsaved_hard = False
+        _transaction(self._env, [self], body, what)
 
     def compact(self, index: int) -> None:
         """Drop entries up to ``index`` (at most the snapshot's index)."""
@@ -438,14 +628,16 @@ class LmdbLogStore:
             self._put_base(txn, base)
             for db in (self._entries, self._confs):
                 cur = txn.cursor(db=db)
-                if cur.first():
-                    while cur.key() and _KEY.unpack(cur.key())[0] <= index:
+                if cur.set_range(self._pfx):
+                    while self._mine(_key_at(cur)) and self._index(_key_at(cur)) <= index:
                         if not cur.delete():
                             break
 
         self._write(drop_prefix, "compact the log")
 
     def close(self) -> None:
-        if self._unsaved_hard:
-            self._write(lambda txn: None, "save the hard state")
-        self._env.close()
+        try:
+            if self._unsaved_hard:
+                self._write(lambda txn: None, "save the hard state")
+        finally:
+            self.env._closed_store(self._group)

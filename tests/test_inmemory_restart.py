@@ -31,7 +31,8 @@ from raftkv.placement.rebalance import PlacementManager
 from raftkv.placement.rebalance_steps import switch_keys
 from raftkv.testing.placement_cluster import VoterLog
 from storage.commands import encode_put as kv_put
-from storage.layout import group_paths
+from storage.layout import group_paths, partition_logs_path
+from storage.lmdb_log import LogEnv
 
 T = "mem"
 GID = partition_group(T, 0)
@@ -248,7 +249,11 @@ def test_a_persistent_partition_with_wiped_storage_takes_the_switch_path(
     c.transfer(GID, "n1")
     starts = _record_starts(monkeypatch, c, "n3")
     c.kill("n3")
-    shutil.rmtree(Path(group_paths(str(c.root / "n3"), GID)[0]).parent)  # cleaned-up PDS
+    # Cleaned-up PDS: the partition's directory and its log in the node's shared one.
+    shutil.rmtree(Path(group_paths(str(c.root / "n3"), GID)[0]).parent)
+    logs = LogEnv(partition_logs_path(str(c.root / "n3")), shared=True)
+    logs.drop(GID)
+    logs.close()
     c.start("n3")
     _wait_settled(c, META)
     _check_rejoin(starts, "n3")

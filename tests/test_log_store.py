@@ -13,7 +13,7 @@ import pytest
 from raftkv.core import ConfChange, ConfChangeOp, Config, Raft, bootstrap
 from raftkv.core.membership import encode_conf_entry
 from storage.errors import Compacted, CorruptLog, StorageError, Unavailable
-from storage.lmdb_log import LmdbLogStore
+from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.log_store import MemoryLogStore
 from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
 
@@ -24,11 +24,30 @@ def ents(lo: int, hi: int, term: int = 1, size: int = 10) -> list[Entry]:
     return [Entry(term, i, EntryType.NORMAL, bytes([i % 251]) * size) for i in range(lo, hi)]
 
 
-@pytest.fixture(params=["memory", "lmdb"])
+@pytest.fixture(params=["memory", "lmdb", "shared"])
 def make_store(request: pytest.FixtureRequest, tmp_path) -> Callable[[], object]:
     if request.param == "memory":
         return MemoryLogStore
-    return lambda: LmdbLogStore(str(tmp_path / "log"))
+    if request.param == "lmdb":
+        return lambda: LmdbLogStore(str(tmp_path / "log"))
+    # Group t.b's log in a shared environment, between neighbours on both sides of its
+    # key range (t.a and t.c sort around it, t.bb after all three-byte ids): every
+    # contract test then also checks that no read or write crosses into them.
+    env = LogEnv(str(tmp_path / "shared"), shared=True)
+
+    def check_and_close() -> None:
+        _neighbours_intact(env)
+        env.close()
+
+    request.addfinalizer(check_and_close)
+    for g in NEIGHBOURS:
+        n = env.store(g)
+        n.save(HardState(1, None, 3), ents(1, 4, size=3))
+        n.close()
+    return lambda: env.store("t.b")
+
+
+NEIGHBOURS = ("t.a", "t.c", "t.bb")
 
 
 # -------------------------------------------------------------------- contract ------
@@ -104,7 +123,7 @@ def test_memory_crash_forgets_only_an_unsynced_commit() -> None:
 
 _UNSYNCED_THEN_KILLED = """
 import os, sys
-from storage.lmdb_log import LmdbLogStore
+from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.records import Entry, HardState
 s = LmdbLogStore(sys.argv[1])
 s.save(HardState(3, "n1", 2), [Entry(3, i, 0, b"x") for i in range(1, 6)])
@@ -197,6 +216,108 @@ def test_lmdb_everything_survives_reopen(tmp_path) -> None:
 def test_lmdb_durability_off_is_reported(tmp_path, caplog) -> None:
     assert not LmdbLogStore(str(tmp_path / "log"), durable=False).durable
     assert "durability is OFF" in caplog.text
+
+
+# ------------------------------------------------------------ shared environment ------
+def _neighbours_intact(env: LogEnv) -> None:
+    for g in NEIGHBOURS:
+        n = env.store(g)
+        assert (n.first_index(), n.last_index()) == (1, 3)
+        assert n.entries(1, 4) == ents(1, 4, size=3)
+        n.close()
+
+
+def test_shared_save_many_is_one_transaction_for_every_group(tmp_path) -> None:
+    env = LogEnv(str(tmp_path / "shared"), shared=True)
+    stores = [env.store(f"t.x.{p}") for p in range(16)]
+    before = env.env.info()["last_txnid"]
+    env.save_many([(st, HardState(1, "n1", 0), ents(1, 3 + p), None)
+                   for p, st in enumerate(stores)])
+    assert env.env.info()["last_txnid"] == before + 1  # one commit: one fsync
+    stores[3].save(HardState(1, "n1", 5), [], sync=False)  # rides with the next batch
+    env.save_many([(stores[3], None, ents(6, 7), None), (stores[4], None, ents(7, 8), None)])
+    for st in stores:
+        st.close()
+    env.close()
+    env = LogEnv(str(tmp_path / "shared"), shared=True)
+    assert env.groups() == {f"t.x.{p}" for p in range(16)}
+    for p in range(16):
+        st = env.store(f"t.x.{p}")
+        last = {3: 6, 4: 7}.get(p, 2 + p)
+        assert st.last_index() == last and st.entries(1, last + 1)[0] == ents(1, 2)[0]
+        assert st.initial_state()[0].commit == (5 if p == 3 else 0)
+        st.close()
+    env.close()
+
+
+def test_shared_drop_deletes_one_group_and_only_when_closed(tmp_path) -> None:
+    env = LogEnv(str(tmp_path / "shared"), shared=True)
+    for g in NEIGHBOURS + ("t.b",):
+        st = env.store(g)
+        st.save(HardState(1, None, 3), ents(1, 4, size=3))
+        st.create_snapshot(2, V3)
+        st.compact(1)
+        if g != "t.b":
+            st.close()
+    with pytest.raises(StorageError, match="already open"):
+        env.store("t.b")
+    with pytest.raises(StorageError, match="while it is open"):
+        env.drop("t.b")
+    st.close()
+    env.drop("t.b")
+    assert env.groups() == set(NEIGHBOURS)
+    fresh = env.store("t.b")  # a group dropped and hosted again starts empty
+    assert (fresh.last_index(), fresh.initial_state()[0]) == (0, HardState())
+    fresh.close()
+    for g in NEIGHBOURS:  # compacted to 1 above; the rest untouched
+        n = env.store(g)
+        assert (n.first_index(), n.last_index(), n.term(1)) == (2, 3, 1)
+        n.close()
+    env.close()
+
+
+def test_snapshot_install_and_truncation_stay_inside_the_group(make_store) -> None:
+    s = make_store()
+    s.save(HardState(1, None, 2), ents(1, 10))
+    s.save(None, ents(5, 7, term=2))  # suffix replaced from 5
+    assert s.last_index() == 6
+    s.save(HardState(3, None, 20), [], Snapshot(SnapshotMeta(20, 3, V3)))
+    assert (s.first_index(), s.last_index()) == (21, 20)
+    if isinstance(s, LmdbLogStore):
+        s.close()
+        if s.env.shared:
+            _neighbours_intact(s.env)
+
+
+def test_shared_corruption_names_the_group(tmp_path) -> None:
+    path = str(tmp_path / "shared")
+    env = LogEnv(path, shared=True)
+    a, b = env.store("t.a"), env.store("t.b")
+    env.save_many([(a, HardState(1, None, 20), _marked(1, 21), None),
+                   (b, HardState(1, None, 5), [Entry(1, i, EntryType.NORMAL, b"b" * 40)
+                                                for i in range(1, 9)], None)])
+    a.close()
+    b.close()
+    env.close()
+    _flip_byte_of(path, b"<payload-000012>" * 4)
+    env = LogEnv(path, shared=True)
+    with pytest.raises(CorruptLog, match=r"group t\.a\): entry 12 fails its checksum"):
+        env.store("t.a", verify_from=1)
+    b = env.store("t.b")  # the other group opens and reads as before
+    assert b.last_index() == 8 and b.open_report.truncated_from == 0
+    b.close()
+    env.close()
+
+
+def test_a_group_id_that_cannot_be_a_prefix_is_refused(tmp_path) -> None:
+    env = LogEnv(str(tmp_path / "shared"), shared=True)
+    with pytest.raises(StorageError, match="1..255 bytes"):
+        env.store("x" * 300)
+    solo = LmdbLogStore(str(tmp_path / "solo"))
+    with pytest.raises(StorageError, match="not shared"):
+        solo.env.store("t.a")
+    solo.close()
+    env.close()
 
 
 def _flip_byte_of(path: str, needle: bytes) -> None:

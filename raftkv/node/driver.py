@@ -75,7 +75,12 @@ from raftkv.core import (
     decode_conf_entry,
 )
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
-from raftkv.node.group_storage import ALREADY_APPLIED, GroupStorage, pack_chunks
+from raftkv.node.group_storage import (
+    ALREADY_APPLIED,
+    GroupStorage,
+    pack_chunks,
+    persist_together,
+)
 from raftkv.transport import codec
 from raftkv.transport.tcp import Transport
 from recovery.local import RecoveryReport
@@ -610,27 +615,30 @@ class Node:
         """One turn's Readies: every group's is persisted before any group sends or
         applies anything, so no message leaves before what it reports is durable.
 
-        Each group's log is an LMDB environment of its own, and a commit costs its own
-        fdatasyncs. Done one group after another they add up: 16 groups written in a turn
-        took ~50 ms, which capped writes spread over a table's partitions at a quarter
-        of one group's rate. So when several groups have something to write, their
-        commits run on worker threads (py-lmdb releases the GIL while LMDB commits and
-        syncs), the syncs overlap, and the file system folds them into shared journal
-        commits. Each store is still written by one thread at a time, and the loop
-        thread uses it again only after the join. A Ready that need not sync (only the
-        commit index moved) costs the log store no I/O (``LogStorage.save``'s
-        ``sync``), so it is handed over here."""
+        An LMDB commit costs two fdatasyncs. Groups whose logs share an environment
+        (a node's table partitions, ``GroupStorage.log_env``) are written in one
+        transaction: a turn that writes into sixteen partitions pays one commit, not
+        sixteen. Every other group's log is an environment of its own, and when several
+        units have something to write they run on worker threads (py-lmdb releases the
+        GIL while LMDB commits and syncs), so the syncs overlap. Each store is still
+        written by one thread at a time, and the loop thread uses it again only after
+        the join. A Ready that need not sync (only the commit index moved) costs the log
+        store no I/O (``LogStorage.save``'s ``sync``), so it is handed over here."""
         readies = [(g, g.raft.ready()) for g in groups]
-        syncs = [(g, rd) for g, rd in readies if rd.must_sync]
+        units: dict[object, list[tuple[Group, Ready]]] = {}
         for g, rd in readies:
-            if not rd.must_sync:
+            if rd.must_sync:
+                units.setdefault(g.storage.log_env or g.id, []).append((g, rd))
+            else:
                 g.storage.persist(rd)
-        if len(syncs) > 1:
-            timed = list(self._persist_pool().map(_timed_persist, syncs))
+        jobs = list(units.values())
+        if len(jobs) > 1:
+            timed = list(self._persist_pool().map(_timed_persist, jobs))
         else:
-            timed = [_timed_persist(w) for w in syncs]
-        for (g, _), seconds in zip(syncs, timed, strict=True):
-            self.metrics.fsync(g.id, seconds)
+            timed = [_timed_persist(j) for j in jobs]
+        for unit, seconds in zip(jobs, timed, strict=True):
+            for g, _ in unit:
+                self.metrics.fsync(g.id, seconds)
         for g, rd in readies:
             if self.groups.get(g.id) is not g:
                 continue  # a hook of an earlier group in this turn removed it
@@ -1007,10 +1015,9 @@ def _resolve(fut: Future[Any], index: int, result: Any) -> None:
     fut.set_result((index, result) if shape is None else shape(index, result))
 
 
-def _timed_persist(job: tuple[Group, Ready]) -> float:
-    g, rd = job
+def _timed_persist(unit: list[tuple[Group, Ready]]) -> float:
     t0 = monotonic()
-    g.storage.persist(rd)
+    persist_together([(g.storage, rd) for g, rd in unit])
     return monotonic() - t0
 
 

@@ -6,7 +6,8 @@ of the Ready contract:
 - ``persist(rd)``: hard state, entries and the snapshot's metadata in one log
   transaction (one fsync), after, for a received snapshot, the state store image. A
   Ready that need not sync (only the commit index moved) is left to the log store to
-  write with its next batch.
+  write with its next batch. ``persist_together`` does the same for several groups
+  whose logs share an LMDB environment (``storage.lmdb_log.LogEnv``): one transaction.
 - ``apply(entries)``: committed entries go to the state store with their
   proposedIndex, in one transaction. An entry at or below the store's checkpoint is
   refused with ``IndexMismatch`` and skipped (IGNITE-16907): this happens after a
@@ -34,6 +35,7 @@ from raftkv.core import Entry, Message, MessageType, Ready, Snapshot
 from recovery.compaction import CompactionPolicy, maybe_compact
 from recovery.local import RecoveryReport, replay
 from storage.errors import IndexMismatch, StorageError
+from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.log_store import LogStorage, payloads_of
 from storage.records import ConfState, VoteFloor
 from storage.state_store import SnapshotLoader, StateStore
@@ -66,14 +68,23 @@ class GroupStorage:
         return replay(self.log, self.state)
 
     def persist(self, rd: Ready) -> None:
-        snap = rd.snapshot
-        if snap is not None:
+        self._install_image(rd)
+        if rd.hard_state is not None or rd.entries or rd.snapshot is not None:
+            self.log.save(rd.hard_state, rd.entries, rd.snapshot, sync=rd.must_sync)
+
+    def _install_image(self, rd: Ready) -> None:
+        if rd.snapshot is not None:
             # State first: a crash before the log records the snapshot leaves a state
             # store ahead of its log, which replay and IndexMismatch handle. The other
             # order would leave a log claiming a snapshot the state store never got.
-            self.state.install_snapshot(unpack_image(snap.data))
-        if rd.hard_state is not None or rd.entries or snap is not None:
-            self.log.save(rd.hard_state, rd.entries, snap, sync=rd.must_sync)
+            self.state.install_snapshot(unpack_image(rd.snapshot.data))
+
+    @property
+    def log_env(self) -> LogEnv | None:
+        """The shared LMDB environment of this group's log, if it shares one: groups
+        with the same one are persisted together (``persist_together``)."""
+        log = self.log
+        return log.env if isinstance(log, LmdbLogStore) and log.env.shared else None
 
     def apply(self, entries: Sequence[Entry]) -> list[object]:
         """Apply committed entries; returns one result per entry, ``ALREADY_APPLIED``
@@ -119,6 +130,23 @@ class GroupStorage:
                 log.warning("dropping a snapshot from %s: %s", msg.frm, e)
                 return False
         return True
+
+
+def persist_together(jobs: Sequence[tuple[GroupStorage, Ready]]) -> None:
+    """``persist`` for several groups whose logs share one LMDB environment (the same
+    ``log_env``): their state images first, as ``persist`` does, then every log batch
+    in one transaction, so one commit and one fsync for all of them."""
+    if len(jobs) == 1:
+        jobs[0][0].persist(jobs[0][1])
+        return
+    env = jobs[0][0].log_env
+    assert env is not None and all(gs.log_env is env for gs, _ in jobs)
+    batches = []
+    for gs, rd in jobs:
+        gs._install_image(rd)
+        assert isinstance(gs.log, LmdbLogStore)
+        batches.append((gs.log, rd.hard_state, rd.entries, rd.snapshot))
+    env.save_many(batches)
 
 
 def pack_image(state: StateStore) -> bytes:

@@ -8,7 +8,7 @@ from raftkv.node.group_storage import GroupStorage
 from recovery.compaction import CompactionPolicy
 from storage.errors import StorageError
 from storage.layout import NODE_ID_FILE, group_paths, read_node_id
-from storage.lmdb_log import LmdbLogStore
+from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.lmdb_state import LmdbStateStore
 from storage.log_store import MemoryLogStore
 from storage.state_store import MemoryStateStore, StateStore
@@ -32,14 +32,17 @@ def claim_data_dir(data_dir: str, node_id: str) -> None:
 def open_group_storage(
     data_dir: str | None, group: str, durable: bool = True,
     compaction: CompactionPolicy | None = None, state: StateStore | None = None,
+    shared_log: LogEnv | None = None,
 ) -> GroupStorage:
     """LMDB files under ``data_dir``, or in-memory stores when it is None (nothing
     survives the process: such a node must rejoin as a new member). ``state`` replaces
-    the KV state store (a custom state machine)."""
+    the KV state store (a custom state machine). With ``shared_log`` the group's log
+    lives in that shared environment instead of a directory of its own."""
     if data_dir is None:
         return GroupStorage(MemoryLogStore(), state or MemoryStateStore(), compaction)
     log_path, state_path = group_paths(data_dir, group)
-    log = LmdbLogStore(log_path, durable=durable)
+    log = (shared_log.store(group) if shared_log is not None
+           else LmdbLogStore(log_path, durable=durable))
     if state is None:
         try:
             state = LmdbStateStore(state_path)

@@ -274,7 +274,9 @@ from raftkv.placement.metastore import EventBatch, HistoryCompacted, RangeResult
 from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
 from raftkv.placement.service import MetaService
 from raftkv.transport import codec
-from storage.layout import group_paths
+from storage.errors import StorageError
+from storage.layout import group_paths, partition_logs_path
+from storage.lmdb_log import LogEnv
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +380,10 @@ class PlacementManager:
         self.id = self.node.id
         self.data_dir = data_dir
         self.durable = durable
+        # The logs of the persistent partitions hosted here, in one LMDB environment, so
+        # a driver turn writing into many partitions pays one fsync (storage.lmdb_log).
+        self._logs = (LogEnv(partition_logs_path(data_dir), durable=durable, shared=True)
+                      if data_dir is not None else None)
         self.retry = retry or RetryPolicy()
         self.watch_timeout = watch_timeout
         self.admin_timeout = admin_timeout
@@ -412,7 +418,10 @@ class PlacementManager:
 
     def stop(self) -> None:
         """Stop reacting (the node and its groups keep running; stopping them is the
-        node owner's call)."""
+        node owner's call). The partitions' log environment closes with the last of
+        their stores."""
+        if not self._stopped and self._logs is not None:
+            self._logs.close()
         self._stopped = True
 
     # ======================================================== admin (any thread) ========
@@ -779,26 +788,32 @@ class PlacementManager:
         return os.path.dirname(group_paths(self.data_dir, gid)[0])
 
     def _delete_files(self, gid: str) -> None:
+        """Delete a partition's log, then its directory: a crash in between leaves a
+        state store without a log, which the restart self-check (``_has_log``) takes for
+        wiped storage. The other order would leave a log without its state store."""
         base = self._group_dir(gid)
-        if base is None or not os.path.exists(base):
+        if self._logs is None or base is None:
             return
         try:
-            shutil.rmtree(base)
-        except OSError as e:
-            log.error("node %s: cannot delete %s: %s", self.id, base, e)
+            if self._logs.has(gid):
+                self._logs.drop(gid)
+            if os.path.exists(base):
+                shutil.rmtree(base)
+        except (OSError, StorageError) as e:
+            log.error("node %s: cannot delete %s's files: %s", self.id, gid, e)
             self._record(gid, "drop", e, 1)
 
     def _sweep_orphan_files(self) -> None:
         """Delete the partition directories of tables that no longer exist (dropped while
         this node was down). Only ``t.<table>.<p>`` directories are touched."""
-        if self.data_dir is None:
+        if self.data_dir is None or self._logs is None:
             return
         root = os.path.join(self.data_dir, "groups")
         try:
-            names = os.listdir(root)
-        except OSError:
+            names = set(os.listdir(root)) | self._logs.groups()
+        except (OSError, StorageError):
             return
-        for gid in names:
+        for gid in sorted(names):
             if gid.startswith("t.") and gid not in self._parts and gid not in self._hosted:
                 log.info("node %s: deleting %s (its table no longer exists)", self.id, gid)
                 self._delete_files(gid)
@@ -926,9 +941,8 @@ class PlacementManager:
         return desc.storage == MEMORY or self.data_dir is None
 
     def _has_log(self, part: _Partition) -> bool:
-        """The local storage self-check: does the partition's log directory exist?"""
-        return self.data_dir is not None and os.path.exists(
-            group_paths(self.data_dir, part.group)[0])
+        """The local storage self-check: does the partition have a log here?"""
+        return self._logs is not None and self._logs.has(part.group)
 
     def _holds(self, part: _Partition, node: str) -> bool:
         """``node`` started hosting the partition in its current incarnation."""
@@ -1235,8 +1249,10 @@ class PlacementManager:
         try:
             if desc.storage == PERSISTENT:
                 self._write_gen(part)
+            persistent = desc.storage == PERSISTENT
             storage = open_group_storage(
-                self.data_dir if desc.storage == PERSISTENT else None, part.group, self.durable)
+                self.data_dir if persistent else None, part.group, self.durable,
+                shared_log=self._logs if persistent else None)
             g = self.node.add_group(part.group, storage, voters)
         except Exception as e:  # noqa: BLE001  # storage errors: retried, then recorded
             self._failed(part, "start", e)
