@@ -204,6 +204,36 @@ class LogEnv:
                     ok = cur.set_range(pfx + b"\xff" * 9)
         return found
 
+    def adopt(self, group: str, path: str) -> int:
+        """Move ``group``'s log from an environment of its own at ``path`` (where logs
+        lived before they were shared) into this one, in one transaction, and return
+        the number of entries moved. The caller deletes ``path`` afterwards. Checksums
+        cover the key, so each entry's is recomputed for its new key, but only if it
+        verifies under the old one: a damaged entry stays detectably damaged."""
+        if self.has(group):
+            raise StorageError(f"{self.path}: group {group} already has a log here")
+        pfx = self.prefix(group)
+        old = lmdb.open(path, max_dbs=3, subdir=True, readonly=True, lock=False)
+        moved = 0
+        try:
+            with old.begin() as src, self.env.begin(write=True) as dst:
+                for name, db in ((b"entries", self.entries), (b"confs", self.confs),
+                                 (b"meta", self.meta)):
+                    rows = src.cursor(db=old.open_db(name, txn=src, create=False))
+                    for k, v in rows:
+                        key = pfx + k
+                        if db is self.entries:
+                            moved += 1
+                            if _intact(k, v):
+                                v = zlib.crc32(v[4:], zlib.crc32(key)).to_bytes(4, "big") + v[4:]
+                        dst.put(key, v, db=db)
+        except lmdb.Error as e:
+            raise StorageError(f"cannot move the Raft log at {path} into {self.path}: {e}") from e
+        finally:
+            old.close()
+        log.info("moved %d entries of %s's log from %s into %s", moved, group, path, self.path)
+        return moved
+
     def has(self, group: str) -> bool:
         """Whether ``group`` has any record here."""
         pfx = self.prefix(group)

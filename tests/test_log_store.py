@@ -309,6 +309,37 @@ def test_shared_corruption_names_the_group(tmp_path) -> None:
     env.close()
 
 
+def test_a_partition_log_of_its_own_is_moved_into_the_shared_environment(tmp_path) -> None:
+    """A data directory from before logs were shared: the partition's log is adopted
+    (entries, confs, hard state, snapshot), its directory deleted, and a damaged
+    entry stays damaged rather than being re-checksummed into a valid one."""
+    from raftkv.node.stores import open_group_storage
+    from storage.layout import group_paths, partition_logs_path
+
+    data = str(tmp_path / "node")
+    log_path = group_paths(data, "t.x.0")[0]
+    own = LmdbLogStore(log_path)
+    marked = _marked(1, 7)
+    marked[2] = Entry(1, 3, EntryType.CONF_CHANGE, marked[2].data)
+    own.save(HardState(1, "n1", 5), marked)
+    own.create_snapshot(2, V3)  # writes only the meta database: one copy of each entry
+    own.close()
+    _flip_byte_of(log_path, b"<payload-000006>" * 4)  # the uncommitted tail
+    env = LogEnv(partition_logs_path(data), shared=True)
+    gs = open_group_storage(data, "t.x.0", shared_log=env)
+    st = gs.log
+    assert isinstance(st, LmdbLogStore) and st.env is env
+    assert not os.path.exists(log_path)
+    assert st.initial_state() == (HardState(1, "n1", 5), V3)
+    assert st.open_report.truncated_from == 6  # detected, not laundered
+    assert (st.first_index(), st.last_index(), st.snapshot().index) == (1, 5, 2)
+    assert st.entries(1, 6) == marked[:5]
+    assert [e.index for e in st.conf_entries(1)] == [3]
+    gs.state.close()
+    st.close()
+    env.close()
+
+
 def test_a_group_id_that_cannot_be_a_prefix_is_refused(tmp_path) -> None:
     env = LogEnv(str(tmp_path / "shared"), shared=True)
     with pytest.raises(StorageError, match="1..255 bytes"):

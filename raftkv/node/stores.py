@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 from raftkv.node.group_storage import GroupStorage
 from recovery.compaction import CompactionPolicy
@@ -29,6 +30,18 @@ def claim_data_dir(data_dir: str, node_id: str) -> None:
     os.replace(path + ".tmp", path)
 
 
+def _adopt_own_log(shared_log: LogEnv, group: str, log_path: str) -> None:
+    """A data directory written before partition logs were shared keeps a partition's
+    log in its own directory: move it into the shared environment (one transaction),
+    then delete the directory. A crash in between leaves both, and the next open
+    deletes the old copy, which the shared one already holds."""
+    if not os.path.isdir(log_path):
+        return
+    if not shared_log.has(group):
+        shared_log.adopt(group, log_path)
+    shutil.rmtree(log_path)
+
+
 def open_group_storage(
     data_dir: str | None, group: str, durable: bool = True,
     compaction: CompactionPolicy | None = None, state: StateStore | None = None,
@@ -41,8 +54,11 @@ def open_group_storage(
     if data_dir is None:
         return GroupStorage(MemoryLogStore(), state or MemoryStateStore(), compaction)
     log_path, state_path = group_paths(data_dir, group)
-    log = (shared_log.store(group) if shared_log is not None
-           else LmdbLogStore(log_path, durable=durable))
+    if shared_log is not None:
+        _adopt_own_log(shared_log, group, log_path)
+        log: LmdbLogStore = shared_log.store(group)
+    else:
+        log = LmdbLogStore(log_path, durable=durable)
     if state is None:
         try:
             state = LmdbStateStore(state_path)
