@@ -17,10 +17,13 @@ What is measured (all on 127.0.0.1, every node its own process, fsync on)
    default ``/v1/kv`` group (every thread on its leader, its best case) and once on the
    table (``/v1/tables/{t}/kv/{key}``; threads spread over the 3 nodes; every node hosts
    every partition when R = 3 on 3 nodes, and the driver forwards a proposal to the
-   partition's leader). ops/s over the wall-clock span; ratio table / default. There is
-   no batch endpoint for tables (``POST /v1/batch`` is the default group only), so both
-   use single PUTs. This runs on the 3 founders, before step 4, so both sides have the
-   same 3 replicas.
+   partition's leader). ops/s over the wall-clock span; ratio table / default. Both use
+   single PUTs, the hardest case for a table: the default group folds the concurrent
+   clients' PUTs into one entry (one message per follower, one apply) per loop turn,
+   while a table's land in different groups, each with its own entry, messages and
+   apply; only the log commit is shared (``storage.lmdb_log.LogEnv``). Bulk writes have
+   ``POST /v1/tables/{t}/batch``. This runs on the 3 founders, before step 4, so both
+   sides have the same 3 replicas.
 4. **Rebalance**: ``add_table_node("n4")``; ``rebalance_s`` is the time until, for every
    partition p, ``stable == calc_assignments(table, p, [n1..n4], R)`` and ``pending`` is
    empty (``describe_table`` polled every ``--poll`` s; the progress is in the JSON).
