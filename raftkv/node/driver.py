@@ -88,9 +88,11 @@ from storage.state_store import StateStore
 
 log = logging.getLogger(__name__)
 
-# Worker threads that commit several groups' Readies at once (see _handle_readies): about
-# the number of commits whose syncs the file system can fold together.
-PERSIST_THREADS = 8
+# Worker threads, by job (``Node._pool``): "persist" commits several log environments'
+# Readies at once (see _handle_readies), about the number of commits whose syncs the file
+# system can fold together; "checkpoint" syncs state stores (see _checkpoint_due). Apart,
+# so that a backlog of checkpoints never holds up a turn's persist, which the loop awaits.
+POOL_THREADS = {"persist": 8, "checkpoint": 4}
 DEFAULT_TICK = 0.05  # 50 ms: with election_tick=10, elections time out in 0.5-1 s
 DEFAULT_REQUEST_TIMEOUT = 5.0
 COMPACT_EVERY = 1.0
@@ -186,7 +188,7 @@ class Node:
         self.id = config.node_id
         self.metrics: Metrics = metrics or NoMetrics()
         self.groups: dict[str, Group] = {}
-        self._persisters: ThreadPoolExecutor | None = None  # see _handle_readies
+        self._pools: dict[str, ThreadPoolExecutor] = {}  # see _pool
         self._checkpointing: dict[str, tuple[Group, Future[int]]] = {}  # _checkpoint_due
         self.poller = createPoller("auto")
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
@@ -416,8 +418,8 @@ class Node:
             self._fail_everything(NodeStopped(f"node {self.id}: driver loop failed: {e!r}"))
             raise
         finally:
-            if self._persisters is not None:
-                self._persisters.shutdown(wait=True)
+            for pool in self._pools.values():
+                pool.shutdown(wait=True)
 
     def _run_calls(self) -> None:
         self._woken = False
@@ -484,7 +486,7 @@ class Node:
 
         A checkpoint is an fsync of the store's LMDB file. Waited for, even several at
         once on the persist threads, they held the loop for a quarter of its time under
-        table load. So an LMDB store's sync runs on a persist thread while the loop goes
+        table load. So an LMDB store's sync runs on a checkpoint thread while the loop goes
         on applying (``StateStore.background_checkpoint``), and a later tick records what
         it made durable. A failed sync raises here, on the loop, as an inline one would.
         Stores without background checkpoints checkpoint inline."""
@@ -504,13 +506,15 @@ class Node:
             if sync is None:
                 st.checkpoint()
             else:
-                running[g.id] = (g, self._persist_pool().submit(sync))
+                running[g.id] = (g, self._pool("checkpoint").submit(sync))
 
-    def _persist_pool(self) -> ThreadPoolExecutor:
-        if self._persisters is None:
-            self._persisters = ThreadPoolExecutor(PERSIST_THREADS,
-                                                  thread_name_prefix=f"persist-{self.id}")
-        return self._persisters
+    def _pool(self, job: str) -> ThreadPoolExecutor:
+        """The worker threads for ``job`` (see POOL_THREADS), started on first use."""
+        pool = self._pools.get(job)
+        if pool is None:
+            pool = self._pools[job] = ThreadPoolExecutor(
+                POOL_THREADS[job], thread_name_prefix=f"{job}-{self.id}")
+        return pool
 
     def _liveness(self, now: float) -> None:
         """Ping every known peer once per heartbeat interval and tell the cores which
@@ -633,7 +637,7 @@ class Node:
                 g.storage.persist(rd)
         jobs = list(units.values())
         if len(jobs) > 1:
-            timed = list(self._persist_pool().map(_timed_persist, jobs))
+            timed = list(self._pool("persist").map(_timed_persist, jobs))
         else:
             timed = [_timed_persist(j) for j in jobs]
         for unit, seconds in zip(jobs, timed, strict=True):
