@@ -266,7 +266,9 @@ class LogEnv:
         self.close()
 
     def close(self) -> None:
-        """Drop one reference; the last closes the environment."""
+        """Drop one reference; the last closes the environment. Once closed, a no-op."""
+        if self._refs <= 0:
+            return
         self._refs -= 1
         if self._refs == 0:
             self.env.close()
@@ -329,6 +331,7 @@ class LmdbLogStore:
             self.path = path
             self._where = f"{path}/data.mdb"
         self._group = group
+        self._closed = False
         self._plen = len(self._pfx)
         self.durable = self.env.durable
         self.syncs = 0
@@ -666,6 +669,11 @@ class LmdbLogStore:
         self._write(drop_prefix, "compact the log")
 
     def close(self) -> None:
+        """Write a pending hard state and release the environment; idempotent (a
+        second close must not drop another store's reference to a shared one)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             if self._unsaved_hard:
                 self._write(lambda txn: None, "save the hard state")

@@ -32,7 +32,7 @@ from raftkv.placement.rebalance_steps import switch_keys
 from raftkv.testing.placement_cluster import VoterLog
 from storage.commands import encode_put as kv_put
 from storage.layout import group_paths, partition_logs_path
-from storage.lmdb_log import LogEnv
+from storage.lmdb_log import LmdbLogStore, LogEnv
 
 T = "mem"
 GID = partition_group(T, 0)
@@ -261,6 +261,35 @@ def test_a_persistent_partition_with_wiped_storage_takes_the_switch_path(
         assert _local(c, "n3", k) == v
     m = c.mgrs["n3"].status()["metrics"]
     assert m.get("restarts_detected") == 1 and m.get("switch_reduce_added") == 1
+
+
+def test_a_partition_log_from_before_logs_were_shared_counts_as_present(
+    cluster: Cluster,
+) -> None:
+    """An upgraded node: n3's partition log is in its own directory, as before logs were
+    shared. The storage self-check must find it (not take the partition for wiped), and
+    the start moves it into the shared environment."""
+    c = cluster
+    _create(c, "persistent")
+    _put(c, {b"k": b"v"})
+    c.kill("n3")
+    root = str(c.root / "n3")
+    logs = LogEnv(partition_logs_path(root), shared=True)
+    shared = logs.store(GID)
+    hard = shared.initial_state()[0]
+    assert shared.first_index() == 1  # no compaction yet: the whole log moves out
+    entries = shared.entries(1, shared.last_index() + 1)
+    shared.close()
+    own = LmdbLogStore(group_paths(root, GID)[0])
+    own.save(hard, entries)
+    own.close()
+    logs.drop(GID)
+    logs.close()
+    c.start("n3")
+    _wait_settled(c, META)
+    assert _local(c, "n3", b"k") == b"v"
+    assert c.mgrs["n3"].status()["metrics"].get("restarts_detected", 0) == 0
+    assert not Path(group_paths(root, GID)[0]).exists()
 
 
 def test_a_persistent_partition_with_its_storage_restarts_normally(cluster: Cluster) -> None:

@@ -340,6 +340,21 @@ def test_a_partition_log_of_its_own_is_moved_into_the_shared_environment(tmp_pat
     env.close()
 
 
+def test_closing_a_store_twice_does_not_close_the_environment_under_others(tmp_path) -> None:
+    """A failed driver loop closes every store, and stop() closes them again."""
+    env = LogEnv(str(tmp_path / "shared"), shared=True)
+    a, b = env.store("t.a"), env.store("t.b")
+    a.close()
+    a.close()
+    env.close()
+    b.save(HardState(1, None, 0), ents(1, 3))  # still open: b holds the last reference
+    b.close()
+    b.close()
+    env.close()  # already closed: nothing to do
+    with pytest.raises(StorageError, match="closed"):
+        env.store("t.c")
+
+
 def test_a_group_id_that_cannot_be_a_prefix_is_refused(tmp_path) -> None:
     env = LogEnv(str(tmp_path / "shared"), shared=True)
     with pytest.raises(StorageError, match="1..255 bytes"):

@@ -294,8 +294,9 @@ class Node:
         self._fail_everything(NodeStopped(f"node {self.id} stopped"))
 
     def _fail_everything(self, err: Exception) -> None:
-        for g in list(self.groups.values()):
-            self._close_group(g, err)
+        # Popped as closed: a loop failure runs this, and stop() again.
+        while self.groups:
+            self._close_group(self.groups.popitem()[1], err)
         for fut, *_ in self._forwarded.values():
             _fail(fut, err)
         with self._lock:
@@ -415,11 +416,17 @@ class Node:
         except BaseException as e:  # the loop must not die silently
             log.critical("node %s: driver loop failed", self.id, exc_info=True)
             self.failure = e
+            # A persist job that failed leaves the others of its turn running: wait for
+            # them before closing the stores they write.
+            self._stop_pools()
             self._fail_everything(NodeStopped(f"node {self.id}: driver loop failed: {e!r}"))
             raise
         finally:
-            for pool in self._pools.values():
-                pool.shutdown(wait=True)
+            self._stop_pools()
+
+    def _stop_pools(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=True)
 
     def _run_calls(self) -> None:
         self._woken = False

@@ -139,7 +139,9 @@ Choices where the seed is ambiguous or does not fit raftkv
     after the configuration dropped it), the change would wait for it to catch up as a
     learner forever: the leader drops such nodes from pending with the same invoke, and
     onRebalanceDone re-adds them through switch.append (chaos seed 68).
-  - "No log" for a persistent partition is: its ``groups/<gid>/log`` directory is absent.
+  - "No log" for a persistent partition is: the node's shared partition log environment
+    holds no record of it, and there is no ``groups/<gid>/log`` directory either (a log
+    written before logs were shared, moved in when the partition starts).
   - Majority is over stable (the seed's assignments), not over the Raft configuration,
     which during a rebalance may also contain pending members.
   - The leader's trigger guard adds ``revision(switch.reduce) == seen && revision(stable)
@@ -941,8 +943,11 @@ class PlacementManager:
         return desc.storage == MEMORY or self.data_dir is None
 
     def _has_log(self, part: _Partition) -> bool:
-        """The local storage self-check: does the partition have a log here?"""
-        return self._logs is not None and self._logs.has(part.group)
+        """The local storage self-check: does the partition have a log here (in the
+        shared environment, or still in a directory of its own from before)?"""
+        return self._logs is not None and (
+            self._logs.has(part.group)
+            or os.path.isdir(group_paths(self.data_dir or "", part.group)[0]))
 
     def _holds(self, part: _Partition, node: str) -> bool:
         """``node`` started hosting the partition in its current incarnation."""
