@@ -115,8 +115,8 @@ import lmdb
 
 from raftkv.core.membership import decode_conf_entry, encode_conf_entry
 from storage.errors import StorageError
-from storage.layout import DEFAULT_GROUP, group_paths, read_node_id
-from storage.lmdb_log import LmdbLogStore
+from storage.layout import DEFAULT_GROUP, group_paths, partition_logs_path, read_node_id
+from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.lmdb_state import LmdbStateStore
 from storage.records import ConfState, Entry, EntryType, HardState, VoteFloor
 
@@ -377,12 +377,24 @@ def _open_survivor(stack: ExitStack, node_id: str, data_dir: str, group: str) ->
             f"{', '.join(present) or 'none'})"
         )
     log_path, state_path = group_paths(data_dir, group)
+    shared = partition_logs_path(data_dir)
+    if not os.path.isdir(log_path) and os.path.isfile(os.path.join(shared, "data.mdb")):
+        # A table partition: its log is in the node's shared environment.
+        log_path = shared
     _require_env(log_path, f"the Raft log of {node_id} ({log_path})")
     _require_env(state_path, f"the state store of {node_id} ({state_path})")
     _check_not_in_use(log_path, f"the Raft log of {node_id} ({log_path})")
     _check_not_in_use(state_path, f"the state store of {node_id} ({state_path})")
     try:
-        raft_log = LmdbLogStore(log_path)
+        if log_path == shared:
+            env = LogEnv(shared, shared=True)
+            stack.callback(env.close)
+            if not env.has(group):
+                raise UnsafeResetError(
+                    f"the Raft log of {node_id} is missing: {shared} holds no log of {group}")
+            raft_log = env.store(group)
+        else:
+            raft_log = LmdbLogStore(log_path)
     except (StorageError, lmdb.Error, OSError) as e:
         raise UnsafeResetError(
             f"cannot open the Raft log of {node_id} at {log_path}: {_one_line(e)}"
@@ -475,7 +487,8 @@ def _clear_vote_floor(raft_log: LmdbLogStore) -> None:
     reaches into the store's meta database, where ``save()`` itself deletes the floor.
     """
     raft_log._write(
-        lambda txn: txn.delete(b"floor", db=raft_log._meta), "clear the vote floor"
+        lambda txn: txn.delete(raft_log._mkey(b"floor"), db=raft_log._meta),
+        "clear the vote floor",
     )
     raft_log._floor = None
 

@@ -27,7 +27,8 @@ from raftkv.core.membership import encode_conf_entry
 from raftkv.node.group_storage import GroupStorage
 from recovery.unsafe_reset import CONFIRM_FLAG, UnsafeResetError, group_paths, main, unsafe_reset
 from storage.commands import encode_put
-from storage.lmdb_log import LmdbLogStore
+from storage.layout import partition_logs_path
+from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.lmdb_state import LmdbStateStore
 
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
@@ -354,6 +355,48 @@ def test_choosing_by_section_5_4_1_alone_would_strand_the_survivor_that_knows_th
         g.tick(3)
     assert g.get("n5", "k6") == b"committed"
     g.close_all()
+
+
+def test_a_table_partition_is_reset_in_the_shared_log_environment(tmp_path: Path) -> None:
+    """A partition's log lives in the node's shared environment (partition-logs): the
+    reset writes the new configuration there, for that group only, and clears the vote
+    floor under the group's own key."""
+    gid, other = "t.x.0", "t.x.1"
+    dirs = {}
+    for nid, entries, hard in (("n4", prefix(n=8), HardState(2, "n1", 6)),
+                               ("n5", prefix(n=6), HardState(2, "n1", 5))):
+        d = tmp_path / nid
+        d.mkdir()
+        (d / "node_id").write_text(nid + "\n")
+        env = LogEnv(partition_logs_path(str(d)), shared=True)
+        mine, theirs = env.store(gid), env.store(other)
+        env.save_many([(mine, hard, entries, None), (theirs, hard, entries, None)])
+        for st in (mine, theirs):  # what storage records when it truncated a damaged tail
+            st._write(lambda txn, st=st: txn.put(st._mkey(b"floor"), msgpack.packb([9, 2]),
+                                                 db=st._meta), "test")
+        theirs.close()
+        mine.close()
+        env.close()
+        state = LmdbStateStore(group_paths(str(d), gid)[1])
+        state.apply([(e.index, e.data if e.type == EntryType.NORMAL else b"")
+                     for e in entries[:hard.commit]])
+        state.close()
+        dirs[nid] = d
+
+    report = unsafe_reset([str(dirs["n4"]), str(dirs["n5"])], ["n4", "n5"], group=gid)
+    assert report.chosen == "n4" and report.floors_cleared == ("n4", "n5")
+    for nid, d in dirs.items():
+        env = LogEnv(partition_logs_path(str(d)), shared=True)
+        mine, theirs = env.store(gid), env.store(other)
+        assert mine.vote_floor() is None and theirs.vote_floor() is not None
+        assert theirs.last_index() == (8 if nid == "n4" else 6)  # untouched
+        if nid == "n4":
+            last = mine.entries(mine.last_index(), mine.last_index() + 1)[0]
+            assert last.type == EntryType.CONF_CHANGE and last.index == report.config_index
+            assert mine.initial_state()[0].term == report.new_term
+        mine.close()
+        theirs.close()
+        env.close()
 
 
 def write_vote_floor(data_dir: Path, floor: tuple[int, int]) -> None:
