@@ -14,8 +14,9 @@ to be). Each loop turn:
    by policy and expire deadlines. Quiesced groups (idle groups whose leader stopped
    heartbeating, see "Quiescence" in ``raftkv.core.raft``) are not ticked and not
    asked for a Ready, which is what keeps a node hosting hundreds of idle groups cheap.
-4. Take every group's Ready and persist them all (one commit and fsync per group per
-   turn, several groups' on worker threads at once, see ``_handle_readies``); then, per
+4. Take every group's Ready and persist them all (one commit and fsync per turn for the
+   table partitions, whose logs share an LMDB environment, and one per other group, on
+   worker threads at once, see ``_handle_readies``); then, per
    group, queue its messages, apply committed entries and resolve their futures, serve
    reads whose read index is now applied, and ``advance``.
 5. Flush the transport: one frame per peer with everything the turn produced, the

@@ -375,7 +375,8 @@ class PlacementManager:
         retry: RetryPolicy | None = None, watch_timeout: float = 5.0,
         admin_timeout: float = 10.0,
     ) -> None:
-        """``data_dir`` holds persistent partitions (``groups/t.<table>.<p>``); None keeps
+        """``data_dir`` holds persistent partitions (state stores in ``groups/t.<table>.<p>``,
+        logs in ``partition-logs``, see ``storage.layout``); None keeps
         every partition in memory. Call ``start`` once the node runs (or before)."""
         self.meta = meta
         self.node: Node = meta.node
