@@ -101,8 +101,12 @@ def _record(e: Entry, prefix: bytes = b"") -> tuple[bytes, bytes]:
     """(key, value) for an entry. The CRC covers key + value[4:] (group prefix, index,
     term, type and data), computed over the bytes as stored so reads need no repacking."""
     key = prefix + _KEY.pack(e[1])
-    body = _BODY.pack(e[0], e[2]) + e[3]
-    return key, zlib.crc32(body, zlib.crc32(key)).to_bytes(4, "big") + body
+    return key, _sealed(key, _BODY.pack(e[0], e[2]) + e[3])
+
+
+def _sealed(key: bytes, body: bytes) -> bytes:
+    """The stored value: the CRC over key + body, then the body."""
+    return zlib.crc32(body, zlib.crc32(key)).to_bytes(4, "big") + body
 
 
 def _key_at(cur: lmdb.Cursor) -> bytes:
@@ -182,6 +186,7 @@ class LogEnv:
         stores = [b[0] for b in batches]
         for st, hard, _, _ in batches:
             st._stage_hard(hard)
+
         def put(txn: lmdb.Transaction) -> None:
             for st, _, entries, snap in batches:
                 st._put_batch(txn, entries, snap)
@@ -225,7 +230,7 @@ class LogEnv:
                         if db is self.entries:
                             moved += 1
                             if _intact(k, v):
-                                v = zlib.crc32(v[4:], zlib.crc32(key)).to_bytes(4, "big") + v[4:]
+                                v = _sealed(key, v[4:])
                         dst.put(key, v, db=db)
         except lmdb.Error as e:
             raise StorageError(f"cannot move the Raft log at {path} into {self.path}: {e}") from e

@@ -145,33 +145,29 @@ class LmdbBacked(Checkpointing):
         self._sync_lock = threading.Lock()
 
     def _make_durable(self, applied: int) -> bool:
-        try:
-            with self._sync_lock:
+        return self._sync()
+
+    def _sync(self) -> bool:
+        """``env.sync``, unless the store closed meanwhile (then False)."""
+        with self._sync_lock:
+            if self._closed:
+                return False
+            try:
                 self._env.sync(True)
-        except lmdb.Error as e:
-            raise self._fail("checkpoint (sync) failed", e) from e
+            except lmdb.Error as e:
+                raise self._fail("checkpoint (sync) failed", e) from e
         return True
 
     def background_checkpoint(self) -> Callable[[], int] | None:
         """``env.sync`` is an fdatasync of the data file, which flushes every commit made
         before it starts; commits made meanwhile on the store's thread are simply not
-        promised. So the job promises the applied index as of now."""
+        promised. So the job promises the applied index as of now (0 if the store
+        closed first: nothing to record)."""
         self._live()
         applied = self._applied
         if applied == self._checkpoint:
             return None
-
-        def sync() -> int:
-            with self._sync_lock:
-                if self._closed:
-                    return 0  # closed meanwhile (group removed): nothing to record
-                try:
-                    self._env.sync(True)
-                except lmdb.Error as e:
-                    raise self._fail("checkpoint (sync) failed", e) from e
-            return applied
-
-        return sync
+        return lambda: applied if self._sync() else 0
 
     def close(self) -> None:
         with self._sync_lock:
