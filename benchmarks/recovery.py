@@ -67,7 +67,6 @@ import os
 import platform
 import pstats
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -77,6 +76,7 @@ from pathlib import Path
 import lmdb
 
 from benchmarks._plot import pyplot
+from raftkv.testing.procs import free_port
 from recovery.local import replay
 from storage.commands import encode_put
 from storage.lmdb_log import LmdbLogStore
@@ -237,12 +237,6 @@ def measure_restart(log_dir: str, ckpt_dir: str, run_dir: str, n: int, size: int
 
 
 # -- PySyncObj ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def pysyncobj(base: str, n: int, size: int, max_fill: float, repeat: int) -> dict:
     journal = os.path.join(base, "pysyncobj", "journal")
     os.makedirs(os.path.dirname(journal))

@@ -101,9 +101,9 @@ import lmdb
 
 from benchmarks._plot import pyplot
 from benchmarks._throughput_peer import percentiles
-from benchmarks.recovery import free_port, key, machine, value, verdict
+from benchmarks.recovery import key, machine, value, verdict
 from raftkv.client import Client
-from raftkv.testing.procs import ProcCluster
+from raftkv.testing.procs import ProcCluster, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "throughput.json"
@@ -179,7 +179,8 @@ class Group:
         self.base = base
         self.kind = kind
         self.extra = extra or []
-        self.addrs = {f"n{i}": f"127.0.0.1:{free_port()}" for i in range(1, nodes + 1)}
+        self.addrs = {f"n{i}": f"127.0.0.1:{p}"
+                      for i, p in enumerate(free_ports(nodes), start=1)}
         self.peers: dict[str, Peer] = {}
         try:
             for nid in self.addrs:
@@ -201,7 +202,8 @@ class Group:
 
     def add(self, nid: str) -> Peer:
         """Start a new empty raftkv node with ``join`` (the leader must add it)."""
-        self.addrs[nid] = f"127.0.0.1:{free_port()}"
+        taken = (int(a.rsplit(":", 1)[1]) for a in self.addrs.values())
+        self.addrs[nid] = f"127.0.0.1:{free_ports(1, taken)[0]}"
         self.peers[nid] = self._spawn(nid, join=True)
         return self.peers[nid]
 

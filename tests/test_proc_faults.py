@@ -49,7 +49,7 @@ from pysyncobj.poller import createPoller
 from raftkv.client import Client, ClientError, Unavailable
 from raftkv.node.driver import DEFAULT_REQUEST_TIMEOUT as REQUEST_TIMEOUT
 from raftkv.testing.linearizability import Operation, check_history
-from raftkv.testing.procs import ProcCluster, ProcNode, free_port
+from raftkv.testing.procs import ProcCluster, ProcNode, free_ports
 from raftkv.transport import handshake as hs
 from raftkv.transport.frames import HEADER, encode_frame
 from raftkv.transport.tcp import Transport
@@ -493,7 +493,7 @@ def test_peer_reset_between_polls_closes_that_connection_not_the_loop() -> None:
     make the timing exact; the real-process runs above hit it at random on kill -9."""
     poller = createPoller("auto")
     got: list[Any] = []
-    pa, pb = free_port(), free_port()
+    pa, pb = free_ports(2)
     a = Transport("a", f"127.0.0.1:{pa}", b"s", poller, lambda p, items: got.append(items),
                   addresses={"b": f"127.0.0.1:{pb}"})
     b = Transport("b", f"127.0.0.1:{pb}", b"s", poller, lambda p, items: got.append(items),

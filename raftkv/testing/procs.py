@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -51,12 +52,14 @@ def free_port() -> int:
     raise RuntimeError("no free port found")
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports, each as ``free_port`` picks them."""
+def free_ports(n: int, taken: Iterable[int] = ()) -> list[int]:
+    """``n`` distinct ports, each as ``free_port`` picks them, none of ``taken`` (ports
+    already handed to nodes that may not have bound them yet)."""
     out: list[int] = []
+    avoid = set(taken)
     while len(out) < n:
         port = free_port()
-        if port not in out:
+        if port not in out and port not in avoid:
             out.append(port)
     return out
 
@@ -127,8 +130,13 @@ class ProcCluster:
         self.founders = dict(self.peers())
 
     def _new_node(self, node_id: str) -> ProcNode:
+        # Distinct from every port of this cluster: two independent picks could coincide
+        # (a node's HTTP port on another's Raft listener answered health checks with the
+        # handshake's bytes, and a second bind made a node exit at start).
+        raft, http = free_ports(2, (p for n in self.nodes.values()
+                                    for p in (n.raft_port, n.http_port)))
         n = ProcNode(
-            node_id, free_port(), free_port(), os.path.join(self.base_dir, node_id),
+            node_id, raft, http, os.path.join(self.base_dir, node_id),
             os.path.join(self.base_dir, f"{node_id}.log"),
         )
         self.nodes[node_id] = n
