@@ -37,6 +37,15 @@ of damage from outside (bit rot, a file truncated or scribbled on). On open:
 Entries below the commit index are verified when they are read (replay, or sending to
 a follower), so corruption is never applied or propagated silently.
 
+**Recent entries.** The core reads back what it has just written: the term of the last
+entry (to match a leader's append, to commit, to quiesce) and, once committed, the
+entries to apply. Each read from LMDB is a transaction plus a checksum, and under a
+table's load these reads cost a node more than the writes. So the store keeps the
+entries its last saves wrote (``RECENT_BYTES`` of them per store; the log cache of
+Kudu, or etcd's in-memory storage) and answers from them. They came from the caller,
+not from disk, so there is no checksum to verify; a truncating append, a snapshot or a
+compaction updates them in the same step as ``last_index``.
+
 **Shared environments.** A node hosting a table's partitions keeps all their logs in one
 environment (``LogEnv(path, shared=True)``, ``DATA_DIR/partition-logs``): each group's
 keys in the three databases are prefixed with its id (length first), and the driver
@@ -84,6 +93,9 @@ _KEY = struct.Struct(">Q")
 _HEAD = struct.Struct(">IQB")  # crc32, term, type; the data follows
 _BODY = struct.Struct(">QB")  # term, type: the part of _HEAD the CRC covers
 _HEAD_SIZE = _HEAD.size
+# The newest entries each store keeps in memory (see "Recent entries"): a turn's worth
+# and more, yet with hundreds of stores per node at most a few hundred MiB in all.
+RECENT_BYTES = 256 << 10
 
 
 class OpenReport(NamedTuple):
@@ -341,6 +353,10 @@ class LmdbLogStore:
         self.durable = self.env.durable
         self.syncs = 0
         self._unsaved_hard = False  # a commit index saved with sync=False, not yet written
+        # The newest saved entries, contiguous and ending at _last (or empty); their
+        # payload bytes are _recent_bytes.
+        self._recent: list[Entry] = []
+        self._recent_bytes = 0
         self._env = self.env.env
         self._entries, self._confs, self._meta = self.env.entries, self.env.confs, self.env.meta
         try:
@@ -466,6 +482,9 @@ class LmdbLogStore:
             return base_term
         if index > self._last:
             raise Unavailable(index, self._last)
+        recent = self._recent
+        if recent and index >= recent[0][1]:
+            return recent[index - recent[0][1]][0]
         key = self._key(index)
         with self._env.begin(db=self._entries) as txn:
             v = txn.get(key)
@@ -477,6 +496,10 @@ class LmdbLogStore:
 
     def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
         self._check_range(lo, hi)
+        recent = self._recent
+        if recent and lo >= recent[0][1] and lo < hi:
+            first = recent[0][1]
+            return limit_size(recent[lo - first : hi - first], max_bytes)
         if max_bytes is None:
             return self._read(lo, hi)
         # A byte budget usually covers a small part of a long range: read in growing
@@ -586,6 +609,7 @@ class LmdbLogStore:
         """After a batch's transaction committed."""
         if entries:
             self._last = entries[-1].index
+            self._remember(entries)
         self.syncs += 1
         floor = self._floor
         if floor is not None and floor.cleared(self._last, self._commit_term()):
@@ -594,6 +618,36 @@ class LmdbLogStore:
             self._write(lambda txn: txn.delete(self._mkey(b"floor"), db=self._meta),
                         "clear the vote floor")
             self._floor = None
+
+    def _remember(self, entries: list[Entry]) -> None:
+        """Keep ``entries``, just saved, as the newest of the recent ones."""
+        recent = self._recent
+        first = entries[0][1]
+        if recent and recent[0][1] <= first <= recent[-1][1] + 1:
+            cut = first - recent[0][1]
+            self._recent_bytes -= sum(len(e[3]) for e in recent[cut:])
+            del recent[cut:]
+        else:
+            recent.clear()
+            self._recent_bytes = 0
+        recent += entries
+        self._recent_bytes += sum(len(e[3]) for e in entries)
+        drop = 0
+        while self._recent_bytes > RECENT_BYTES and drop < len(recent):
+            self._recent_bytes -= len(recent[drop][3])
+            drop += 1
+        del recent[:drop]
+
+    def _forget(self, upto: int | None = None) -> None:
+        """Drop the recent entries up to ``upto`` (all of them if None)."""
+        recent = self._recent
+        if upto is None or (recent and upto >= recent[-1][1]):
+            recent.clear()
+            self._recent_bytes = 0
+        elif recent and upto >= recent[0][1]:
+            cut = upto - recent[0][1] + 1
+            self._recent_bytes -= sum(len(e[3]) for e in recent[:cut])
+            del recent[:cut]
 
     def _append(self, txn: lmdb.Transaction, entries: list[Entry]) -> None:
         first = entries[0].index
@@ -628,6 +682,7 @@ class LmdbLogStore:
         self._put_snap(txn, meta)
         self._put_base(txn, (meta.index, meta.term))
         self._last = meta.index
+        self._forget()
 
     def _put_snap(self, txn: lmdb.Transaction, meta: SnapshotMeta) -> None:
         c = meta.conf
@@ -672,6 +727,7 @@ class LmdbLogStore:
                             break
 
         self._write(drop_prefix, "compact the log")
+        self._forget(index)
 
     def close(self) -> None:
         """Write a pending hard state and release the environment; idempotent (a

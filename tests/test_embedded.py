@@ -93,6 +93,39 @@ def test_a_restarted_node_recovers_from_its_data_dir(tmp_path: Path) -> None:
             kv.close()
 
 
+def test_every_replica_checkpoints_what_it_applied_once_the_policy_is_due(
+    tmp_path: Path,
+) -> None:
+    """The loop checkpoints only groups that applied something since their last
+    checkpoint (it no longer scans every group each tick): followers and the leader
+    alike reach checkpoint == applied within the default one-second policy, with
+    nothing else happening."""
+    ps = peers()
+    kvs = {n: RaftKV(n, a, ps, SECRET, data_dir=str(tmp_path / n)) for n, a in ps.items()}
+    try:
+        kvs["n1"].wait_for_leader()
+
+        def all_checkpointed(applied_at_least: int) -> None:
+            deadline = time.monotonic() + 15
+            while True:
+                groups = [kv.status()["groups"]["default"] for kv in kvs.values()]
+                if all(g["checkpoint"] == g["applied"] >= applied_at_least for g in groups):
+                    return
+                assert time.monotonic() < deadline, groups
+                time.sleep(0.1)
+
+        kvs["n2"].put("first", "1")
+        all_checkpointed(1)
+        # Every group is now fully checkpointed: these applies must put it back on the
+        # loop's list of groups to checkpoint.
+        for i in range(50):
+            kvs["n2"].put(f"k{i}", str(i))
+        all_checkpointed(51)
+    finally:
+        for kv in kvs.values():
+            kv.close()
+
+
 def test_a_data_dir_belongs_to_one_node(tmp_path: Path) -> None:
     ps = peers(1)
     RaftKV("n1", ps["n1"], ps, SECRET, data_dir=str(tmp_path)).close()

@@ -31,12 +31,22 @@ class PrometheusMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=registry,
         )
+        # Each group's labelled children, kept: ``labels()`` takes a lock and builds a
+        # tuple, and fsync and proposals are reported for every group of every turn.
+        self._children: dict[tuple[object, str], Any] = {}
+
+    def _of(self, metric: Counter | Histogram, group: str) -> Any:
+        key = (metric, group)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(group)
+        return child
 
     def fsync(self, group: str, seconds: float) -> None:
-        self._fsync.labels(group).observe(seconds)
+        self._of(self._fsync, group).observe(seconds)
 
     def proposals(self, group: str, n: int) -> None:
-        self._proposals.labels(group).inc(n)
+        self._of(self._proposals, group).inc(n)
 
     def leader_change(self, group: str) -> None:
         self._leader_changes.labels(group).inc()
