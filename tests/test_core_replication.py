@@ -221,6 +221,106 @@ def test_duplicated_and_reordered_appends_in_cluster_change_nothing():
         assert got == list(range(1, c.raft("n1").log.committed + 1))
 
 
+# -------------------------------------------------------------- commit notices --
+def test_a_new_commit_index_reaches_up_to_date_followers_as_an_unanswered_notice():
+    """"Commit notices" (raftkv.core.raft): once an entry commits, followers that already
+    hold it learn the commit index from a COMMIT, the empty append it replaces, and do
+    not answer it. One write then costs three messages per follower, not four, and
+    every replica still applies it at once."""
+    c = Cluster(N3, seed=5)
+    c.elect("n1")
+    c.delivered.clear()
+    index = c.propose("n1", cmd(1))
+    kinds = [(m.type, m.frm, m.to) for m in c.delivered]
+    assert sorted(kinds) == sorted([
+        (MT.APP, "n1", "n2"), (MT.APP, "n1", "n3"),
+        (MT.APP_RESP, "n2", "n1"), (MT.APP_RESP, "n3", "n1"),
+        (MT.COMMIT, "n1", "n2"), (MT.COMMIT, "n1", "n3"),
+    ])
+    notice = next(m for m in c.delivered if m.type == MT.COMMIT)
+    assert (notice.index, notice.commit, len(notice.entries)) == (index, index, 0)
+    for n in N3:
+        assert c.raft(n).log.committed == index
+        assert [a.entry.index for a in c.applied[n]][-1] == index
+
+
+def test_a_commit_notice_commits_only_up_to_the_entry_it_matched():
+    """§5.3: a follower may commit only entries it knows to match the leader's. A notice
+    says prev=7@2, commit=10: entries up to 7 are known to match, so the follower
+    commits 7, not 10, and sends nothing."""
+    f = _follower_with_ten(3)
+    f.step(msg(MT.COMMIT, "n1", "n2", 2, index=7, log_term=2, commit=10))
+    rd = drain(f)
+    assert f.log.committed == 7
+    assert [e.index for e in rd.committed_entries] == [4, 5, 6, 7]
+    assert rd.messages == []
+    # A notice behind the follower's commit index (reordered, or duplicated) is dropped.
+    f.step(msg(MT.COMMIT, "n1", "n2", 2, index=5, log_term=2, commit=5))
+    rd = drain(f)
+    assert f.log.committed == 7 and rd.messages == [] and rd.committed_entries == []
+
+
+def test_a_commit_notice_for_an_entry_the_follower_lacks_is_rejected():
+    """§5.3's consistency check applies to a notice as to any append: a follower that
+    does not hold the notice's previous entry rejects it (with the usual conflict hint)
+    and commits nothing."""
+    f = make_raft("n2", entries=terms_log(TEN[:3], N3), hard=HardState(2, "n1", 3))
+    drain(f)
+    f.step(msg(MT.COMMIT, "n1", "n2", 2, index=6, log_term=2, commit=6))
+    rd = drain(f)
+    assert f.log.committed == 3
+    (resp,) = rd.messages
+    assert (resp.type, resp.reject, resp.index, resp.reject_hint) == (MT.APP_RESP, True, 6, 3)
+
+
+def test_a_lost_append_is_repaired_through_the_rejected_commit_notice():
+    """The one answer a notice can draw: n3 never got the append carrying entry i (lost
+    on the wire), so the notice for i fails its check; the rejection puts n3 in PROBE,
+    the leader probes with an ordinary, answered APP, and n3 catches up and commits."""
+    c = Cluster(N3, seed=6)
+    c.elect("n1")
+    lost = []
+
+    def drop_first_append_to_n3(m) -> bool:
+        if not lost and m.type == MT.APP and m.to == "n3" and m.entries:
+            lost.append(m)
+            return False
+        return True
+
+    c.filters.append(drop_first_append_to_n3)
+    c.delivered.clear()
+    index = c.propose("n1", cmd(1))
+    assert lost
+    assert any(m.type == MT.APP_RESP and m.frm == "n3" and m.reject for m in c.delivered)
+    assert any(m.type == MT.APP and m.to == "n3" and m.entries for m in c.delivered)
+    assert c.raft("n3").log.committed == index
+    assert c.logs("n3") == c.logs("n1")
+
+
+def test_a_stale_leaders_commit_notice_is_answered_with_the_newer_term():
+    """§5.1 with pre-vote/check-quorum: a deposed leader's notice, like its appends,
+    draws an answer carrying the newer term, so it steps down."""
+    f = make_raft("n2", entries=terms_log(TEN, N3), hard=HardState(3, "n3", 3), pre_vote=True)
+    drain(f)
+    f.step(msg(MT.COMMIT, "n1", "n2", 2, index=10, log_term=2, commit=10))
+    rd = drain(f)
+    (resp,) = rd.messages
+    assert (resp.type, resp.to, resp.term) == (MT.APP_RESP, "n1", 3)
+    assert f.log.committed == 3
+
+
+def test_a_commit_notice_of_a_newer_term_makes_a_candidate_follow_its_sender():
+    """§5.2: a candidate that hears from a leader of at least its term steps down and
+    follows it, whatever the message; a notice included."""
+    f = make_raft("n2", entries=terms_log(TEN, N3), hard=HardState(2, "n1", 3))
+    drain(f)
+    f.campaign()
+    drain(f)
+    assert f.role in (Role.CANDIDATE, Role.PRE_CANDIDATE)
+    f.step(msg(MT.COMMIT, "n3", "n2", f.term + 1, index=3, log_term=2, commit=3))
+    assert (f.role, f.lead) == (Role.FOLLOWER, "n3")
+
+
 # ---------------------------------------------------------------- fast back-off --
 @pytest.mark.parametrize("follower_tail", [100, 20])
 def test_fast_backoff_divergent_follower_converges_in_few_round_trips(follower_tail):

@@ -81,6 +81,23 @@ below the commit index; the simulator caught the first draft sending the commit 
 alone), and a follower goes quiet only if it holds the named last entry. Liveness rests on the driver reporting ``peer_down`` for an
 unreachable leader, which the transport derives from its connection state and from
 per-peer keepalive frames; the simulator models that report, wrong reports included.
+
+Commit notices
+--------------
+When the commit index moves, the leader tells every follower at once, as etcd does
+(``_on_commit``, then ``_flush``): a follower applies, and serves follower reads, only
+up to the commit index it knows. Usually that follower already holds everything and
+the message carries no entries. As an APP it would cost an APP_RESP that tells the
+leader nothing it does not know (the follower's match index is already counted), and
+with one entry per group per turn, as a node hosting hundreds of partitions sees, those
+answers were a quarter of all Raft traffic. So an empty append to a follower in
+REPLICATE state goes as a COMMIT: the same fields and the same checks on receipt (the
+previous entry must match, §5.3, and only up to it may the follower commit), but
+answered only when rejected, which starts the usual probing. Nothing else depends on
+the answer: liveness and check-quorum hear from heartbeats, a lost entry-carrying
+append is found by the rejection or by the next heartbeat's answer (``pr.match`` below
+the last index sends an ordinary append), and probes (PROBE state) and every other
+empty append stay APPs, answered as before.
 """
 
 from __future__ import annotations
@@ -384,12 +401,14 @@ class Raft:
                     return
             if m.type == MT.PRE_VOTE or (m.type == MT.PRE_VOTE_RESP and not m.reject):
                 pass  # pre-vote never changes terms
-            elif m.type in (MT.APP, MT.HEARTBEAT, MT.SNAPSHOT):
+            elif m.type in (MT.APP, MT.COMMIT, MT.HEARTBEAT, MT.SNAPSHOT):
                 self._become_follower(m.term, m.frm)
             else:
                 self._become_follower(m.term, None)
         elif m.term < self.term:
-            if (self.cfg.check_quorum or self.cfg.pre_vote) and m.type in (MT.APP, MT.HEARTBEAT):
+            if (self.cfg.check_quorum or self.cfg.pre_vote) and m.type in (
+                MT.APP, MT.COMMIT, MT.HEARTBEAT
+            ):
                 # A stale leader: tell it our term so it steps down. Without this, a
                 # leader partitioned away and back could stay deposed-but-unaware forever
                 # when pre-vote keeps the rest of us from raising terms past it.
@@ -622,7 +641,7 @@ class Raft:
     def _step_candidate(self, m: Message) -> None:
         t = m.type
         mine = MT.PRE_VOTE_RESP if self.role == Role.PRE_CANDIDATE else MT.VOTE_RESP
-        if t == MT.APP:
+        if t in (MT.APP, MT.COMMIT):
             self._become_follower(m.term, m.frm)
             self._handle_append(m)
         elif t == MT.HEARTBEAT:
@@ -644,7 +663,7 @@ class Raft:
     # =============================================================== follower =========
     def _step_follower(self, m: Message) -> None:
         t = m.type
-        if t == MT.APP:
+        if t in (MT.APP, MT.COMMIT):
             self.election_elapsed = 0
             self.lead = m.frm
             self._handle_append(m)
@@ -671,11 +690,14 @@ class Raft:
             self._send(Message(t, self.lead, m.frm, self.term, context=m.context))
 
     def _handle_append(self, m: Message) -> None:
+        """AppendEntries (§5.3), and the COMMIT notice: the same checks, but a notice
+        is answered only if rejected (see "Commit notices")."""
         log = self.log
         if m.index < log.committed:
             # Everything up to our commit index matches the leader already (Log
             # Matching); answering with it avoids touching committed entries at all.
-            self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.committed))
+            if m.type == MT.APP:
+                self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=log.committed))
             return
         if not log.match_term(m.index, m.log_term):
             hint = min(m.index, log.last_index())
@@ -702,7 +724,8 @@ class Raft:
             log.append(new)
             self._track_confs(confs)
         log.commit_to(min(m.commit, last_new))
-        self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=last_new))
+        if m.type == MT.APP:
+            self._send(Message(MT.APP_RESP, m.frm, self.id, self.term, index=last_new))
 
     def _handle_heartbeat(self, m: Message) -> None:
         log = self.log
@@ -945,15 +968,18 @@ class Raft:
         self._bcast_pending = True
 
     def _flush(self) -> None:
-        """Send AppendEntries for everything proposed since the last Ready: batching
-        many proposals into one message per follower."""
+        """Send AppendEntries for everything proposed since the last Ready (batching
+        many proposals into one message per follower), or the new commit index."""
         if self._bcast_pending and self.role == Role.LEADER:
             self._bcast_pending = False
             for nid in self.prs:
                 if nid != self.id:
-                    self._send_append(nid)
+                    self._send_append(nid, notice=True)
 
-    def _send_append(self, to: str, send_if_empty: bool = True) -> bool:
+    def _send_append(self, to: str, send_if_empty: bool = True, notice: bool = False) -> bool:
+        """Send ``to`` its next entries, or, with none and ``send_if_empty``, an empty
+        append (a probe, or a commit index). ``notice``: an empty append to a follower in
+        REPLICATE goes as a COMMIT, which it does not answer (see "Commit notices")."""
         pr = self.prs.get(to)
         # The peer may have just been removed by a config appended while handling its
         # own response (an automatic promotion or a handed-over removal).
@@ -969,9 +995,8 @@ class Raft:
             return self._send_snapshot(to, pr)
         if not ents and not send_if_empty:
             return False
-        self._send(Message(
-            MT.APP, to, self.id, self.term, prev_term, prev, ents, log.committed,
-        ))
+        kind = MT.COMMIT if notice and not ents and pr.state == ProgressState.REPLICATE else MT.APP
+        self._send(Message(kind, to, self.id, self.term, prev_term, prev, ents, log.committed))
         if ents and pr.state == ProgressState.REPLICATE:
             end = ents[-1].index
             pr.next = end + 1

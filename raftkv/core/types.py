@@ -34,6 +34,7 @@ class MessageType(IntEnum):
     READ_INDEX = 11
     READ_INDEX_RESP = 12
     TRANSFER_LEADER = 13
+    COMMIT = 14
 
 
 class Message:
@@ -41,6 +42,9 @@ class Message:
 
     Field use by type (etcd's conventions):
     - APP: ``index``/``log_term`` = prevLogIndex/prevLogTerm, ``entries``, ``commit``.
+    - COMMIT: an APP without entries that needs no answer: the leader's broadcast of a
+      new commit index to a follower it is replicating to and has nothing new for.
+      Fields as for APP; the follower answers only a rejection.
     - APP_RESP: ``index`` = last index matched (accept) or rejected prevLogIndex
       (reject), with ``reject_hint``/``log_term`` giving the follower's conflict hint.
     - VOTE/PRE_VOTE: ``index``/``log_term`` = candidate's last index/term.
@@ -97,7 +101,8 @@ class Message:
 
     def __repr__(self) -> str:
         parts = [f"{self.type.name} {self.frm}->{self.to} t{self.term}"]
-        if self.type in (MessageType.APP, MessageType.VOTE, MessageType.PRE_VOTE):
+        if self.type in (MessageType.APP, MessageType.COMMIT, MessageType.VOTE,
+                         MessageType.PRE_VOTE):
             parts.append(f"idx={self.index} lt={self.log_term}")
         if self.entries:
             parts.append(f"ents={self.entries[0].index}..{self.entries[-1].index}")

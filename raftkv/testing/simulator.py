@@ -324,7 +324,8 @@ class Simulation:
         self._touch(m.to)
 
     def _send(self, m: Message) -> None:
-        if m.type == MessageType.APP and self.leader_of_term.get(m.term) != m.frm:
+        if (m.type in (MessageType.APP, MessageType.COMMIT)
+                and self.leader_of_term.get(m.term) != m.frm):
             # Leadership seen on the wire too: a node can lead and step down before
             # its Ready ever shows the LEADER role, yet still send AppendEntries.
             self._check_leadership(m.frm, m.term, self.nodes[m.frm].raft.conf.voters)
