@@ -23,7 +23,9 @@ What is measured (all on 127.0.0.1, every node its own process, fsync on)
    while a table's land in different groups, each with its own entry, messages and
    apply; only the log commit is shared (``storage.lmdb_log.LogEnv``). Bulk writes have
    ``POST /v1/tables/{t}/batch``. This runs on the 3 founders, before step 4, so both
-   sides have the same 3 replicas.
+   sides have the same 3 replicas. The default ``--ops`` keeps each run going for
+   at least two partition checkpoint intervals (``PARTITION_CHECKPOINT_SECONDS``, 10 s), so
+   the table's figure pays its steady-state checkpoints rather than finishing first.
 4. **Rebalance**: ``add_table_node("n4")``; ``rebalance_s`` is the time until, for every
    partition p, ``stable == calc_assignments(table, p, [n1..n4], R)`` and ``pending`` is
    empty (``describe_table`` polled every ``--poll`` s; the progress is in the JSON).
@@ -33,7 +35,7 @@ What is measured (all on 127.0.0.1, every node its own process, fsync on)
 Usage::
 
     python -m benchmarks.placement_scale [--partitions 256] [--replicas 3] [--idle 20]
-        [--ops 4000] [--clients 16] [--procs 2] [--value-size 100]
+        [--ops 30000] [--clients 16] [--procs 2] [--value-size 100]
         [--setup-timeout 600] [--rebalance-timeout 900] [--no-profile]
         [--json FILE] [--dir DIR]
 
@@ -432,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-after", type=float, default=10.0,
                    help="idle CPU window on 4 nodes after the rebalance (0: skip)")
     p.add_argument("--settle", type=float, default=3.0)
-    p.add_argument("--ops", type=int, default=4000)
+    p.add_argument("--ops", type=int, default=30000)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--value-size", type=int, default=100)

@@ -93,9 +93,16 @@ _KEY = struct.Struct(">Q")
 _HEAD = struct.Struct(">IQB")  # crc32, term, type; the data follows
 _BODY = struct.Struct(">QB")  # term, type: the part of _HEAD the CRC covers
 _HEAD_SIZE = _HEAD.size
-# The newest entries each store keeps in memory (see "Recent entries"): a turn's worth
-# and more, yet with hundreds of stores per node at most a few hundred MiB in all.
-RECENT_BYTES = 256 << 10
+# The newest entries each store keeps in memory (see "Recent entries"): many turns'
+# worth, yet with hundreds of stores per node a few tens of MiB in all. An entry
+# costs its payload plus what Python spends on it (a 4-tuple, a bytes object, ints),
+# so that many empty entries cannot grow the cache without bound.
+RECENT_BYTES = 128 << 10
+_CACHED_ENTRY_COST = 160
+
+
+def _cost(entries: list[Entry]) -> int:
+    return sum(len(e[3]) for e in entries) + _CACHED_ENTRY_COST * len(entries)
 
 
 class OpenReport(NamedTuple):
@@ -625,16 +632,16 @@ class LmdbLogStore:
         first = entries[0][1]
         if recent and recent[0][1] <= first <= recent[-1][1] + 1:
             cut = first - recent[0][1]
-            self._recent_bytes -= sum(len(e[3]) for e in recent[cut:])
+            self._recent_bytes -= _cost(recent[cut:])
             del recent[cut:]
         else:
             recent.clear()
             self._recent_bytes = 0
         recent += entries
-        self._recent_bytes += sum(len(e[3]) for e in entries)
+        self._recent_bytes += _cost(entries)
         drop = 0
         while self._recent_bytes > RECENT_BYTES and drop < len(recent):
-            self._recent_bytes -= len(recent[drop][3])
+            self._recent_bytes -= len(recent[drop][3]) + _CACHED_ENTRY_COST
             drop += 1
         del recent[:drop]
 
@@ -646,7 +653,7 @@ class LmdbLogStore:
             self._recent_bytes = 0
         elif recent and upto >= recent[0][1]:
             cut = upto - recent[0][1] + 1
-            self._recent_bytes -= sum(len(e[3]) for e in recent[:cut])
+            self._recent_bytes -= _cost(recent[:cut])
             del recent[:cut]
 
     def _append(self, txn: lmdb.Transaction, entries: list[Entry]) -> None:

@@ -13,7 +13,7 @@ import pytest
 from raftkv.core import ConfChange, ConfChangeOp, Config, Raft, bootstrap
 from raftkv.core.membership import encode_conf_entry
 from storage.errors import Compacted, CorruptLog, StorageError, Unavailable
-from storage.lmdb_log import LmdbLogStore, LogEnv
+from storage.lmdb_log import RECENT_BYTES, LmdbLogStore, LogEnv
 from storage.log_store import MemoryLogStore
 from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
 
@@ -123,7 +123,7 @@ def test_memory_crash_forgets_only_an_unsynced_commit() -> None:
 
 _UNSYNCED_THEN_KILLED = """
 import os, sys
-from storage.lmdb_log import LmdbLogStore, LogEnv
+from storage.lmdb_log import RECENT_BYTES, LmdbLogStore, LogEnv
 from storage.records import Entry, HardState
 s = LmdbLogStore(sys.argv[1])
 s.save(HardState(3, "n1", 2), [Entry(3, i, 0, b"x") for i in range(1, 6)])
@@ -249,6 +249,18 @@ def test_reads_agree_with_the_reference_store_through_truncation_snapshots_and_c
                 st.save(HardState(term, None, index), [],
                         Snapshot(SnapshotMeta(index, term, V3), b""))
         check()
+
+
+def test_lmdb_recent_entries_are_bounded_even_when_empty(tmp_path) -> None:
+    """The cache's bound counts Python's own cost per entry, so thousands of empty
+    entries (a leader's no-ops, say) cannot grow it without limit."""
+    s = LmdbLogStore(str(tmp_path / "log"))
+    for lo in range(1, 20_001, 1000):
+        s.save(None, ents(lo, lo + 1000, size=0))
+    assert s._recent_bytes <= RECENT_BYTES
+    assert 0 < len(s._recent) < 20_000 and s._recent[-1].index == 20_000
+    assert s.entries(19_990, 20_001) == ents(19_990, 20_001, size=0)
+    s.close()
 
 
 def _has_snapshot(store: MemoryLogStore) -> bool:

@@ -213,6 +213,40 @@ def test_a_new_table_elects_a_leader_per_partition_and_serves_reads_and_writes(
     _no_errors(cluster)
 
 
+@pytest.mark.parametrize("seconds", [0.3, 600.0])
+def test_persistent_partitions_checkpoint_on_the_placement_interval(
+    tmp_path: Path, seconds: float
+) -> None:
+    """Partition state stores checkpoint on PARTITION_CHECKPOINT_SECONDS (passed here),
+    not the default group's one second: at 0.3 s every replica reaches checkpoint ==
+    applied; at 600 s none has checkpointed its writes two and a half seconds later."""
+    c = Cluster(tmp_path, checkpoint_seconds=seconds)
+    try:
+        for nid in META:
+            c.start(nid)
+        _table(c, META)
+        c.wait_converged(TABLE, META, 3)
+        _write(c, 20)
+        gids = [partition_group(TABLE, p) for p in range(PARTS)]
+
+        def states() -> list[tuple[int, int]]:
+            out = []
+            for nid in META:
+                for gid in gids:
+                    info = c.info(nid, gid)
+                    assert info is not None
+                    out.append((info["checkpoint"], info["applied"]))
+            return out
+
+        if seconds < 1:
+            wait_for(lambda: all(ck == ap > 0 for ck, ap in states()), 15, "checkpoints")
+        else:
+            time.sleep(2.5)
+            assert all(ck < ap for ck, ap in states())
+    finally:
+        c.stop()
+
+
 @pytest.mark.parametrize("storage", ["persistent", "memory"])
 def test_a_fourth_node_joins_and_every_partition_moves_to_its_calculated_assignment(
     cluster: Cluster, storage: str,

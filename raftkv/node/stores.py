@@ -12,7 +12,7 @@ from storage.layout import NODE_ID_FILE, group_paths, read_node_id
 from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.lmdb_state import LmdbStateStore
 from storage.log_store import MemoryLogStore
-from storage.state_store import MemoryStateStore, StateStore
+from storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateStore, StateStore
 
 
 def claim_data_dir(data_dir: str, node_id: str) -> None:
@@ -45,12 +45,13 @@ def _adopt_own_log(shared_log: LogEnv, group: str, log_path: str) -> None:
 def open_group_storage(
     data_dir: str | None, group: str, durable: bool = True,
     compaction: CompactionPolicy | None = None, state: StateStore | None = None,
-    shared_log: LogEnv | None = None,
+    shared_log: LogEnv | None = None, checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
 ) -> GroupStorage:
     """LMDB files under ``data_dir``, or in-memory stores when it is None (nothing
     survives the process: such a node must rejoin as a new member). ``state`` replaces
     the KV state store (a custom state machine). With ``shared_log`` the group's log
-    lives in that shared environment instead of a directory of its own."""
+    lives in that shared environment instead of a directory of its own.
+    ``checkpoint_seconds`` is the KV state store's time policy (``CheckpointPolicy``)."""
     if data_dir is None:
         return GroupStorage(MemoryLogStore(), state or MemoryStateStore(), compaction)
     log_path, state_path = group_paths(data_dir, group)
@@ -61,7 +62,7 @@ def open_group_storage(
         log = LmdbLogStore(log_path, durable=durable)
     if state is None:
         try:
-            state = LmdbStateStore(state_path)
+            state = LmdbStateStore(state_path, checkpoint_seconds=checkpoint_seconds)
         except StorageError:
             log.close()
             raise

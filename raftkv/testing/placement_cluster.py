@@ -23,7 +23,11 @@ from raftkv.placement.assignments import (
     partition_of,
 )
 from raftkv.placement.catalog import TableDescriptor, partition_group, table_key
-from raftkv.placement.rebalance import PlacementManager, join_metastore_as_learner
+from raftkv.placement.rebalance import (
+    PARTITION_CHECKPOINT_SECONDS,
+    PlacementManager,
+    join_metastore_as_learner,
+)
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
 from raftkv.testing.procs import free_ports
@@ -56,8 +60,10 @@ class Cluster:
     """Nodes ``nodes`` (started on demand with ``start``), metastore voters ``meta``."""
 
     def __init__(self, root: Path, nodes: Sequence[str] = ALL,
-                 meta: Sequence[str] = META) -> None:
+                 meta: Sequence[str] = META,
+                 checkpoint_seconds: float = PARTITION_CHECKPOINT_SECONDS) -> None:
         self.root = root
+        self.checkpoint_seconds = checkpoint_seconds
         self.meta = list(meta)
         self.addrs = {n: f"127.0.0.1:{p}" for n, p in zip(nodes, free_ports(len(nodes)),
                                                           strict=True)}
@@ -81,7 +87,7 @@ class Cluster:
             self._admit(nid)
         mgr = PlacementManager(meta, data, durable=DURABLE,
                                retry=RetryPolicy(base=0.02, cap=0.5, max_attempts=20),
-                               watch_timeout=2.0)
+                               watch_timeout=2.0, checkpoint_seconds=self.checkpoint_seconds)
         mgr.start()
         self.mgrs[nid] = mgr
         return mgr
@@ -135,7 +141,7 @@ class Cluster:
             conf = g.raft.conf
             return {"role": g.raft.role, "term": g.raft.term, "voters": sorted(conf.voters),
                     "learners": sorted(conf.learners), "applied": g.state.applied_index(),
-                    "digest": g.state.digest()}
+                    "checkpoint": g.state.checkpoint_index(), "digest": g.state.digest()}
 
         result: dict[str, Any] | None = node.call(look).result(5)
         return result
