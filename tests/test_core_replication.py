@@ -20,7 +20,7 @@ from raftkv.core import ConfChange, ConfChangeOp, Entry, HardState, Role
 from raftkv.core.quorum import committed_index
 from raftkv.testing.cluster import Cluster
 from raftkv.testing.node import encode_command
-from storage.records import ENTRY_OVERHEAD
+from storage.records import ENTRY_OVERHEAD, VoteFloor
 
 N3 = ["n1", "n2", "n3"]
 
@@ -319,6 +319,35 @@ def test_a_commit_notice_of_a_newer_term_makes_a_candidate_follow_its_sender():
     assert f.role in (Role.CANDIDATE, Role.PRE_CANDIDATE)
     f.step(msg(MT.COMMIT, "n3", "n2", f.term + 1, index=3, log_term=2, commit=3))
     assert (f.role, f.lead) == (Role.FOLLOWER, "n3")
+
+
+def test_a_follower_that_lost_acknowledged_entries_is_probed_below_its_match():
+    """Storage may truncate a damaged uncommitted tail at open, entries the follower had
+    acknowledged included (VoteFloor). The leader's probe at pr.match is then rejected:
+    the follower's acknowledgement no longer counts (match drops), probing continues
+    below it, and the follower catches up. Before, next was clamped at match + 1 and
+    the same probe and rejection repeated forever (found in review, predates commit
+    notices). etcd's MaybeDecrTo has no such clamp."""
+    c = Cluster(N3, seed=3, quiesce=False)
+    c.elect("n1")
+    # n3 stores entries but hears no commit for the last of them.
+    c.filters.append(lambda m: not (m.to == "n3" and m.type in (MT.COMMIT, MT.HEARTBEAT)))
+    for i in range(3):
+        c.propose("n1", cmd(i))
+    c.heal()
+    leader, n3 = c.raft("n1"), c.nodes["n3"]
+    acked = leader.prs["n3"].match
+    assert acked == leader.log.last_index() > n3.raft.log.committed
+    n3.crash()
+    n3.storage._ents = n3.storage._ents[:-1]  # the damaged, uncommitted last entry
+    n3.config["vote_floor"] = VoteFloor(acked, leader.term)
+    n3.restart()
+    assert n3.raft.log.last_index() == acked - 1
+    for i in range(3):
+        c.tick(n=1)
+        c.propose("n1", cmd(10 + i))  # stabilize() fails if the probes never end
+    assert c.logs("n3") == c.logs("n1")
+    assert leader.prs["n3"].match == leader.log.last_index() == n3.raft.log.committed
 
 
 # ---------------------------------------------------------------- fast back-off --

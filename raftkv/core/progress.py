@@ -127,6 +127,13 @@ class Progress:
         follower's conflict hint (§5.3's optimisation, etcd's findConflictByTerm). Returns
         False when the rejection is stale (it answers an older message), in which case
         nothing changes.
+
+        A probe at ``match`` itself can be rejected: the follower lost entries it had
+        acknowledged, because storage truncated a damaged uncommitted tail at open (see
+        ``VoteFloor``). Its acknowledgement no longer holds, so ``match`` drops to 0
+        (it must not count toward commitment; the next accepted append re-establishes
+        it) and probing goes on below it, as etcd's does. Clamping ``next`` at
+        ``match + 1`` instead re-sent the same probe forever.
         """
         if self.state == ProgressState.REPLICATE:
             if rejected <= self.match:
@@ -135,7 +142,9 @@ class Progress:
             return True
         if self.next - 1 != rejected:
             return False
-        self.next = max(min(rejected, match_hint + 1), self.match + 1, 1)
+        self.next = max(min(rejected, match_hint + 1), 1)
+        if self.next <= self.match:
+            self.match = 0
         self.probe_sent = False
         return True
 
