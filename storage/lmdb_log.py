@@ -85,6 +85,7 @@ from storage.records import (
     Snapshot,
     SnapshotMeta,
     VoteFloor,
+    payload_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ _CACHED_ENTRY_COST = 160
 
 
 def _cost(entries: list[Entry]) -> int:
-    return sum(len(e[3]) for e in entries) + _CACHED_ENTRY_COST * len(entries)
+    return payload_bytes(entries) + _CACHED_ENTRY_COST * len(entries)
 
 
 class OpenReport(NamedTuple):
@@ -630,20 +631,24 @@ class LmdbLogStore:
         """Keep ``entries``, just saved, as the newest of the recent ones."""
         recent = self._recent
         first = entries[0][1]
-        if recent and recent[0][1] <= first <= recent[-1][1] + 1:
-            cut = first - recent[0][1]
-            self._recent_bytes -= _cost(recent[cut:])
-            del recent[cut:]
-        else:
-            recent.clear()
-            self._recent_bytes = 0
+        if not recent or first != recent[-1][1] + 1:  # not the usual: right after the last
+            if recent and recent[0][1] <= first <= recent[-1][1]:
+                cut = first - recent[0][1]
+                self._recent_bytes -= _cost(recent[cut:])
+                del recent[cut:]
+            else:
+                recent.clear()
+                self._recent_bytes = 0
         recent += entries
         self._recent_bytes += _cost(entries)
-        drop = 0
-        while self._recent_bytes > RECENT_BYTES and drop < len(recent):
-            self._recent_bytes -= len(recent[drop][3]) + _CACHED_ENTRY_COST
-            drop += 1
-        del recent[:drop]
+        if self._recent_bytes > RECENT_BYTES:
+            # Drop the oldest quarter at once rather than one entry per save.
+            drop, freed = 0, 0
+            while self._recent_bytes - freed > RECENT_BYTES * 3 // 4 and drop < len(recent):
+                freed += len(recent[drop][3]) + _CACHED_ENTRY_COST
+                drop += 1
+            self._recent_bytes -= freed
+            del recent[:drop]
 
     def _forget(self, upto: int | None = None) -> None:
         """Drop the recent entries up to ``upto`` (all of them if None)."""

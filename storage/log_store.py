@@ -34,7 +34,6 @@ Contract (every implementation, in memory or LMDB, keeps it):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Protocol
 
 from storage.errors import Compacted, SnapshotUnavailable, StorageError, Unavailable
@@ -47,6 +46,7 @@ from storage.records import (
     Snapshot,
     SnapshotMeta,
     VoteFloor,
+    payload_bytes,
 )
 
 
@@ -88,7 +88,7 @@ def limit_size(entries: list[Entry], max_bytes: int | None) -> list[Entry]:
     if max_bytes is None or not entries:
         return entries
     # Fast path: a whole batch usually fits, and one C-level pass decides it.
-    if sum(map(len, map(_data, entries))) + ENTRY_OVERHEAD * len(entries) <= max_bytes:
+    if payload_bytes(entries) + ENTRY_OVERHEAD * len(entries) <= max_bytes:
         return entries
     total = 0
     for i, e in enumerate(entries):
@@ -98,7 +98,6 @@ def limit_size(entries: list[Entry], max_bytes: int | None) -> list[Entry]:
     return entries
 
 
-_data = itemgetter(3)  # Entry.data, without the per-entry attribute lookup
 
 
 def payloads_of(entries: Sequence[Entry]) -> list[tuple[int, bytes]]:

@@ -9,7 +9,9 @@ Enum values are written to disk and onto the wire. Never renumber them; only app
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import IntEnum
+from operator import itemgetter
 from typing import NamedTuple
 
 
@@ -30,6 +32,13 @@ class Entry(NamedTuple):
 
 # Fixed per-entry overhead counted by byte budgets (message size, in-flight caps).
 ENTRY_OVERHEAD = 16
+
+_data = itemgetter(3)  # Entry.data without a per-entry attribute lookup (hot paths)
+
+
+def payload_bytes(entries: Iterable[Entry]) -> int:
+    """The entries' data bytes, summed in one C-level pass."""
+    return sum(map(len, map(_data, entries)))
 
 
 class HardState(NamedTuple):

@@ -85,6 +85,7 @@ from raftkv.node.group_storage import (
 from raftkv.transport import codec
 from raftkv.transport.tcp import Transport
 from recovery.local import RecoveryReport
+from storage.lmdb_log import LogEnv
 from storage.state_store import StateStore
 
 log = logging.getLogger(__name__)
@@ -657,7 +658,7 @@ class Node:
         the join. A Ready that need not sync (only the commit index moved) costs the log
         store no I/O (``LogStorage.save``'s ``sync``), so it is handed over here."""
         readies = [(g, g.raft.ready()) for g in groups]
-        units: dict[object, list[tuple[Group, Ready]]] = {}
+        units: dict[LogEnv | str, list[tuple[Group, Ready]]] = {}
         for g, rd in readies:
             if rd.must_sync:
                 units.setdefault(g.storage.log_env or g.id, []).append((g, rd))
@@ -668,9 +669,11 @@ class Node:
             timed = list(self._pool("persist").map(_timed_persist, jobs))
         else:
             timed = [_timed_persist(j) for j in jobs]
-        for unit, seconds in zip(jobs, timed, strict=True):
-            for g, _ in unit:
-                self.metrics.fsync(g.id, seconds)
+        for (key, unit), seconds in zip(units.items(), timed, strict=True):
+            # One fsync per unit: a shared environment's is reported once, under its
+            # directory's name, not once for each of its groups.
+            self.metrics.fsync(key if isinstance(key, str) else os.path.basename(key.path),
+                               seconds)
         for g, rd in readies:
             if self.groups.get(g.id) is not g:
                 continue  # a hook of an earlier group in this turn removed it

@@ -27,7 +27,9 @@ class PrometheusMetrics:
             registry=registry,
         )
         self._fsync = Histogram(
-            "raftkv_fsync_seconds", "Time to persist one Ready (one fsync)", ["group"],
+            "raftkv_fsync_seconds",
+            "Time of one log fsync: a group's Ready, or for group=partition-logs one loop "
+            "turn's Readies of every table partition (their shared environment)", ["group"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=registry,
         )
