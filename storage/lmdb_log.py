@@ -362,7 +362,7 @@ class LmdbLogStore:
         self.syncs = 0
         self._unsaved_hard = False  # a commit index saved with sync=False, not yet written
         # The newest saved entries, contiguous and ending at _last (or empty); their
-        # payload bytes are _recent_bytes.
+        # cost (payload plus _CACHED_ENTRY_COST each) is _recent_bytes.
         self._recent: list[Entry] = []
         self._recent_bytes = 0
         self._env = self.env.env

@@ -327,7 +327,7 @@ def test_a_follower_that_lost_acknowledged_entries_is_probed_below_its_match():
     the follower's acknowledgement no longer counts (match drops), probing continues
     below it, and the follower catches up. Before, next was clamped at match + 1 and
     the same probe and rejection repeated forever (found in review, predates commit
-    notices). etcd's MaybeDecrTo has no such clamp."""
+    notices). etcd keeps that clamp: its followers never lose what they acknowledged."""
     c = Cluster(N3, seed=3, quiesce=False)
     c.elect("n1")
     # n3 stores entries but hears no commit for the last of them.
@@ -348,6 +348,37 @@ def test_a_follower_that_lost_acknowledged_entries_is_probed_below_its_match():
         c.propose("n1", cmd(10 + i))  # stabilize() fails if the probes never end
     assert c.logs("n3") == c.logs("n1")
     assert leader.prs["n3"].match == leader.log.last_index() == n3.raft.log.committed
+
+
+def test_a_stale_rejection_below_match_costs_one_probe_not_a_snapshot():
+    """The other side of the test above: a rejection reordered behind later
+    acknowledgements looks like a lost tail. It drops n3's acknowledgement and the
+    leader probes the same index once more, which n3 accepts; it does not walk below
+    the leader's compacted log and send a whole snapshot (found in review)."""
+    c = Cluster(N3, seed=3, quiesce=False)
+    c.elect("n1")
+    for i in range(6):
+        c.propose("n1", cmd(i))
+    leader = c.raft("n1")
+    last = leader.log.last_index()
+    assert c.nodes["n1"].compact(keep=0) and leader.log.first_index() == last + 1
+    c.filters.append(lambda m: m.to != "n3")  # n3 misses two appends
+    c.propose("n1", cmd(100))
+    c.propose("n1", cmd(101))
+    c.heal()
+    pr, t = leader.prs["n3"], leader.term
+    # n3's real rejection puts it in PROBE at last + 1...
+    leader.step(msg(MT.APP_RESP, "n3", "n1", t, log_term=leader.log.term(last),
+                    index=last + 1, reject=True, reject_hint=last))
+    assert (pr.match, pr.next) == (last, last + 1)
+    # ...then a stale one, from before n3 held `last`, arrives late.
+    leader.step(msg(MT.APP_RESP, "n3", "n1", t, log_term=t, index=last, reject=True,
+                    reject_hint=last - 3))
+    assert (pr.match, pr.next) == (0, last + 1)
+    c.delivered.clear()
+    c.stabilize()
+    assert not any(m.type == MT.SNAPSHOT for m in c.delivered)
+    assert pr.match == leader.log.last_index() == c.raft("n3").log.last_index()
 
 
 # ---------------------------------------------------------------- fast back-off --

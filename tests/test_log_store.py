@@ -123,7 +123,7 @@ def test_memory_crash_forgets_only_an_unsynced_commit() -> None:
 
 _UNSYNCED_THEN_KILLED = """
 import os, sys
-from storage.lmdb_log import RECENT_BYTES, LmdbLogStore, LogEnv
+from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.records import Entry, HardState
 s = LmdbLogStore(sys.argv[1])
 s.save(HardState(3, "n1", 2), [Entry(3, i, 0, b"x") for i in range(1, 6)])

@@ -128,12 +128,17 @@ class Progress:
         False when the rejection is stale (it answers an older message), in which case
         nothing changes.
 
-        A probe at ``match`` itself can be rejected: the follower lost entries it had
-        acknowledged, because storage truncated a damaged uncommitted tail at open (see
-        ``VoteFloor``). Its acknowledgement no longer holds, so ``match`` drops to 0
-        (it must not count toward commitment; the next accepted append re-establishes
-        it) and probing goes on below it, as etcd's does. Clamping ``next`` at
-        ``match + 1`` instead re-sent the same probe forever.
+        A probe at ``match`` itself can be rejected. etcd clamps ``next`` at
+        ``match + 1`` there and keeps ``match``, because its followers never lose what
+        they acknowledged. Ours can: storage truncates a damaged uncommitted tail at
+        open (see ``VoteFloor``), and with etcd's clamp the leader re-sent the same
+        probe forever. A rejection reordered behind later acknowledgements looks the
+        same, though (etcd's staleness check is "a best effort assuming message
+        reordering is rare"). So the first such rejection only drops the
+        acknowledgement (``match`` = 0: it must not count toward commitment; the next
+        accepted append re-establishes it) and probes the same index again. A stale
+        rejection then costs one round trip; a follower that really lost the entries
+        rejects again, and probing goes on below, down to a snapshot if it must.
         """
         if self.state == ProgressState.REPLICATE:
             if rejected <= self.match:
@@ -142,9 +147,11 @@ class Progress:
             return True
         if self.next - 1 != rejected:
             return False
-        self.next = max(min(rejected, match_hint + 1), 1)
-        if self.next <= self.match:
+        nxt = max(min(rejected, match_hint + 1), 1)
+        if nxt <= self.match:
             self.match = 0
+            nxt = self.next
+        self.next = nxt
         self.probe_sent = False
         return True
 
