@@ -149,9 +149,9 @@ class Progress:
             return False
         nxt = max(min(rejected, match_hint + 1), 1)
         if nxt <= self.match:
-            self.match = 0
-            nxt = self.next
-        self.next = nxt
+            self.match = 0  # and probe the same index again
+        else:
+            self.next = nxt
         self.probe_sent = False
         return True
 

@@ -290,9 +290,9 @@ _GEN_FILE = "table.gen"  # in groups/<gid>/: the descriptor's create revision (g
 # How often a persistent partition's state store checkpoints (CheckpointPolicy). Each
 # checkpoint is an fsync of that partition's own file: at the one second the default
 # group uses, a node with 256 partitions under write load ran 256 of them a second,
-# and table writes were about a tenth slower for it (steady state, 2 cores). Ten seconds bounds what a crash
-# replays from a partition's log to ten seconds of its writes (Ignite checkpoints
-# every three minutes by default).
+# and table writes were about a tenth slower for it (steady state, 2 cores). Ten
+# seconds bounds what a crash replays from a partition's log to ten seconds of its
+# writes (Ignite checkpoints every three minutes by default).
 PARTITION_CHECKPOINT_SECONDS = 10.0
 
 

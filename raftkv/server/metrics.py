@@ -34,7 +34,7 @@ class PrometheusMetrics:
             registry=registry,
         )
         # Each group's labelled children, kept: ``labels()`` takes a lock and builds a
-        # tuple, and fsync and proposals are reported for every group of every turn.
+        # tuple, and every turn reports proposals per proposing group and each fsync.
         self._children: dict[tuple[object, str], Any] = {}
 
     def _of(self, metric: Counter | Histogram, group: str) -> Any:
