@@ -31,7 +31,10 @@ with probability ``liveness_false_down`` per tick a live peer is wrongly reporte
 (a flapping connection). The reports reach the core as ``peer_down``/``peer_up``.
 
 The run ends with a settle phase: faults stop, partitions heal, crashed nodes restart,
-and the group must converge.
+and the group must serve clients again (they keep calling for a quarter of it,
+and at least one operation must complete) and converge. Without the first demand a
+schedule that happened to keep a quorum down for the whole run made no progress and
+failed no check.
 
 Checks, after every event (each maps to a Raft property):
 
@@ -163,6 +166,8 @@ class Simulation:
         self.blocked: set[tuple[str, str]] = set()
         self.faults = set(self.cfg.faults)
         self.settling = False
+        self.settle_calls_until = 0  # clients start operations until then while settling
+        self.settled_ops = 0  # operations completed after the faults stopped
         # -- checker state --
         self.leader_of_term: dict[int, str] = {}
         self.votes: dict[tuple[str, int], str] = {}
@@ -457,6 +462,8 @@ class Simulation:
 
     def _settle(self) -> None:
         self.settling = True
+        # Clients sleeping through an idle period wake at its end, as scheduled.
+        self.settle_calls_until = max(self.now, self.quiet_until) + self.cfg.settle_ms // 4
         self.blocked.clear()
         for nid, node in sorted(self.nodes.items()):
             if not node.alive:
@@ -474,7 +481,7 @@ class Simulation:
             self._finish(c, op, None, timed_out=True)
             op = None
         if op is None:
-            if self.settling:
+            if self.settling and self.now >= self.settle_calls_until:
                 return
             if self.now < self.quiet_until:
                 self._schedule(self.quiet_until - self.now + self.rng.randrange(20), "client", c)
@@ -516,6 +523,8 @@ class Simulation:
     def _finish(self, c: int, op: _ClientOp, output: Any, timed_out: bool = False,
                 failed: bool = False) -> None:
         del self.outstanding[c]
+        if self.settling and not (timed_out or failed):
+            self.settled_ops += 1
         if failed or (timed_out and op.kind == "get"):
             pass  # a definite failure, or a read with no result: no constraint
         else:
@@ -709,6 +718,8 @@ class Simulation:
         leader = self._leader()
         if leader is None:
             self._violation("liveness: no leader after the settle phase")
+        if self.settled_ops == 0:
+            self._violation("liveness: no client operation completed after the faults stopped")
         lr = self.nodes[leader].raft
         members = sorted(lr.conf.members())
         for nid in members:
