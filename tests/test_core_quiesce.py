@@ -47,10 +47,10 @@ def test_idle_group_quiesces_and_goes_silent():
 
 def test_quiesce_heartbeat_carries_last_entry():
     """The leader's last heartbeat names its last entry (index, term); ordinary heartbeats
-    carry index 0, so the flag needs no new message type or wire field."""
+    carry index 0, so the flag needs no new message type or wire field. A new leader
+    sends it as soon as its first entry is acknowledged everywhere."""
     c = Cluster(IDS, seed=1, quiesce=True)
-    c.elect("n1")
-    msgs = sent_during(c, lambda: c.tick(n=3))
+    msgs = sent_during(c, lambda: c.elect("n1"))
     quiet = [m for m in msgs if m.type == MT.HEARTBEAT and m.index > 0]
     r = c.raft("n1")
     assert {m.to for m in quiet} == {"n2", "n3"}
@@ -70,15 +70,70 @@ def test_quiescence_is_off_by_default():
 
 def test_proposal_wakes_the_group_and_it_quiesces_again():
     """A proposal wakes the leader; its AppendEntries wake the followers; once the entry
-    is acknowledged everywhere the group goes quiet again."""
+    is acknowledged everywhere the group goes quiet again, without waiting for a tick."""
     c = quiet_cluster()
     index = c.raft("n1").propose(cmd(2))
     assert not c.raft("n1").quiesced
     c.stabilize()
-    assert not c.raft("n2").quiesced and not c.raft("n3").quiesced
+    assert all(c.raft(n).quiesced for n in IDS)
     assert all(c.raft(n).log.committed >= index for n in IDS)
+
+
+def test_last_acknowledgement_quiesces_in_place_of_commit_notices():
+    """"Quiescing on the last acknowledgement": a write to a quiet group costs its
+    appends, their answers and one quiesce heartbeat per follower, which carries the
+    commit index. No COMMIT notice, no heartbeat answer, no tick."""
+    c = quiet_cluster()
+    index = c.raft("n1").propose(cmd(2))
+    msgs = sent_during(c, c.stabilize)
+    kinds = sorted((m.type.name, m.frm, m.to) for m in msgs)
+    assert kinds == sorted([
+        ("APP", "n1", "n2"), ("APP", "n1", "n3"),
+        ("APP_RESP", "n2", "n1"), ("APP_RESP", "n3", "n1"),
+        ("HEARTBEAT", "n1", "n2"), ("HEARTBEAT", "n1", "n3"),
+    ])
+    assert all(m.index == index and m.commit == index for m in msgs
+               if m.type == MT.HEARTBEAT)
+    assert all(c.raft(n).log.committed == index and c.raft(n).quiesced for n in IDS)
+
+
+def test_held_notice_reaches_followers_by_heartbeat_if_an_answer_is_lost():
+    """While the last follower's answer is in flight the commit notice is held (the
+    quiesce heartbeat will carry it). If that answer is lost, the leader, still awake,
+    tells the followers the commit index with its next heartbeat (which carries
+    min(match, commit)); n3's answer to it shows its match behind, the leader probes
+    with an empty append, and n3's acknowledgement of that lets the group quiesce."""
+    c = quiet_cluster()
+    lost = Hold(lambda m: m.type == MT.APP_RESP and m.frm == "n3")
+    c.filters.append(lost)
+    index = c.raft("n1").propose(cmd(2))
+    c.stabilize()
+    lead = c.raft("n1")
+    assert lead.log.committed == index and not lead.quiesced
+    assert c.raft("n2").log.committed < index  # held: n3's answer is still awaited
+    c.filters.remove(lost)
+    c.tick(["n1"], n=2)  # heartbeat_tick
+    c.stabilize()
+    assert c.raft("n2").log.committed == index and c.raft("n3").log.committed == index
     c.tick(n=3)
     assert all(c.raft(n).quiesced for n in IDS)
+
+
+def test_notice_is_not_held_for_a_follower_that_will_not_answer():
+    """Only an answer on its way (REPLICATE, sent the last index) holds the notice: a
+    follower being probed may never answer for that index, so the followers that did
+    acknowledge get their COMMIT notice at once."""
+    c = Cluster(["n1", "n2", "n3", "n4", "n5"], seed=1, quiesce=True)
+    c.elect("n1")
+    lead = c.raft("n1")
+    lead.prs["n5"].become_probe()
+    lead.prs["n5"].probe_sent = True  # paused: nothing more goes to n5 for now
+    c.cut("n1", "n5")
+    index = lead.propose(cmd(2))
+    msgs = sent_during(c, c.stabilize)
+    notices = {m.to for m in msgs if m.type == MT.COMMIT}
+    assert notices == {"n2", "n3", "n4"}
+    assert all(c.raft(n).log.committed == index for n in ["n2", "n3", "n4"])
 
 
 def test_follower_read_index_wakes_leader_and_is_answered():
