@@ -144,6 +144,8 @@ class StateStore(Protocol):
 
     def checkpoint_due(self, now: float) -> bool: ...
 
+    def checkpoint_deadline(self) -> float | None: ...
+
     def background_checkpoint(self) -> Callable[[], int] | None: ...
 
     def checkpointed(self, index: int) -> None: ...
@@ -194,6 +196,11 @@ class CheckpointPolicy:
 
     def reset(self) -> None:
         self._since = None
+
+    def deadline(self) -> float | None:
+        """When the timer makes a checkpoint due: None until a ``due()`` call saw
+        something pending (and again after a reset)."""
+        return None if self._since is None else self._since + self.seconds
 
     def due(self, pending: int, now: float) -> bool:
         if pending <= 0:
@@ -507,6 +514,12 @@ class Checkpointing:
         """Whether the policy wants a checkpoint now (see ``CheckpointPolicy``)."""
         self._live()
         return self._policy.due(self._applied - self._checkpoint, now)
+
+    def checkpoint_deadline(self) -> float | None:
+        """When the policy's timer, started by a ``checkpoint_due`` call that saw
+        pending applies, makes a checkpoint due; None if it is not running. Lets a
+        caller with many stores wait for that time instead of asking each one often."""
+        return self._policy.deadline()
 
     def background_checkpoint(self) -> Callable[[], int] | None:
         """A checkpoint whose sync may run on another thread while this store goes on

@@ -751,6 +751,22 @@ def test_checkpoint_policy_fires_on_the_time_threshold_from_injected_now(
     assert s.maybe_checkpoint(601.9)
 
 
+def test_checkpoint_deadline_is_when_the_timer_runs_out(kind: str, stores: Stores) -> None:
+    """What the driver queues stores by: None until a due() call saw pending applies,
+    then the start of that wait plus the policy's seconds; None again once checkpointed."""
+    s = stores.make(kind, checkpoint_entries=1000, checkpoint_seconds=2.0)
+    assert s.checkpoint_deadline() is None
+    s.apply(at(1, b""))
+    assert s.checkpoint_deadline() is None  # the timer starts when a due() call sees it
+    assert not s.checkpoint_due(100.0)
+    assert s.checkpoint_deadline() == 102.0
+    assert not s.checkpoint_due(101.0)
+    assert s.checkpoint_deadline() == 102.0  # a later look does not restart it
+    assert s.checkpoint_due(102.0)
+    s.checkpoint()
+    assert s.checkpoint_deadline() is None
+
+
 def test_checkpoint_policy_defaults_and_validation() -> None:
     p = CheckpointPolicy()
     assert (p.entries, p.seconds) == (10_000, 1.0)
