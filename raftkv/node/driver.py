@@ -490,8 +490,10 @@ class Node:
                 raft.tick()
             if compact:
                 g.storage.maybe_compact(raft.conf_at)
-            if g.deadlines or g.reads or g.ready_reads or g.parked:
+            if g.pending or g.reads or g.ready_reads or g.parked:
                 self._expire(g, now)
+            elif g.deadlines:
+                g.deadlines.clear()  # every proposal they timed has been applied
             for hook in g.on_tick:
                 hook(g)
             # A group that was quiet and still is has nothing to hand over (anything
