@@ -35,7 +35,7 @@ from raftkv.placement.assignments import (
 )
 from raftkv.placement.assignments import rebalance_done as literal_done
 from raftkv.placement.catalog import TableDescriptor, parse_partition_key, partition_group
-from raftkv.placement.meta_commands import decode_revision, encode_iif, encode_put
+from raftkv.placement.meta_commands import Op, decode_revision, encode_iif, encode_put
 from raftkv.placement.metastore import MetaStore
 from raftkv.placement.rebalance import PlacementManager, StaleTerm
 from raftkv.placement.rebalance_steps import (
@@ -500,3 +500,43 @@ def test_dropping_a_table_under_load_spares_the_other_table_and_recreation_start
     assert cluster.get(TABLE, b"fresh") == b"1"
     cluster.wait_converged(TABLE, META, 3)
     _no_errors(cluster)
+
+
+def test_a_restarted_voter_dropped_from_pending_rejoins_while_the_change_needs_it(
+    cluster: Cluster,
+) -> None:
+    """Step (2) on a restart (module docstring, IGNITE-16668 notes): a persistent
+    partition this node hosted before the restart, with its log, is started again while
+    pending is non-empty even though neither stable nor pending names it, because the
+    configuration may count on it. Chaos seed 25 reached that state through a cancel
+    (stable [n2, n3], pending [n2, n3, n5], while the group's configuration had n4 as a
+    voter and an uncommitted removal that needed n4's vote); here the keys are written
+    directly. The two-voter group {a, x} can commit nothing without x, so the change to
+    pending finishes only if x rejoins; x then leaves once stable excludes it. Before the
+    fix x wrote its holds key but never started the group, and the change hung."""
+    table = "held"
+    mgr = cluster.mgrs["n1"]
+    mgr.set_nodes(META)
+    mgr.create_table(table, 1, 2, "persistent")
+    gid = partition_group(table, 0)
+    a, x = calc_assignments(table, 0, META, 2)
+    y = next(n for n in META if n not in (a, x))
+    wait_for(lambda: set(cluster.assignments(table, 0)[0]) == {a, x}, 10, "the table's stable")
+    cluster.put(table, b"k", b"v1")
+    cluster.kill(x)  # possibly the metastore leader too: the writes below retry
+    wait_for(lambda: cluster.mgrs[a].set_nodes([a, y]) or True, 10, "x to leave the topology")
+    wait_for(lambda: set(cluster.assignments(table, 0)[1]) == {a, y}, 10, "pending [a, y]")
+    # The divergence a cancel produced in seed 25: stable no longer names x, a voter.
+    stable = partition_keys(table, 0).stable
+    wait_for(lambda: cluster.metas[a].invoke([], [Op.put(stable, encode_nodes([a]))]).result(5),
+             10, "stable [a]")
+    cluster.start(x)
+
+    def done() -> bool:
+        st, pe, _ = cluster.assignments(table, 0)
+        return set(st) == {a, y} and not pe
+
+    wait_for(done, 30, f"the change to [{a}, {y}] to finish with {x}'s vote")
+    wait_for(lambda: cluster.info(x, gid) is None, 10, f"{x} to stop hosting {gid}")
+    assert cluster.info(a, gid)["voters"] == sorted([a, y])  # type: ignore[index]
+    assert cluster.get(table, b"k") == b"v1"

@@ -1229,9 +1229,19 @@ class PlacementManager:
 
     def _start_with_holds(self, part: _Partition, desc: TableDescriptor,
                           voters: list[str] | None) -> None:
-        """Write our holds key (this incarnation), then start the group."""
+        """Write our holds key (this incarnation), then start the group.
+
+        Started as a member of stable or pending, or (``_reconcile``'s rule for a node
+        that hosted the partition before this start) not named by either while pending
+        is non-empty: that is checked again once the key is written. Writing the key
+        voids the rule's own test (the key no longer names an earlier incarnation), so
+        the check after it must not require a name: it did, and the node that the
+        configuration counted on never started (chaos seed 25: a voter that a cancel had
+        dropped from pending, needed to commit the removal under way)."""
         part.start_inflight = True
         key = holds_key(part.table, part.index, self.id)
+        named = self.id in self._nodes(part.keys.stable) or self.id in self._nodes(
+            part.keys.pending)
 
         def done(f: Future[Any]) -> None:
             part.start_inflight = False
@@ -1244,7 +1254,8 @@ class PlacementManager:
             if isinstance(f.result(), InvokeResult) and not f.result().succeeded:
                 return  # the table is gone (the drop's event is on its way)
             stable, pending = self._nodes(part.keys.stable), self._nodes(part.keys.pending)
-            if part.group not in self._hosted and (self.id in stable or self.id in pending):
+            still = self.id in stable or self.id in pending or (not named and bool(pending))
+            if part.group not in self._hosted and still:
                 self._start_partition(part, desc, voters)
             self._kick(part.group)
 
