@@ -208,7 +208,10 @@ class CheckpointPolicy:
             return False
         if self._since is None:
             self._since = now
-        return pending >= self.entries or now - self._since >= self.seconds
+        # Against deadline() itself, not now - since >= seconds: with floats the two can
+        # disagree at the deadline, and the driver, woken by that deadline, would find
+        # the store not due and queue the same deadline again, for ever.
+        return pending >= self.entries or now >= self._since + self.seconds
 
 
 def check_apply(entries: Sequence[tuple[int, bytes]], applied: int, checkpoint: int) -> int:

@@ -347,3 +347,40 @@ def test_quiet_leader_that_has_to_send_wakes():
     assert not r.quiesced
     c.stabilize()
     assert c.raft("n3").log.last_index() == r.log.last_index()
+
+
+def test_follower_behind_the_quiesce_commit_answers_and_catches_up():
+    """A follower the leader wrongly thinks down is exempt, so the leader may quiesce
+    with a stale match for it (its answer was lost). Its quiesce heartbeat then carries a
+    commit index below the named entry; the follower, holding that entry, answers instead
+    of staying silent, and the append that answer brings gives it the commit index.
+    (Review finding: it stayed quiet behind the commit until the leader heard peer_up.)"""
+    c = quiet_cluster()
+    c.raft("n1").peer_down("n3")  # wrong: n3 is connected (a flapping connection)
+    lost = Hold(lambda m: m.type == MT.APP_RESP and m.frm == "n3")
+    c.filters.append(lost)
+    index = c.raft("n1").propose(cmd(2))
+    c.stabilize()
+    c.filters.remove(lost)
+    c.tick(n=20)
+    c.stabilize()
+    n3 = c.raft("n3")
+    assert n3.log.last_index() == index and n3.log.committed == index
+
+
+def test_late_answer_from_a_paused_follower_still_quiesces_the_group():
+    """With one message in flight per follower, the last answer comes from a paused
+    follower; it must still release the held notice (review finding: the paused branch
+    skipped it, and the group waited for a heartbeat)."""
+    c = Cluster(IDS, seed=1, quiesce=True, max_inflight_msgs=1)
+    c.elect("n1")
+    late = Hold(lambda m: m.type == MT.APP_RESP and m.frm == "n3")
+    c.filters.append(late)
+    index = c.raft("n1").propose(cmd(2))
+    c.stabilize()
+    assert c.raft("n1")._notice_held
+    c.filters.remove(late)
+    late.release(c)
+    c.stabilize()
+    assert all(c.raft(n).quiesced for n in IDS)
+    assert all(c.raft(n).log.committed == index for n in IDS)

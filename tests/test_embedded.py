@@ -208,3 +208,25 @@ def test_a_cancelled_request_does_not_stop_the_node(cluster: list[RaftKV]) -> No
     cluster[0].put("after", "cancel")
     assert cluster[1].get("after") == b"cancel"
     assert cluster[0].node.failure is None
+
+
+def test_transfer_to_a_closed_voter_times_out(tmp_path: Path) -> None:
+    """A leadership transfer whose target never takes over fails with RequestTimeout,
+    even on a group with nothing else pending (review finding: the tick had stopped
+    expiring groups without proposals, reads or parked calls, transfers included)."""
+    from raftkv.node.errors import RequestTimeout
+
+    ps = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
+    kvs = {n: RaftKV(n, a, ps, b"secret", data_dir=str(tmp_path / n)) for n, a in ps.items()}
+    try:
+        lead = kvs["n1"].wait_for_leader()
+        kvs[lead].put("k", "v")
+        dead = next(n for n in kvs if n != lead)
+        kvs[dead].close()
+        time.sleep(0.5)
+        kv = kvs[lead]
+        with pytest.raises(RequestTimeout):
+            kv.node.transfer_leadership(kv.group, dead).result(timeout=15)
+    finally:
+        for kv in kvs.values():
+            kv.close()

@@ -114,7 +114,9 @@ def test_checker_catches_votes_for_stale_logs(
 def test_checker_catches_truncation_after_prev_log_index(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """PySyncObj 0.3.17's bug: truncate everything after prevLogIndex on every append."""
+    """PySyncObj 0.3.17's bug: truncate everything after prevLogIndex on every append.
+    It shows only where a stale append arrives after newer entries: about two seeds in
+    three over 0:20, so a few seeds, not one, are asked (0:3 caught nothing once commit
+    notices gave way to quiesce heartbeats and the schedules moved)."""
     monkeypatch.setattr(RaftLog, "find_conflict", lambda self, ents: ents[0].index if ents else 0)
-    results = [run_seed(s, FAST) for s in range(3)]
-    assert any(r.violations for r in results)
+    assert any(run_seed(s, FAST).violations for s in range(8))

@@ -767,6 +767,17 @@ def test_checkpoint_deadline_is_when_the_timer_runs_out(kind: str, stores: Store
     assert s.checkpoint_deadline() is None
 
 
+def test_checkpoint_policy_is_due_at_its_own_deadline() -> None:
+    """0.7 + 0.1 rounds below 0.8, so ``now - since >= seconds`` said "not due" at the
+    deadline itself, and the driver, woken by that deadline, re-queued it for ever
+    (review finding). Due is now measured against ``deadline()``."""
+    p = CheckpointPolicy(entries=1000, seconds=0.1)
+    assert not p.due(5, 0.7)
+    at = p.deadline()
+    assert at is not None and at - 0.7 < 0.1  # the rounding that hid the deadline
+    assert p.due(5, at)
+
+
 def test_checkpoint_policy_defaults_and_validation() -> None:
     p = CheckpointPolicy()
     assert (p.entries, p.seconds) == (10_000, 1.0)

@@ -62,8 +62,11 @@ If so it sends one last heartbeat carrying its last entry's (index, term) (a HEA
 with ``index > 0``; ordinary heartbeats carry 0) and stops ticking. A follower that
 holds that entry and has not been told its leader is unreachable adopts the commit
 index and stops ticking too, without an answer: the leader went quiet knowing that
-follower's match, and an answer would tell it nothing. One that cannot answers with
-``reject=True``, which wakes the leader, and the leader tries again at a later
+follower's match, and an answer would tell it nothing. The exception is a heartbeat
+whose commit index is below the named entry: the leader's match for that follower is
+stale (it was exempt as unreachable and an answer was lost), so the follower answers,
+and the leader wakes to send it the append that carries the rest. One that cannot
+answers with ``reject=True``, which wakes the leader, and the leader tries again at a later
 heartbeat.
 
 A quiesced node wakes (``_unquiesce``) on: any local request (propose, read, transfer,
@@ -88,6 +91,7 @@ per-peer keepalive frames; the simulator models that report, wrong reports inclu
 Commit notices
 --------------
 When the commit index moves, the leader tells every follower at once, as etcd does
+(unless the group quiesces instead, see "Quiescing on the last acknowledgement")
 (``_on_commit``, then ``_flush``): a follower applies, and serves follower reads, only
 up to the commit index it knows. Usually that follower already holds everything and
 the message carries no entries. As an APP it would cost an APP_RESP that tells the
@@ -114,10 +118,14 @@ answer). If the only thing in the way is followers whose answer for the last ind
 on its way (REPLICATE, ``pr.next`` beyond it, reachable), the notice is held
 (``_notice_held``) and each such answer re-runs the check: the last one quiesces the
 group, and the followers learn the commit index from its heartbeat, a moment later than
-from a notice. If an answer is lost, the leader is still awake and its next heartbeat
-carries the commit index, so holding delays a follower's commit by at most one
-heartbeat interval. Anything else in the way (a follower being probed, a new entry, a
-read) sends the notices as before. Only when followers learn the commit changes, never
+from a notice. If an answer is lost, the leader is still awake: its next heartbeat
+carries the commit index to the followers that answered (min(match, commit)), and the
+one whose answer was lost answers that heartbeat, which brings it an append with the
+commit. A lost quiesce heartbeat is now the only carrier of the commit index for its
+follower, which then learns it when it wakes (an election timeout and a pre-vote, which
+wakes the leader too), as a follower that missed its quiesce heartbeat always did.
+Anything else in the way (a follower being probed, a new entry, a read) sends the
+notices as before. Only when followers learn the commit changes, never
 what they may commit; the leader's own commit and apply, and so its clients' answers,
 do not wait.
 """
@@ -760,14 +768,19 @@ class Raft:
             self._send(Message(MT.HEARTBEAT_RESP, m.frm, self.id, self.term, context=m.context))
             return
         # The leader is going quiet with (m.index, m.log_term) as its last entry. Follow
-        # only if we hold that entry (so our commit index now equals the leader's) and
-        # were not told the leader is unreachable; otherwise reject, which wakes it.
+        # only if we hold that entry (so we may take its commit index, bounded by its
+        # match for us) and were not told the leader is unreachable; otherwise reject,
+        # which wakes it.
         ok = log.match_term(m.index, m.log_term) and m.frm not in self._unreachable
         self.quiesced = ok
         self.election_elapsed = 0
-        if not ok:  # agreement goes unanswered: the leader quiesced knowing our match
+        # The leader quiesces with commit == last, so a commit below the named entry
+        # means its match for us is stale (it thought us down, and an answer was lost):
+        # say so, and it sends us the append that tells us the rest. Otherwise agreement
+        # goes unanswered: the leader quiesced knowing our match.
+        if not ok or m.commit < m.index:
             self._send(Message(MT.HEARTBEAT_RESP, m.frm, self.id, self.term,
-                               context=m.context, reject=True))
+                               context=m.context, reject=not ok))
 
     def _handle_snapshot(self, m: Message) -> None:
         snap = m.snapshot
@@ -926,10 +939,11 @@ class Raft:
             pr.inflights.free_le(m.index)
         if self._maybe_commit():
             self._on_commit()
-        elif old_paused:
-            self._send_append(m.frm)
-        elif self._notice_held and pr.match == self.log.last_index():
-            self._bcast_pending = True  # maybe the last awaited: quiesce, or send notices
+        else:
+            if old_paused:
+                self._send_append(m.frm)
+            if self._notice_held and pr.match == self.log.last_index():
+                self._bcast_pending = True  # maybe the last awaited: quiesce, or notices
         while self._send_append(m.frm, send_if_empty=False):
             pass
         if m.frm == self.lead_transferee and pr.match == self.log.last_index():
@@ -1001,7 +1015,10 @@ class Raft:
 
     def _flush(self) -> None:
         """Send AppendEntries for everything proposed since the last Ready (batching
-        many proposals into one message per follower), or the new commit index."""
+        many proposals into one message per follower), or the new commit index: as the
+        quiesce heartbeat if the group may go quiet, held while the answers that would
+        let it are on their way, else as COMMIT notices (see "Quiescing on the last
+        acknowledgement")."""
         if self._bcast_pending and self.role == Role.LEADER:
             self._bcast_pending = False
             self._notice_held = False

@@ -490,7 +490,7 @@ class Node:
                 raft.tick()
             if compact:
                 g.storage.maybe_compact(raft.conf_at)
-            if g.pending or g.reads or g.ready_reads or g.parked:
+            if g.pending or g.reads or g.ready_reads or g.parked or g.transfers:
                 self._expire(g, now)
             elif g.deadlines:
                 g.deadlines.clear()  # every proposal they timed has been applied

@@ -166,8 +166,9 @@ class Simulation:
         self.blocked: set[tuple[str, str]] = set()
         self.faults = set(self.cfg.faults)
         self.settling = False
+        self.settle_start = 0
         self.settle_calls_until = 0  # clients start operations until then while settling
-        self.settled_ops = 0  # operations completed after the faults stopped
+        self.settled_ops = 0  # operations called and completed after the faults stopped
         # -- checker state --
         self.leader_of_term: dict[int, str] = {}
         self.votes: dict[tuple[str, int], str] = {}
@@ -329,10 +330,11 @@ class Simulation:
         self._touch(m.to)
 
     def _send(self, m: Message) -> None:
-        if (m.type in (MessageType.APP, MessageType.COMMIT)
+        if (m.type in (MessageType.APP, MessageType.COMMIT, MessageType.HEARTBEAT)
                 and self.leader_of_term.get(m.term) != m.frm):
             # Leadership seen on the wire too: a node can lead and step down before
-            # its Ready ever shows the LEADER role, yet still send AppendEntries.
+            # its Ready ever shows the LEADER role, yet still send AppendEntries (or
+            # the quiesce heartbeat that carries a commit index in place of a notice).
             self._check_leadership(m.frm, m.term, self.nodes[m.frm].raft.conf.voters)
         f = self.faults
         if not self.settling and "drop" in f and self.rng.random() < self.cfg.drop_rate:
@@ -462,6 +464,7 @@ class Simulation:
 
     def _settle(self) -> None:
         self.settling = True
+        self.settle_start = self.now
         # Clients sleeping through an idle period wake at its end, as scheduled.
         self.settle_calls_until = max(self.now, self.quiet_until) + self.cfg.settle_ms // 4
         self.blocked.clear()
@@ -523,7 +526,7 @@ class Simulation:
     def _finish(self, c: int, op: _ClientOp, output: Any, timed_out: bool = False,
                 failed: bool = False) -> None:
         del self.outstanding[c]
-        if self.settling and not (timed_out or failed):
+        if self.settling and op.call >= self.settle_start and not (timed_out or failed):
             self.settled_ops += 1
         if failed or (timed_out and op.kind == "get"):
             pass  # a definite failure, or a read with no result: no constraint
