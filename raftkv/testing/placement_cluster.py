@@ -248,15 +248,22 @@ class VoterLog:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for node in list(self.c.nodes.values()):
-                g = node.groups.get(self.gid)
-                if g is not None and g.raft.role == Role.LEADER:
-                    voters = sorted(g.raft.conf.voters)
-                    if not self.seen or self.seen[-1] != voters:
-                        self.seen.append(voters)
+            self._sample()
             time.sleep(0.01)
 
+    def _sample(self) -> None:
+        for node in list(self.c.nodes.values()):
+            g = node.groups.get(self.gid)
+            if g is not None and g.raft.role == Role.LEADER:
+                voters = sorted(g.raft.conf.voters)
+                if not self.seen or self.seen[-1] != voters:
+                    self.seen.append(voters)
+
     def stop(self) -> list[list[str]]:
+        """The sets seen, ending with the one in force now: a last look on the caller's
+        thread, which has just seen the state it waited for (the poller may not have
+        looked since; test_inmemory_restart once ended on the configuration before)."""
         self._stop.set()
         self._t.join()
+        self._sample()
         return self.seen
