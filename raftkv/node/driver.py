@@ -490,10 +490,7 @@ class Node:
                 raft.tick()
             if compact:
                 g.storage.maybe_compact(raft.conf_at)
-            if g.pending or g.reads or g.ready_reads or g.parked or g.transfers:
-                self._expire(g, now)
-            elif g.deadlines:
-                g.deadlines.clear()  # every proposal they timed has been applied
+            self._expire(g, now)
             for hook in g.on_tick:
                 hook(g)
             # A group that was quiet and still is has nothing to hand over (anything
@@ -602,6 +599,12 @@ class Node:
             g.parked.append((fn, fut, monotonic() + self.cfg.request_timeout))
 
     def _expire(self, g: Group, now: float) -> None:
+        # Every tick, every group: most wait for nothing, so say so first. Proposal
+        # deadlines stay queued after their proposals apply; with none pending they are
+        # spent.
+        if not (g.pending or g.reads or g.ready_reads or g.parked or g.transfers):
+            g.deadlines.clear()
+            return
         if g.ready_reads and g.ready_reads[0].deadline < now:
             # Confirmed read points this replica has not reached in time (cut off?).
             unexpired: deque[_Read] = deque()
