@@ -2,7 +2,7 @@
 
     raftkv serve --id n1 --data-dir DIR --raft-addr H:P --http-addr H:P --peers ...
     raftkv [--endpoints URL,...] put KEY VALUE | get KEY [--stale] | del KEY
-    raftkv cas KEY NEW (--prev-value V | --prev-absent)
+    raftkv cas KEY NEW (--prev-value V | --prev-absent) [--table T]
     raftkv cluster status | add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
     raftkv cluster add-node ID RAFT_ADDR [--http-addr H:P] | remove-node ID   (placement topology)
     raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
@@ -86,7 +86,7 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
         if (args.prev_value is None) == (not args.prev_absent):
             print("error: give exactly one of --prev-value or --prev-absent", file=sys.stderr)
             return 1
-        swapped, index = client.cas(args.key, args.prev_value, args.new)
+        swapped, index = client.cas(args.key, args.prev_value, args.new, table=table)
         print(json.dumps({"swapped": swapped, "index": index}))
         return 0 if swapped else 2
     return 0
@@ -150,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
     cas.add_argument("new")
     cas.add_argument("--prev-value")
     cas.add_argument("--prev-absent", action="store_true")
+    cas.add_argument("--table", help="a table's key (default: the default KV group)")
     cl = sub.add_parser("cluster").add_subparsers(dest="action", required=True)
     cl.add_parser("status").add_argument("--json", action="store_true")
     learner = cl.add_parser("add-learner")

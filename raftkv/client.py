@@ -159,16 +159,18 @@ class Client:
         return int(json.loads(self.request("DELETE", self._kv(key, table))[1])["index"])
 
     def cas(
-        self, key: bytes | str, expected: bytes | str | None, new: bytes | str
+        self, key: bytes | str, expected: bytes | str | None, new: bytes | str,
+        table: str | None = None,
     ) -> tuple[bool, int]:
-        """Set ``new`` if the value is ``expected`` (None: the key must be absent)."""
+        """Set ``new`` if the value is ``expected`` (None: the key must be absent):
+        ``(swapped, index)``. ``table``: a key of that table (else the default group)."""
         if expected is None:
             q = "?prev_absent=true"
         else:
             e = expected.encode() if isinstance(expected, str) else expected
             q = "?prev_value=" + quote(e, safe="")
         v = new.encode() if isinstance(new, str) else new
-        _, data = self.request("PUT", self._kv(key) + q, v, ok=(200, 412))
+        _, data = self.request("PUT", self._kv(key, table) + q, v, ok=(200, 412))
         body = json.loads(data)
         return bool(body["swapped"]), int(body["index"])
 

@@ -1,4 +1,4 @@
-"""How an HTTP handler waits for the driver (raftkv.server.app._wait): outcomes pass
+"""How an HTTP handler waits for the driver (raftkv.server.requests.wait): outcomes pass
 through from the driver's thread, a hung-up client never cancels the write, and the
 backstop bound turns a future that never resolves into a timeout."""
 
@@ -11,7 +11,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from raftkv.server import app
+from raftkv.server import requests
 
 
 def _resolve_later(fn) -> None:
@@ -22,14 +22,14 @@ def test_a_result_and_an_error_from_another_thread_reach_the_handler() -> None:
     async def main() -> None:
         ok: Future[int] = Future()
         _resolve_later(lambda: ok.set_result(7))
-        assert await app._wait(ok) == 7
+        assert await requests.wait(ok) == 7
         bad: Future[int] = Future()
         _resolve_later(lambda: bad.set_exception(KeyError("k")))
         with pytest.raises(KeyError):
-            await app._wait(bad)
+            await requests.wait(bad)
         done: Future[int] = Future()
         done.set_result(3)  # already resolved before the wait starts
-        assert await app._wait(done) == 3
+        assert await requests.wait(done) == 3
 
     asyncio.run(main())
 
@@ -37,7 +37,7 @@ def test_a_result_and_an_error_from_another_thread_reach_the_handler() -> None:
 def test_a_cancelled_wait_leaves_the_driver_future_to_resolve() -> None:
     async def main() -> Future[int]:
         fut: Future[int] = Future()
-        task = asyncio.ensure_future(app._wait(fut))
+        task = asyncio.ensure_future(requests.wait(fut))
         await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -51,11 +51,11 @@ def test_a_cancelled_wait_leaves_the_driver_future_to_resolve() -> None:
 
 
 def test_a_future_that_never_resolves_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app, "WAIT_LIMIT", 0.05)
+    monkeypatch.setattr(requests, "WAIT_LIMIT", 0.05)
 
     async def main() -> None:
         with pytest.raises(TimeoutError):
-            await app._wait(Future())
+            await requests.wait(Future())
 
     asyncio.run(main())
 
@@ -66,7 +66,7 @@ def test_a_future_resolved_after_the_loop_closed_is_ignored(
     fut: Future[int] = Future()
 
     async def main() -> None:
-        task = asyncio.ensure_future(app._wait(fut))
+        task = asyncio.ensure_future(requests.wait(fut))
         await asyncio.sleep(0.01)
         task.cancel()
 

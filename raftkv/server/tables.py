@@ -22,7 +22,7 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   ``unknown table``.
 - ``PUT /v1/tables/{t}/replicas`` ``{"replicas": n}``: ``{"revision"}``; 400 if n exceeds
   the node count.
-- ``POST /v1/tables/{t}/batch``: puts and deletes (``app.decode_batch_body``'s formats)
+- ``POST /v1/tables/{t}/batch``: puts and deletes (``requests.decode_batch_body``'s formats)
   split by partition, one atomic entry per partition, the partitions concurrently:
   ``{"ops", "partitions": {p: index}}``. Not atomic across partitions: on a failure the
   error lists ``applied`` and ``failed`` partitions.
@@ -30,8 +30,10 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   batch into partition p (the Spark loader's): ``{"index", "ops", "applied"}``.
 - ``GET /v1/tables/{t}/partitions/{p}/digest``: this node's replica's user rows, count and
   digest (``?min_index``, ``?linearizable``, ``?keys``; the Spark verifier's).
-- ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: the key's partition is ``partition_of(key,
-  partitions)``. A node hosting that partition's group serves it (reads linearizable, writes
+- ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: exactly the semantics of ``/v1/kv/{key}``
+  (``raftkv.server.kv_ops``: linearizable reads, ``?stale``, compare-and-set with
+  ``?prev_value``/``?prev_absent`` and 412, the same 4xx for the same bad input), on the
+  key's partition, ``partition_of(key, partitions)``. A node hosting that partition's group serves it (reads linearizable, writes
   forwarded to the group leader by the driver); any other node proxies the request to a
   stable node of the partition (HTTP addresses are published under
   ``placement.http.<id>``), or answers 421 ``{"node": id}`` if none answers. A proxied
@@ -44,8 +46,8 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   move away; it stays a metastore learner). The default KV group is not touched: use
   ``/v1/cluster/learners`` for that.
 
-Errors of the table KV endpoints: 400 bad table name or key (empty, too long), 404
-unknown (or dropped) table or missing key, 413 value too large.
+Errors of the table KV endpoints: those of ``/v1/kv`` (``kv_ops``), plus 400 for a bad
+table name and 404 for an unknown (or dropped) table.
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
 import aiohttp
 import msgpack
@@ -86,16 +87,9 @@ from raftkv.placement.rebalance import (
 )
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
-from storage.commands import (
-    MAX_BATCH_OPS,
-    MAX_VALUE_BYTES,
-    CommandError,
-    check_key,
-    encode_batch,
-    encode_delete,
-    encode_put,
-    user_key,
-)
+from raftkv.server.kv_ops import KvRequest, parse_kv, serve_kv
+from raftkv.server.requests import decode_batch_body, error, json_body, wait
+from storage.commands import MAX_BATCH_OPS, CommandError, encode_batch, user_key
 from storage.digest import DigestBuilder, row_hash
 
 log = logging.getLogger(__name__)
@@ -107,10 +101,6 @@ ADMIN_TIMEOUT = 10.0
 
 def http_key(node: str) -> bytes:
     return HTTP_PREFIX + check_node_id(node).encode()
-
-
-def _error(status: int, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
 
 
 class Placement:
@@ -251,15 +241,6 @@ class TablesApi:
     async def _run(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise CommandError("the body must be a JSON object") from None
-        if not isinstance(body, dict):
-            raise CommandError("the body must be a JSON object")
-        return body
-
     @staticmethod
     def _name(request: web.Request) -> str:
         try:
@@ -277,7 +258,7 @@ class TablesApi:
 
     # -- admin ----------------------------------------------------------------------------
     async def create(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        body = await json_body(request)
         name = body.get("name")
         parts: Any = body.get("partitions")
         replicas: Any = body.get("replicas")
@@ -286,7 +267,7 @@ class TablesApi:
             check_table_name(name)
             TableDescriptor.new(str(name), parts, replicas, storage, ["-"])  # validation
         except ValueError as e:
-            return _error(400, str(e))
+            return error(400, str(e))
         assert isinstance(name, str) and isinstance(replicas, int) and isinstance(parts, int)
 
         def run() -> TableDescriptor:
@@ -300,11 +281,11 @@ class TablesApi:
         try:
             desc = await self._run(run)
         except TableExists:
-            return _error(409, f"table {name} already exists")
+            return error(409, f"table {name} already exists")
         except CommandError:
             raise
         except ValueError as e:
-            return _error(400, str(e))
+            return error(400, str(e))
         return web.json_response(_desc_json(desc), status=201)
 
     async def list(self, request: web.Request) -> web.Response:
@@ -322,14 +303,14 @@ class TablesApi:
         try:
             rev = await self._run(lambda: self.p.mgr.drop_table(name))
         except UnknownTable:
-            return _error(404, f"unknown table {name}")
+            return error(404, f"unknown table {name}")
         return web.json_response({"dropped": name, "revision": rev})
 
     async def set_replicas(self, request: web.Request) -> web.Response:
         name = self._name(request)
-        replicas = (await self._body(request)).get("replicas")
+        replicas = (await json_body(request)).get("replicas")
         if type(replicas) is not int or replicas < 1:
-            return _error(400, f'"replicas" must be an integer >= 1, got {replicas!r}')
+            return error(400, f'"replicas" must be an integer >= 1, got {replicas!r}')
         await self._desc(name)
 
         def run() -> int:
@@ -342,7 +323,7 @@ class TablesApi:
         try:
             rev = await self._run(run)
         except UnknownTable:
-            return _error(404, f"unknown table {name}")
+            return error(404, f"unknown table {name}")
         return web.json_response({"table": name, "replicas": replicas, "revision": rev})
 
     async def describe(self, request: web.Request) -> web.Response:
@@ -407,23 +388,23 @@ class TablesApi:
 
     # -- topology -------------------------------------------------------------------------
     async def add_node(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        body = await json_body(request)
         node, addr, http = body.get("id"), body.get("raft_addr"), body.get("http_addr")
         try:
             check_node_id(node)
         except ValueError as e:
-            return _error(400, str(e))
+            return error(400, str(e))
         if not isinstance(addr, str) or not addr:
-            return _error(400, '"raft_addr" must be a non-empty string')
+            return error(400, '"raft_addr" must be a non-empty string')
         assert isinstance(node, str)
         leads, leader = await self._run(self.p.meta_role)
         if not leads:
             if request.headers.get(FORWARDED) or leader is None:
-                return _error(503 if leader is None else 421,
+                return error(503 if leader is None else 421,
                               "not the metastore leader", leader=leader)
             target = (await self._run(self.p.http_addrs)).get(leader)
             if target is None:
-                return _error(421, "not the metastore leader", leader=leader)
+                return error(421, "not the metastore leader", leader=leader)
             return await self._proxy(request, target, await request.read())
 
         def run() -> list[str]:
@@ -436,7 +417,7 @@ class TablesApi:
         try:
             nodes = await self._run(run)
         except NotLeader as e:
-            return _error(421, "not the metastore leader", leader=e.leader)
+            return error(421, "not the metastore leader", leader=e.leader)
         return web.json_response({"id": node, "topology": nodes})
 
     async def remove_node(self, request: web.Request) -> web.Response:
@@ -447,34 +428,26 @@ class TablesApi:
 
     # -- table KV -------------------------------------------------------------------------
     async def kv(self, request: web.Request) -> web.StreamResponse:
+        """A single-key request on a table: ``kv_ops``'s semantics, on the key's partition."""
         name = self._name(request)
-        raw = request.rel_url.raw_path
-        marker = f"/v1/tables/{request.match_info['table']}/kv/"
-        if not raw.startswith(marker):
-            raise web.HTTPNotFound()
-        key = check_key(unquote_to_bytes(raw[len(marker):]))
-        body = b""
-        if request.method == "PUT":
-            if (request.content_length or 0) > MAX_VALUE_BYTES:
-                return _error(413, f"a value may hold at most {MAX_VALUE_BYTES} bytes")
-            body = await request.read()
+        req = await parse_kv(request, f"/v1/tables/{request.match_info['table']}/kv/")
         desc = self.p.mgr.table(name)
         if desc is None:
             desc = await self._desc(name)  # 404 if absent; else this node's cache lags
-        gid = partition_group(name, partition_of(key, desc.partitions))
+        gid = partition_group(name, partition_of(req.key, desc.partitions))
         if gid in self.p.node.groups:
-            return await self._local(request, gid, key, body)
-        return await self._elsewhere(request, name, gid, key, body)
+            return await self._local(name, gid, req)
+        return await self._elsewhere(request, name, gid, req.key, req.value)
 
     async def _elsewhere(self, request: web.Request, name: str, gid: str, key: bytes,
                          body: bytes) -> web.Response:
         """Proxy a request for partition group ``gid`` (holding ``key``) that this node does
         not host to a node that does: its leader first, then its other stable nodes."""
         if request.headers.get(FORWARDED):
-            return _error(503, f"{gid} is not hosted here (it may have just moved); retry")
+            return error(503, f"{gid} is not hosted here (it may have just moved); retry")
         candidates = self._hosts(name, key)
         if not candidates:
-            return _error(503, f"no known host of {gid} yet; retry")
+            return error(503, f"no known host of {gid} yet; retry")
         addrs = await self._run(self.p.http_addrs)
         for n in dict.fromkeys(candidates):
             if n not in addrs:
@@ -483,7 +456,7 @@ class TablesApi:
                 return await self._proxy(request, addrs[n], body)
             except (aiohttp.ClientError, TimeoutError) as e:
                 log.info("proxying %s to %s failed: %s", gid, n, e)
-        return _error(421, f"{gid} is hosted on {', '.join(candidates)}; ask there",
+        return error(421, f"{gid} is hosted on {', '.join(candidates)}; ask there",
                       node=candidates[0], group=gid)
 
     def _hosts(self, name: str, key: bytes) -> Sequence[str]:
@@ -496,38 +469,22 @@ class TablesApi:
         return [n for n in ([route.leader] if route.leader else []) + list(route.nodes)
                 if n != self.p.id]
 
-    async def _local(self, request: web.Request, gid: str, key: bytes,
-                     body: bytes) -> web.Response:
-        from raftkv.server.app import _wait
-
-        node = self.p.node
-        name = request.match_info["table"]
+    async def _local(self, name: str, gid: str, req: KvRequest) -> web.Response:
         try:
-            if request.method == "GET":
-                stale = request.query.get("stale", "false").lower() in ("true", "1")
-                value = await _wait(node.read(gid, lambda s: s.get(key),
-                                              linearizable=not stale))
-                if value is None:
-                    return _error(404, "key not found")
-                return web.Response(body=value, content_type="application/octet-stream")
-            cmd = encode_put(key, body) if request.method == "PUT" else encode_delete(key)
-            index = await _wait(node.propose(gid, cmd, lambda i, r: i))
+            return await serve_kv(self.p.node, gid, req)
         except (NodeStopped, UnknownGroup, RemoteError) as e:
             # The group stopped under the request (here or on the leader it was forwarded
             # to): if the table is gone, say so; otherwise it moved (503: retry).
             if isinstance(e, RemoteError) and e.kind not in ("NodeStopped", "UnknownGroup"):
                 raise
             if await self._run(lambda: self.p.descriptor(name)) is None:
-                return _error(404, f"table {name} was dropped", group=gid)
+                return error(404, f"table {name} was dropped", group=gid)
             raise
-        return web.json_response({"index": index})
 
     async def table_batch(self, request: web.Request) -> web.Response:
         """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
         partition, all partitions concurrently. Not atomic across partitions (each is its
         own Raft group): on a failure the answer lists what was applied where."""
-        from raftkv.server.app import decode_batch_body
-
         name = self._name(request)
         desc = self.p.mgr.table(name) or await self._desc(name)
         ops = decode_batch_body(await request.read(), request.content_type)
@@ -548,17 +505,15 @@ class TablesApi:
             return web.json_response({"ops": len(ops), "partitions": applied})
         first = next(iter(failed.values()))
         status = first.status if isinstance(first, _PartitionFailed) else 503
-        return _error(status, f"{len(failed)} of {len(per)} partitions failed: {first}",
+        return error(status, f"{len(failed)} of {len(per)} partitions failed: {first}",
                       applied=applied, failed={p: str(e) for p, e in failed.items()})
 
     async def _batch_into(self, name: str, p: int, cmd: bytes,
                           ops: Sequence[tuple[bytes, bytes | None]]) -> int:
         """Apply one partition's share of a table batch; its log index."""
-        from raftkv.server.app import _wait
-
         gid = partition_group(name, p)
         if gid in self.p.node.groups:
-            index: int = await _wait(self.p.node.propose(gid, cmd, lambda i, r: i))
+            index: int = await wait(self.p.node.propose(gid, cmd, lambda i, r: i))
             return index
         addrs = await self._run(self.p.http_addrs)
         body = msgpack.packb({"id": None, "ops": [[k, v] for k, v in ops]}, use_bin_type=True)
@@ -608,15 +563,13 @@ class TablesApi:
         cmd = encode_batch(ops, batch_id)
         if gid not in self.p.node.groups:
             return await self._elsewhere(request, name, gid, ops[0][0], body)
-        from raftkv.server.app import _wait
-
         try:
-            index, applied = await _wait(
+            index, applied = await wait(
                 self.p.node.propose(gid, cmd, lambda i, r: (i, r is not False)))
         except (NodeStopped, UnknownGroup) as e:
             if await self._run(lambda: self.p.descriptor(name)) is None:
-                return _error(404, f"table {name} was dropped", group=gid)
-            return _error(503, f"{gid} stopped here ({e}); retry")
+                return error(404, f"table {name} was dropped", group=gid)
+            return error(503, f"{gid} stopped here ({e}); retry")
         return web.json_response({"index": index, "ops": len(ops), "applied": applied})
 
     async def partition_digest(self, request: web.Request) -> web.Response:
@@ -626,11 +579,9 @@ class TablesApi:
         round instead, so its ``applied`` covers every write acknowledged before the call.
         With ``?keys=N`` and at most N rows, ``"rows"`` maps each key (hex) to its row hash
         (hex), so a verifier can name missing, extra and altered keys."""
-        from raftkv.server.app import _wait
-
         _, _, p, gid = await self._partition(request)
         if gid not in self.p.node.groups:
-            return _error(404, f"{gid} has no replica on {self.p.id}", node=self.p.id)
+            return error(404, f"{gid} has no replica on {self.p.id}", node=self.p.id)
         q = request.query
         try:
             min_index = int(q.get("min_index", "0"))
@@ -641,12 +592,12 @@ class TablesApi:
         linearizable = q.get("linearizable", "").lower() in ("true", "1")
         deadline = time.monotonic() + timeout
         while True:
-            rows, applied = await _wait(self.p.node.read(
+            rows, applied = await wait(self.p.node.read(
                 gid, lambda s: (s.scan(), s.applied_index()), linearizable=linearizable))
             if applied >= min_index:
                 break
             if time.monotonic() > deadline:
-                return _error(504, f"{gid} on {self.p.id} applied {applied}, not yet "
+                return error(504, f"{gid} on {self.p.id} applied {applied}, not yet "
                                    f"{min_index}", applied=applied)
             await asyncio.sleep(0.05)
         # The scan is a consistent view taken on the loop; hashing it is slow, so off it.

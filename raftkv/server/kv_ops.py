@@ -1,0 +1,107 @@
+"""Single-key operations over HTTP, for any group: the one definition of what
+``GET|PUT|DELETE /v1/kv/{key}`` and ``/v1/tables/{t}/kv/{key}`` mean.
+
+``parse_kv`` reads a request into a ``KvRequest``; ``serve_kv`` runs it against one Raft
+group of the node (the default group, or a table partition's) and answers. The default
+group's handler and the table handler both go through these two functions, so a table
+key has exactly the semantics of a default-group key:
+
+- ``GET``: the value, linearizable (a ReadIndex round through the leader, Raft §6.4);
+  ``?stale=true`` reads the local replica. 404 if absent.
+- ``PUT``: the body is the value; ``{"index": N}``. With ``?prev_value=V`` (the value must
+  be V) or ``?prev_absent=true`` (the key must be absent) it is a compare-and-set, decided
+  by the state machine at the entry's place in the log: 200 ``{"index", "swapped": true}``
+  or 412 ``{"index", "swapped": false}``. Giving both is a 400, as is ``?prev_index``
+  (keys carry no revision yet).
+- ``DELETE``: ``{"index": N}``; with ``?prev_value=V`` a compare-and-delete (200/412 as
+  above). Deleting an absent key is not an error.
+
+Any other query parameter is a 400 (``requests.check_query``): a misspelt
+``?prev_valeu=`` must not turn a compare-and-set into a blind overwrite.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from raftkv.node.driver import Node
+from raftkv.server.requests import check_query, error, flag, path_key, query_bytes, wait
+from storage.commands import (
+    MAX_VALUE_BYTES,
+    CommandError,
+    encode_cas,
+    encode_delete,
+    encode_put,
+)
+
+_ACCEPTED = {"GET": ("stale",), "PUT": ("prev_value", "prev_absent", "prev_index"),
+             "DELETE": ("prev_value",)}
+
+
+@dataclass(frozen=True)
+class KvRequest:
+    """One parsed single-key request. ``compare``: the write is conditional, on
+    ``expected`` (None: the key must be absent)."""
+
+    method: str
+    key: bytes
+    value: bytes = b""
+    stale: bool = False
+    compare: bool = False
+    expected: bytes | None = None
+
+
+async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
+    """The ``KvRequest`` for ``request``, whose path is ``<prefix><key>``; ``CommandError``
+    (400) or a 413 for bad input. Reads the body of a PUT."""
+    method = request.method
+    if method not in _ACCEPTED:
+        raise web.HTTPMethodNotAllowed(method, list(_ACCEPTED))
+    key = path_key(request, prefix)
+    check_query(request, _ACCEPTED[method])
+    if method == "GET":
+        return KvRequest("GET", key, stale=flag(request, "stale"))
+    if query_bytes(request, "prev_index") is not None:
+        raise CommandError("prev_index is not supported: compare on prev_value or prev_absent")
+    expected = query_bytes(request, "prev_value")
+    absent = method == "PUT" and flag(request, "prev_absent")
+    if expected is not None and absent:
+        raise CommandError("give prev_value or prev_absent, not both")
+    compare = expected is not None or absent
+    if method == "DELETE":
+        return KvRequest("DELETE", key, compare=compare, expected=expected)
+    if (request.content_length or 0) > MAX_VALUE_BYTES:
+        raise web.HTTPRequestEntityTooLarge(
+            MAX_VALUE_BYTES, request.content_length or 0, content_type="application/json",
+            text=json.dumps({"error": f"a value may hold at most {MAX_VALUE_BYTES} bytes"}))
+    value = await request.read()
+    return KvRequest("PUT", key, value=value, compare=compare, expected=expected)
+
+
+def _index(index: int, result: object) -> int:
+    return index
+
+
+def _swapped(index: int, result: object) -> tuple[bool, int]:
+    return bool(result), index
+
+
+async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
+    """Run ``req`` against ``group`` on ``node`` and answer (module docstring)."""
+    if req.method == "GET":
+        key = req.key
+        value = await wait(node.read(group, lambda s: s.get(key), linearizable=not req.stale))
+        if value is None:
+            return error(404, "key not found")
+        return web.Response(body=value, content_type="application/octet-stream")
+    new = req.value if req.method == "PUT" else None
+    if req.compare:
+        swapped, index = await wait(
+            node.propose(group, encode_cas(req.key, req.expected, new), _swapped))
+        return web.json_response({"index": index, "swapped": swapped},
+                                 status=200 if swapped else 412)
+    cmd = encode_put(req.key, req.value) if new is not None else encode_delete(req.key)
+    return web.json_response({"index": await wait(node.propose(group, cmd, _index))})

@@ -1,0 +1,230 @@
+"""The request layer of the HTTP API: parsing, errors, and waiting for the driver.
+
+Both the default group's handlers (``raftkv.server.app``) and the tables' handlers
+(``raftkv.server.tables``) parse requests and report errors through this one module, so
+the same bad input gets the same answer on ``/v1/kv`` and on ``/v1/tables/{t}/kv``. It
+imports neither handler module; they import it.
+
+Theory of operation
+-------------------
+A handler turns its request into typed values with the helpers here (``path_key``,
+``flag``, ``query_bytes``, ``json_body``, ``decode_batch_body``). Each helper raises
+``CommandError`` (a ``ValueError``) on bad input; ``errors_middleware`` turns that, and
+every other failure, into a JSON ``{"error": ...}`` with the status ``status_of`` picks.
+So no handler formats an error of its own for bad input, and none can forget to.
+
+Query parameters are read strictly: a parameter a route does not know (``check_query``),
+one given twice, or a flag that is neither true nor false is a 400. A typo such as
+``?prev_valu=x`` would otherwise turn a compare-and-set into a plain put, silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Future
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import msgpack
+from aiohttp import web
+
+from raftkv.core import ConfChangeRejected, NotLeader, ProposalDropped, TransferRejected
+from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
+from storage.commands import CommandError, check_key
+
+log = logging.getLogger(__name__)
+
+# Status codes for errors a leader reports on a forwarded write, by error kind.
+_REMOTE_STATUS = {"CommandError": 400, "NotLeader": 503, "UnknownGroup": 404,
+                  "RequestTimeout": 504, "NodeStopped": 503, "ProposalDropped": 503}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error(status: int, message: str, **extra: Any) -> web.Response:
+    """The one shape of every error answer: JSON ``{"error": message, ...extra}``."""
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+def status_of(e: BaseException) -> web.Response:
+    """The answer for a failure: 400 bad input, 421/503 leadership, 409 refused change,
+    504 no outcome in time, 404 unknown group; 500 only for a real fault."""
+    if isinstance(e, CommandError):
+        return error(400, str(e))
+    if isinstance(e, NotLeader):
+        if e.leader is not None:
+            return error(421, f"not the leader; the leader is {e.leader}", leader=e.leader)
+        return error(503, "no leader is known; retry shortly", leader=None)
+    if isinstance(e, ConfChangeRejected | TransferRejected):
+        return error(409, str(e))
+    if isinstance(e, ProposalDropped):  # a leadership transfer is under way: nothing applied
+        return error(503, str(e))
+    if isinstance(e, RequestTimeout | TimeoutError):
+        return error(504, str(e) or "timed out")
+    if isinstance(e, UnknownGroup):
+        return error(404, str(e))
+    if isinstance(e, NodeStopped):
+        return error(503, str(e))
+    if isinstance(e, RemoteError):
+        return error(_REMOTE_STATUS.get(e.kind, 502), f"leader: {e}", kind=e.kind)
+    log.error("request failed", exc_info=e)
+    return error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status >= 400 and e.content_type != "application/json":
+            return error(e.status, e.reason)
+        raise
+    except ConnectionResetError:
+        # The client hung up mid-request: nothing was proposed and nobody is listening.
+        log.debug("client closed the connection during %s %s", request.method, request.path)
+        return error(400, "client closed the connection")
+    except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error, never a trace
+        return status_of(e)
+
+
+# Every driver future resolves or fails by the request timeout; this bound is a backstop so
+# an HTTP request can never hang.
+WAIT_LIMIT = 60.0
+
+
+async def wait(fut: Future[Any]) -> Any:
+    """The outcome of a driver future, awaited on the event loop, within WAIT_LIMIT.
+
+    One loop future and one timer: ``wait_for(shield(wrap_future(fut)))`` did the same
+    with three futures and their callbacks, a measurable share of a request at thousands
+    a second. Cancelling the wait (the client hung up) leaves the driver's future alone,
+    as shield did: the write may still commit, and the driver resolves it."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def settle(f: Future[Any]) -> None:  # on the loop thread
+        if waiter.done():
+            return
+        if f.cancelled():
+            waiter.cancel()
+        elif (exc := f.exception()) is not None:
+            waiter.set_exception(exc)
+        else:
+            waiter.set_result(f.result())
+
+    def done(f: Future[Any]) -> None:  # on whichever thread resolved it
+        try:
+            loop.call_soon_threadsafe(settle, f)
+        except RuntimeError:
+            pass  # the loop closed (the server stopped): nobody is waiting
+
+    def expire() -> None:
+        if not waiter.done():
+            waiter.set_exception(TimeoutError(f"no outcome within {WAIT_LIMIT:.0f}s"))
+
+    timer = loop.call_later(WAIT_LIMIT, expire)
+    fut.add_done_callback(done)
+    try:
+        return await waiter
+    finally:
+        timer.cancel()
+
+
+# -- the path and the query ------------------------------------------------------------------
+def path_key(request: web.Request, prefix: str) -> bytes:
+    """The key in a path ``<prefix><percent-encoded key>``, as bytes (any 1..511 bytes).
+    The raw path is used, so an encoded ``/`` or a non-UTF-8 byte stays what it was."""
+    raw = request.rel_url.raw_path
+    if not raw.startswith(prefix):
+        raise web.HTTPNotFound()
+    return check_key(unquote_to_bytes(raw[len(prefix):]))
+
+
+def _raw_query(request: web.Request) -> dict[str, bytes]:
+    """The query parameters as bytes (``+`` is a space, as in a form), each given once."""
+    out: dict[str, bytes] = {}
+    for part in request.rel_url.raw_query_string.split("&"):
+        if not part:
+            continue
+        name_raw, _, value_raw = part.partition("=")
+        name = unquote_to_bytes(name_raw.replace("+", " ")).decode("utf-8", "replace")
+        if name in out:
+            raise CommandError(f"?{name} is given more than once")
+        out[name] = unquote_to_bytes(value_raw.replace("+", " "))
+    return out
+
+
+def check_query(request: web.Request, allowed: Iterable[str]) -> None:
+    """400 if the query names a parameter outside ``allowed`` or repeats one."""
+    known = set(allowed)
+    unknown = sorted(set(_raw_query(request)) - known)
+    if unknown:
+        accepted = ", ".join(sorted(known)) or "none"
+        raise CommandError(f"unknown query parameter ?{unknown[0]} for {request.method} "
+                           f"{request.path} (accepted: {accepted})")
+
+
+def query_bytes(request: web.Request, name: str) -> bytes | None:
+    """The raw bytes of ``?name=`` (percent-decoded, not UTF-8 decoded), or None."""
+    return _raw_query(request).get(name)
+
+
+def flag(request: web.Request, name: str) -> bool:
+    """A boolean parameter: absent or ``false``/``0`` is False; ``true``/``1``/empty is
+    True; anything else is a 400 (a misspelt value must not read as false)."""
+    raw = _raw_query(request).get(name)
+    if raw is None:
+        return False
+    v = raw.decode("utf-8", "replace").lower()
+    if v not in ("true", "false", "1", "0", ""):
+        raise CommandError(f"?{name} must be true or false, not {v[:40]!r}")
+    return v in ("true", "1", "")
+
+
+# -- bodies ------------------------------------------------------------------------------------
+async def json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise CommandError("the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise CommandError("the body must be a JSON object")
+    return body
+
+
+def str_field(body: dict[str, Any], name: str) -> str:
+    v = body.get(name)
+    if not isinstance(v, str) or not v:
+        raise CommandError(f'"{name}" must be a non-empty string')
+    return v
+
+
+def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes | None]]:
+    """A batch body: msgpack (``application/x-msgpack``) ``[[key, value|nil], ...]`` with
+    binary keys and values, or JSON ``{"ops": [[key, value|null], ...]}`` with strings."""
+    if content_type == "application/x-msgpack":
+        try:
+            ops = msgpack.unpackb(raw, raw=False, max_array_len=1 << 20, max_map_len=0)
+        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+                msgpack.StackError) as e:
+            raise CommandError(f"the body is not msgpack: {e}") from None
+    else:
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise CommandError('the body must be JSON {"ops": [[key, value], ...]}') from None
+        ops = body.get("ops") if isinstance(body, dict) else None
+    if not isinstance(ops, list):
+        raise CommandError("a batch is a list of [key, value] pairs (value null deletes)")
+    out = []
+    for op in ops:
+        if not (isinstance(op, list) and len(op) == 2):
+            raise CommandError(f"batch item {op!r:.60} is not a [key, value] pair")
+        k, v = (x.encode() if isinstance(x, str) else x for x in op)
+        if not isinstance(k, bytes) or not (v is None or isinstance(v, bytes)):
+            raise CommandError("batch keys and values must be strings or bytes")
+        out.append((k, v))
+    return out

@@ -1,0 +1,177 @@
+"""A table key has exactly the semantics of a default-group key (``raftkv.server.kv_ops``).
+
+Real ``raftkv serve`` processes. Every request goes both to ``/v1/kv/{key}`` and to
+``/v1/tables/{t}/kv/{key}``, on every node (so a table's key is served both by a node
+hosting its partition and through the proxy of one that does not), and the two answers
+must agree: the same compare-and-set outcomes, the same 4xx for the same bad input.
+
+Before the shared request layer, a table PUT with a wrong ``?prev_value`` answered 200
+and overwrote the value (a silent lost update), and ``?stale=bogus`` read as false.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from raftkv.client import ClientError
+from raftkv.testing.procs import ProcCluster
+
+TABLE, PARTS = "sem", 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
+    with ProcCluster(str(tmp_path_factory.mktemp("sem")), size=3, tick=0.02) as c:
+        c.start()
+        c.wait_leader()
+        admin = c.client()
+        admin.create_table(TABLE, PARTS, 2)  # 2 of 3 nodes: one node proxies each key
+        c.wait_until(lambda: _table_ready(c), 30, "a leader for every partition")
+        yield c
+
+
+def _table_ready(c: ProcCluster) -> bool:
+    d = c.client().describe_table(TABLE)
+    return all(p["leader"] and not p["pending"] for p in d["partitions"])
+
+
+def _call(c: ProcCluster, node: str, method: str, path: str,
+          body: bytes | None = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", c.nodes[node].http_port, timeout=20)
+    try:
+        conn.request(method, path, body=body)
+        r = conn.getresponse()
+        raw = r.read()
+        if r.getheader("Content-Type", "").startswith("application/json"):
+            return r.status, json.loads(raw)
+        return r.status, raw
+    finally:
+        conn.close()
+
+
+def _paths(key: bytes) -> tuple[str, str]:
+    k = quote(key, safe="")
+    return f"/v1/kv/{k}", f"/v1/tables/{TABLE}/kv/{k}"
+
+
+def _both(c: ProcCluster, node: str, method: str, key: bytes, query: str = "",
+          body: bytes | None = None) -> tuple[tuple[int, Any], tuple[int, Any]]:
+    kv, table = _paths(key)
+    return (_call(c, node, method, kv + query, body),
+            _call(c, node, method, table + query, body))
+
+
+def _status(answer: tuple[int, Any]) -> int:
+    return answer[0]
+
+
+@pytest.mark.parametrize("node", ["n1", "n2", "n3"])
+def test_a_table_compare_and_set_refuses_a_wrong_prev_value_as_kv_does(
+        cluster: ProcCluster, node: str) -> None:
+    key = f"cas-{node}".encode()
+    steps: list[tuple[str, str, bytes | None, int]] = [
+        ("PUT", "?prev_absent=true", b"v1", 200),    # absent: created
+        ("PUT", "?prev_absent=true", b"v2", 412),    # present: refused
+        ("PUT", "?prev_value=WRONG", b"v2", 412),    # the lost update of the old table API
+        ("PUT", "?prev_value=v1", b"v2", 200),
+        ("DELETE", "?prev_value=v1", None, 412),     # compare-and-delete on a stale value
+        ("DELETE", "?prev_value=v2", None, 200),
+        ("PUT", "?prev_value=v2", b"v3", 412),       # gone: nothing to compare with
+    ]
+    for method, query, body, want in steps:
+        kv, table = _both(cluster, node, method, key, query, body)
+        assert (_status(kv), _status(table)) == (want, want), (method, query, kv, table)
+        assert kv[1]["swapped"] is (want == 200) and table[1]["swapped"] is (want == 200)
+    kv, table = _both(cluster, node, "GET", key)
+    assert _status(kv) == _status(table) == 404  # the final value: deleted, not v3
+    kv, table = _both(cluster, node, "PUT", key, "?prev_absent=true", b"v4")
+    assert _status(kv) == _status(table) == 200
+    kv, table = _both(cluster, node, "GET", key, "?stale=true")
+    assert _status(table) == 200 and table[1] == b"v4" and kv[1] == b"v4"
+
+
+def test_binary_prev_values_compare_byte_for_byte(cluster: ProcCluster) -> None:
+    value = bytes(range(256))
+    for path in _paths(b"binary"):
+        assert _call(cluster, "n1", "PUT", path, value)[0] == 200
+        assert _call(cluster, "n2", "PUT", path + "?prev_value=" + quote(value[:-1]),
+                     b"x")[0] == 412
+        assert _call(cluster, "n3", "PUT", path + "?prev_value=" + quote(value), b"x")[0] == 200
+
+
+BAD: list[tuple[str, str, bytes, str, bytes | None, int]] = [
+    # (what, method, key, query, body, status)
+    ("empty key", "GET", b"", "", None, 400),
+    ("stale is not a boolean", "GET", b"k", "?stale=bogus", None, 400),
+    ("unknown parameter on a read", "GET", b"k", "?consistent=false", None, 400),
+    ("misspelt prev_value", "PUT", b"k", "?prev_valu=x", b"v", 400),
+    ("prev_value and prev_absent together", "PUT", b"k", "?prev_value=a&prev_absent=true",
+     b"v", 400),
+    ("prev_value twice", "PUT", b"k", "?prev_value=a&prev_value=b", b"v", 400),
+    ("prev_absent not a boolean", "PUT", b"k", "?prev_absent=maybe", b"v", 400),
+    ("prev_index (no revisions yet)", "PUT", b"k", "?prev_index=3", b"v", 400),
+    ("key over 511 bytes", "PUT", b"k" * 600, "", b"v", 400),
+    ("reserved key prefix", "PUT", b"\x00raftkv.batch.x", "", b"v", 400),
+    ("value over 1 MiB", "PUT", b"k", "", b"v" * ((1 << 20) + 1), 413),
+    ("prev_absent on a delete", "DELETE", b"k", "?prev_absent=true", None, 400),
+    ("missing key", "GET", b"never-written", "", None, 404),
+    ("unsupported method", "PATCH", b"k", "", b"v", 405),
+]
+
+
+@pytest.mark.parametrize("node", ["n1", "n2", "n3"])
+def test_the_same_bad_input_gets_the_same_answer_from_both_apis(
+        cluster: ProcCluster, node: str) -> None:
+    mismatches = []
+    for what, method, key, query, body, want in BAD:
+        kv, table = _both(cluster, node, method, key, query, body)
+        if not (_status(kv) == _status(table) == want):
+            mismatches.append((what, want, kv, table))
+            continue
+        for answer in (kv, table):
+            assert isinstance(answer[1], dict) and answer[1].get("error"), (what, answer)
+    assert not mismatches, mismatches
+    # Nothing above wrote: the key the bad writes named is still absent in both.
+    kv, table = _both(cluster, node, "GET", b"k")
+    assert _status(kv) == _status(table) == 404
+
+
+def test_the_table_parameter_of_the_cli_cas(cluster: ProcCluster) -> None:
+    eps = ",".join(n.endpoint for n in cluster.nodes.values())
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "raftkv.cli", "--endpoints", eps, *args],
+                              check=False, capture_output=True, text=True,
+                              timeout=60)
+
+    key = "cli-key"
+    assert cli("put", "--table", TABLE, key, "one").returncode == 0
+    wrong = cli("cas", "--table", TABLE, key, "two", "--prev-value", "nope")
+    assert wrong.returncode == 2 and json.loads(wrong.stdout)["swapped"] is False
+    assert cli("get", "--table", TABLE, key).stdout.strip() == "one"
+    right = cli("cas", "--table", TABLE, key, "two", "--prev-value", "one")
+    assert right.returncode == 0 and json.loads(right.stdout)["swapped"] is True
+    assert cli("get", "--table", TABLE, key).stdout.strip() == "two"
+    assert cli("get", key).returncode == 1  # the default group is another keyspace
+
+
+def test_every_replica_agrees_after_the_traffic_above(cluster: ProcCluster) -> None:
+    admin = cluster.client()
+    for p in range(PARTS):
+        digests = set()
+        for n in cluster.nodes.values():
+            try:
+                d = admin.partition_digest(TABLE, p, n.endpoint, linearizable=True)
+            except ClientError as e:
+                assert e.status == 404  # this node hosts no replica of p
+                continue
+            digests.add((d["count"], d["digest"]))
+        assert len(digests) == 1, (p, digests)
