@@ -74,6 +74,7 @@ import lmdb
 import msgpack
 
 from storage.errors import Compacted, CorruptLog, SnapshotUnavailable, StorageError, Unavailable
+from storage.identity import new_incarnation
 from storage.lmdb_files import check_lmdb_file
 from storage.log_store import limit_size
 from storage.records import (
@@ -82,6 +83,7 @@ from storage.records import (
     Entry,
     EntryType,
     HardState,
+    Identity,
     Snapshot,
     SnapshotMeta,
     VoteFloor,
@@ -373,6 +375,8 @@ class LmdbLogStore:
             except lmdb.Error as e:
                 raise CorruptLog(f"{self._where}: cannot open the Raft log: {e}") from e
             self.open_report = self._verify_tail(verify_from)
+            if self._identity is None:
+                self._create_identity()
         except BaseException:
             self.env._closed_store(None)
             raise
@@ -401,20 +405,23 @@ class LmdbLogStore:
             sm = txn.get(mkey(b"snap"), db=self._meta)
             base = txn.get(mkey(b"base"), db=self._meta)
             floor = txn.get(mkey(b"floor"), db=self._meta)
+            ident = txn.get(mkey(b"ident"), db=self._meta)
             cur = txn.cursor(db=self._entries)
             # The greatest key of this group: step back from above its greatest index.
             ok = cur.prev() if cur.set_range(self._pfx + b"\xff" * 9) else cur.last()
             last = self._index(_key_at(cur)) if ok and self._mine(_key_at(cur)) else None
         self._hard = HardState(*msgpack.unpackb(hs)) if hs else HardState()
         if sm:
-            index, term, voters, learners, auto = msgpack.unpackb(sm)
-            conf = ConfState(frozenset(voters), frozenset(learners), frozenset(auto))
+            index, term, voters, learners, auto, *rest = msgpack.unpackb(sm)
+            records = frozenset((n, i) for n, i in rest[0]) if rest else frozenset()
+            conf = ConfState(frozenset(voters), frozenset(learners), frozenset(auto), records)
             self._snap = SnapshotMeta(index, term, conf)
         else:
             self._snap = SnapshotMeta()
         self._base = tuple(msgpack.unpackb(base)) if base else (0, 0)
         self._last = last if last is not None else self._base[0]
         self._floor = VoteFloor(*msgpack.unpackb(floor)) if floor else None
+        self._identity = Identity(*msgpack.unpackb(ident)) if ident else None
 
     def _verify_tail(self, verify_from: int | None) -> OpenReport:
         commit = self._hard.commit
@@ -470,6 +477,23 @@ class LmdbLogStore:
 
     def first_index(self) -> int:
         return self._base[0] + 1
+
+    def identity(self) -> Identity:
+        assert self._identity is not None  # made at open
+        return self._identity
+
+    def _create_identity(self) -> None:
+        """The first open of this group's log: make its incarnation, durably, before
+        anything can be written under it. A log that already holds state (written by a
+        version without incarnations) is adopted, not newborn."""
+        empty = self._hard == HardState() and self._last == 0 and self._snap.index == 0
+        ident = Identity(new_incarnation(), empty)
+
+        def put(txn: lmdb.Transaction) -> None:
+            txn.put(self._mkey(b"ident"), msgpack.packb(list(ident)), db=self._meta)
+
+        _transaction(self._env, [], put, "record the log's incarnation")
+        self._identity = ident
 
     def vote_floor(self) -> VoteFloor | None:
         """Set while this node may lack entries it acknowledged (see VoteFloor)."""
@@ -699,7 +723,8 @@ class LmdbLogStore:
     def _put_snap(self, txn: lmdb.Transaction, meta: SnapshotMeta) -> None:
         c = meta.conf
         txn.put(self._mkey(b"snap"), msgpack.packb(
-            [meta.index, meta.term, sorted(c.voters), sorted(c.learners), sorted(c.auto_promote)]
+            [meta.index, meta.term, sorted(c.voters), sorted(c.learners), sorted(c.auto_promote),
+             [[n, i] for n, i in sorted(c.incarnations)]]
         ), db=self._meta)
         self._snap = meta
 

@@ -25,6 +25,8 @@ Contract (every implementation, in memory or LMDB, keeps it):
   CONF_CHANGE entries as b"".
 - ``vote_floor()`` is set while this node may lack entries it acknowledged, after a
   damaged tail was truncated at open (see records.VoteFloor).
+- ``identity()`` is the store's ``Identity``: an incarnation made (durably) when the store
+  is created and never changed while its files last, and whether it was created empty.
 - ``conf_entries(lo)`` returns the CONF_CHANGE entries from ``lo`` on, so a restarting
   node rebuilds its membership without scanning the whole log.
 - ``compact(index)`` drops entries up to ``index``; it is only legal up to the latest
@@ -43,6 +45,7 @@ from storage.records import (
     Entry,
     EntryType,
     HardState,
+    Identity,
     Snapshot,
     SnapshotMeta,
     VoteFloor,
@@ -66,6 +69,8 @@ class LogStorage(Protocol):
     def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]: ...
 
     def vote_floor(self) -> VoteFloor | None: ...
+
+    def identity(self) -> Identity: ...
 
     def snapshot(self) -> Snapshot: ...
 
@@ -113,7 +118,13 @@ class MemoryLogStore:
     ``_ents[i - offset]`` is entry ``i`` with ``offset = _ents[0].index``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, incarnation: int = 0) -> None:
+        """``incarnation``: made by the caller (``storage.identity.new_incarnation``, or
+        seeded in simulations; this module is part of the pure core's import graph and
+        draws no randomness). 0 leaves the store without one, and the core then runs
+        without identity checks. Memory holds nothing across a process, so every store
+        is newborn."""
+        self._identity = Identity(incarnation, True)
         self._hard = HardState()
         # What a crash keeps: ``_hard`` minus a commit index saved with ``sync=False``.
         self._durable_hard = self._hard
@@ -152,6 +163,9 @@ class MemoryLogStore:
 
     def vote_floor(self) -> VoteFloor | None:
         return None  # nothing here can be damaged from outside and truncated
+
+    def identity(self) -> Identity:
+        return self._identity
 
     def conf_entries(self, lo: int) -> list[Entry]:
         offset = self._ents[0].index

@@ -61,9 +61,19 @@ class ConfState(NamedTuple):
     voters: frozenset[str] = frozenset()
     learners: frozenset[str] = frozenset()
     auto_promote: frozenset[str] = frozenset()
+    # (member, incarnation) pairs: which incarnation of a member's storage the group
+    # counts on (``raftkv.core.raft``, "Incarnations"). A member absent here is not yet
+    # recorded.
+    incarnations: frozenset[tuple[str, int]] = frozenset()
 
     def members(self) -> frozenset[str]:
         return self.voters | self.learners
+
+    def incarnation_of(self, node: str) -> int | None:
+        for n, inc in self.incarnations:
+            if n == node:
+                return inc
+        return None
 
     def describe(self) -> str:
         learners = ",".join(
@@ -88,6 +98,16 @@ class VoteFloor(NamedTuple):
 
     def cleared(self, last_index: int, commit_term: int) -> bool:
         return last_index >= self.index or commit_term > self.term
+
+
+class Identity(NamedTuple):
+    """The identity of one replica's storage: ``incarnation``, a random positive number
+    made when the storage is created and kept as long as its files are; ``newborn``,
+    whether they were created empty (a fresh node, or one whose files were wiped: it
+    cannot tell which) rather than adopted from a log that predates incarnations."""
+
+    incarnation: int
+    newborn: bool
 
 
 class SnapshotMeta(NamedTuple):

@@ -63,6 +63,7 @@ class Inflights:
 
 class Progress:
     __slots__ = (
+        "inc",
         "inflights",
         "learner",
         "match",
@@ -84,6 +85,9 @@ class Progress:
         self.recent_active = False
         self.inflights = inflights
         self.learner = learner
+        # The incarnation this progress describes (0: not heard from yet). What the
+        # leader knows of a member holds for one incarnation only.
+        self.inc = 0
 
     def _reset_state(self, state: ProgressState) -> None:
         self.state = state

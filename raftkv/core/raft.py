@@ -128,6 +128,58 @@ Anything else in the way (a follower being probed, a new entry, a read) sends th
 notices as before. Only when followers learn the commit changes, never
 what they may commit; the leader's own commit and apply, and so its clients' answers,
 do not wait.
+
+Incarnations
+------------
+Raft's safety rests on a voter's durable state: a vote (§5.2) and an acknowledgement
+(§5.3) are promises about what the voter holds, and §5.4's overlap argument needs every
+voter to keep them. A node whose files were wiped (a replaced disk, a deleted
+directory, an in-memory replica that restarted) and that starts again with its old
+arguments keeps its name and loses its promises: it has forgotten its log, its vote and
+its term. Counted as the voter it was, it lets an entry committed with its help be lost
+(it votes for a candidate that lacks the entry) and lets a deposed leader commit a
+second entry at an index the new leader already committed (it accepts the old term).
+
+So every replica's storage has an *incarnation*, a random number made with its files
+(``Config.incarnation``; 0 turns all of this off, as the pure-Raft scenario tests do),
+and each group's configuration records which incarnation of each member it counts on
+(``ConfState.incarnations``, replicated in configuration entries, so every member agrees).
+Every message carries its sender's incarnation (``Message.inc``). The rules:
+
+- **Recording.** A new leader's no-op is a configuration entry (``RECORD``) when the
+  configuration does not yet record, as they are, itself and the voters that answered
+  its campaign. A leader that hears from a member the configuration does not record
+  proposes a ``RECORD`` of it (``_settle_identities``), one change at a time. A learner is
+  promoted only once recorded, so a voter is always counted as a recorded incarnation.
+- **Acknowledgements** (``_recognise``). A leader ignores the answers of a voter whose
+  message names another incarnation than its record: they count toward no commit, no
+  ReadIndex quorum, no check-quorum. What it knew of the member (its match) is void the
+  moment a new incarnation answers. Such a voter gets a ``READMIT``: demoted to an
+  automatically promoted learner recorded as its new incarnation, a one-by-one
+  demotion, so as safe as any (ch. 4). It catches up as a learner and is promoted.
+- **Commit by heartbeat.** A heartbeat's commit is bounded by the leader's match for
+  the follower; the heartbeat names the incarnation that match describes (``to_inc``),
+  and a follower that is another incarnation commits nothing from it.
+- **Votes** (``_identity_allows_vote``). A vote request names the incarnation the
+  candidate records for the voter (``to_inc``). A node refuses when it is not that
+  incarnation (the candidate counts on state it lost), refuses a candidate that is not
+  the incarnation it records, and, when its storage was created empty
+  (``Config.newborn``) and its own configuration does not yet record it, grants only a
+  candidate that records it as it is or whose log holds nothing beyond the bootstrap
+  entry (``BOOTSTRAP_TERM``). A newborn node cannot tell the group's birth from its own
+  loss of state; a candidate past the birth may lack what its earlier incarnation
+  acknowledged.
+
+What this does not cover, and why: a voter that was never recorded (the group's first
+moments, before its first leader's no-op, or logs written before incarnations, which
+the first leader records) is counted as before. A deposed leader whose configuration
+predates a member's record can record the member's new incarnation. A leader's match
+for a follower that was wiped while down counts until the new incarnation first
+answers, which matters only for an entry not yet committed when the follower went
+down. Two or more wiped voters of one configuration are beyond any majority protocol,
+as two lost disks are; so is a removed founder started again on empty files with its
+founding arguments: it bootstraps the founding configuration, and a majority of such
+founders would form a group of their own.
 """
 
 from __future__ import annotations
@@ -182,6 +234,9 @@ from storage.records import (
 
 MT = MessageType
 _CAMPAIGN_TRANSFER = "transfer"
+# Every founding member writes the bootstrap configuration in this term; an election
+# starts the next one. A log whose last term is this has never held a leader's entry.
+BOOTSTRAP_TERM = 1
 
 
 class RNG(Protocol):
@@ -223,6 +278,12 @@ class Config:
     # the floor clears, this node neither votes nor campaigns, since either could elect
     # a leader lacking an entry this node acknowledged and the cluster committed.
     vote_floor: VoteFloor | None = None
+    # The identity of this replica's storage (see "Incarnations"): a random positive
+    # number created with its files, or 0 to turn identity checks off (the pure-Raft
+    # scenario tests do). ``newborn``: those files were created empty, so this replica
+    # cannot tell a group's birth from its own loss of state.
+    incarnation: int = 0
+    newborn: bool = False
 
 
 def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
@@ -234,8 +295,8 @@ def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
     if storage.last_index() != 0:
         return
     conf = ConfState(voters=frozenset(voters))
-    entry = Entry(1, 1, EntryType.CONF_CHANGE, encode_conf_entry(None, conf))
-    storage.save(HardState(term=1, vote=None, commit=1), [entry])
+    entry = Entry(BOOTSTRAP_TERM, 1, EntryType.CONF_CHANGE, encode_conf_entry(None, conf))
+    storage.save(HardState(term=BOOTSTRAP_TERM, vote=None, commit=1), [entry])
 
 
 def _decode_confs(ents: list[Entry]) -> list[tuple[int, ConfState]]:
@@ -273,7 +334,16 @@ class Raft:
         for e in storage.conf_entries(base + 1):
             self.confs.append((e.index, decode_conf_entry(e.data)[1]))
         self._vote_floor = config.vote_floor
+        self._inc = config.incarnation
+        self._incs: dict[str, int] = {}
+        # Leader: members heard from under an incarnation the configuration does not
+        # record; each gets a RECORD or READMIT (``_settle_identities``).
+        self._unrecorded: dict[str, int] = {}
+        # Candidate: the incarnations of the voters that answered this campaign (its
+        # pre-vote or vote, granted or not), for the no-op to record.
+        self._grants: dict[str, int] = {}
         self.conf: ConfState = self.confs[-1][1]
+        self._incs = dict(self.conf.incarnations)
         self._trim_confs()  # applied may start past some of them (Config.applied)
 
         self.term = hard.term
@@ -560,6 +630,7 @@ class Raft:
         self.transfer_change = None
         self.pending_handover = None
         self.votes = {}
+        self._unrecorded = {}
         self.prs = {}
         self.read_only = ReadOnly()
         self.pending_reads = []
@@ -569,6 +640,7 @@ class Raft:
 
     def _become_follower(self, term: int, lead: str | None) -> None:
         self._reset(term)
+        self._grants = {}
         self.lead = lead
         self.role = Role.FOLLOWER
 
@@ -590,6 +662,7 @@ class Raft:
     def _become_leader(self) -> None:
         if self.role != Role.CANDIDATE:
             raise AssertionError(f"invalid transition [{self.role.name.lower()} -> leader]")
+        grants, self._grants = self._grants, {}
         self._reset(self.term)
         self.lead = self.id
         self.role = Role.LEADER
@@ -604,8 +677,30 @@ class Raft:
             self.pending_handover = self.handover[0]
         self.handover = None
         # The no-op entry of §8: committing it commits every earlier entry and tells us
-        # our commit index, which ReadIndex and membership changes wait for.
-        self._leader_append([Entry(self.term, last + 1)])
+        # our commit index, which ReadIndex and membership changes wait for. It records
+        # the incarnations of the voters that answered our campaign, where the
+        # configuration does not yet (see "Incarnations").
+        records = self._election_records(grants)
+        if records is None:
+            self._leader_append([Entry(self.term, last + 1)])
+            return
+        conf = self.conf._replace(incarnations=records)
+        cc = ConfChange(ConfChangeOp.RECORD, self.id)
+        self._leader_append([Entry(self.term, last + 1, EntryType.CONF_CHANGE,
+                                   encode_conf_entry(cc, conf))], conf)
+
+    def _election_records(self, grants: dict[str, int]) -> frozenset[tuple[str, int]] | None:
+        """The configuration's incarnations plus this leader's and its voters', or None
+        if they add nothing."""
+        if not self._inc:
+            return None
+        add = {v: inc for v, inc in grants.items() if inc and v in self.conf.voters}
+        add[self.id] = self._inc
+        add = {v: inc for v, inc in add.items() if self._incs.get(v) != inc}
+        if not add:
+            return None
+        kept = {(n, i) for n, i in self.conf.incarnations if n not in add}
+        return frozenset(kept | set(add.items()))
 
     def _new_progress(self, nid: str, next_index: int) -> Progress:
         pr = Progress(
@@ -616,6 +711,7 @@ class Raft:
         if nid == self.id:
             pr.match = next_index - 1
             pr.recent_active = True
+            pr.inc = self._inc
         return pr
 
     # ================================================================= elections ======
@@ -661,7 +757,8 @@ class Raft:
             or (m.type == MT.PRE_VOTE and m.term > self.term)
         )
         resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
-        if can_vote and self._above_vote_floor() and self.log.is_up_to_date(m.index, m.log_term):
+        if (can_vote and self._above_vote_floor() and self._identity_allows_vote(m)
+                and self.log.is_up_to_date(m.index, m.log_term)):
             # A granted pre-vote answers in the candidate's future term, so it is not
             # mistaken for a rejection from a newer term.
             self._send(Message(resp, m.frm, self.id, m.term))
@@ -670,6 +767,23 @@ class Raft:
                 self.vote = m.frm
         else:
             self._send(Message(resp, m.frm, self.id, self.term, reject=True))
+
+    def _identity_allows_vote(self, m: Message) -> bool:
+        """The vote rules of "Incarnations": never vote as an incarnation the candidate
+        does not know us by, never for a candidate that is not the incarnation we know,
+        and, newborn and not yet recorded, only for a candidate at the group's birth."""
+        if not self._inc:
+            return True
+        if m.to_inc and m.to_inc != self._inc:
+            return False  # the candidate counts on an earlier incarnation of this node
+        known = self._incs.get(m.frm)
+        if known is not None and m.inc != known:
+            return False  # the candidate lost the state this group counted on
+        if self.cfg.newborn and self._incs.get(self.id) != self._inc:
+            # The candidate records us as we are (our record has not reached us), or it
+            # holds nothing beyond the group's birth: nothing we may have lost.
+            return m.to_inc == self._inc or m.log_term <= BOOTSTRAP_TERM
+        return True
 
     def _step_candidate(self, m: Message) -> None:
         t = m.type
@@ -684,7 +798,13 @@ class Raft:
             self._become_follower(m.term, m.frm)
             self._handle_snapshot(m)
         elif t == mine:
-            result = self._poll(m.frm, not m.reject)
+            granted = not m.reject
+            if self._inc:
+                known = self._incs.get(m.frm)
+                if known is not None and known != m.inc:
+                    return  # another incarnation of a voter we count on: not its vote
+                self._grants[m.frm] = m.inc  # heard from: the no-op may record it
+            result = self._poll(m.frm, granted)
             if result is True:
                 self._won(
                     CampaignKind.PRE_ELECTION if self.role == Role.PRE_CANDIDATE
@@ -762,6 +882,13 @@ class Raft:
 
     def _handle_heartbeat(self, m: Message) -> None:
         log = self.log
+        if self._inc and m.to_inc and m.to_inc != self._inc:
+            # The leader's match for us (the heartbeat's commit bound) describes an
+            # earlier incarnation of this node, whose log we no longer hold. Answer
+            # (rejecting a quiesce heartbeat), so it learns who we are, commit nothing.
+            self._send(Message(MT.HEARTBEAT_RESP, m.frm, self.id, self.term,
+                               context=m.context, reject=bool(m.index)))
+            return
         log.commit_to(min(m.commit, log.last_index()))
         if not m.index:
             self.quiesced = False  # an ordinary heartbeat: the leader is awake
@@ -861,7 +988,7 @@ class Raft:
                 # follower may hold different entries below our commit index.
                 self._send(Message(MT.HEARTBEAT, nid, self.id, self.term, self.term, last,
                                    commit=min(pr.match, committed),
-                                   context=self.read_only.last_seq()))
+                                   context=self.read_only.last_seq(), to_inc=pr.inc))
 
     # ================================================================= leader =========
     def _tick_heartbeat(self) -> None:
@@ -899,6 +1026,8 @@ class Raft:
 
     def _step_leader(self, m: Message) -> None:
         t = m.type
+        if self._inc and t in (MT.APP_RESP, MT.HEARTBEAT_RESP) and not self._recognise(m):
+            return
         if t == MT.APP_RESP:
             self._handle_append_response(m)
         elif t == MT.HEARTBEAT_RESP:
@@ -910,6 +1039,45 @@ class Raft:
                 self._start_transfer(m.context, None)
             except TransferRejected:
                 pass  # the requester times out; nothing else to undo
+
+    def _recognise(self, m: Message) -> bool:
+        """Whether an answer from ``m.frm`` may count (see "Incarnations"). An answer
+        from a new incarnation voids what we knew of the old one (its match). A member
+        the configuration does not record as this incarnation is queued for a RECORD
+        or a READMIT; until then a voter's answers are ignored, a learner's are not
+        (it counts for nothing, and replicating to it is how it catches up)."""
+        pr = self.prs.get(m.frm)
+        if pr is None:
+            return True  # not a member: the handlers ignore it
+        if pr.inc != m.inc:
+            if pr.inc:
+                pr = self.prs[m.frm] = self._new_progress(m.frm, self.log.last_index() + 1)
+            pr.inc = m.inc
+        if not m.inc or self._incs.get(m.frm) == m.inc:
+            return True
+        self._unrecorded[m.frm] = m.inc
+        self._bcast_pending = True  # _flush proposes the record
+        if m.frm in self.conf.voters:
+            pr.probe_sent = False  # it answered: the record's append may go at once
+            return False
+        return True
+
+    def _settle_identities(self) -> None:
+        """Propose a RECORD (or a READMIT) for a member heard from as an incarnation the
+        configuration does not record: one change at a time, as every change."""
+        while self._unrecorded and self._conf_change_blocker() is None \
+                and self.lead_transferee is None:
+            nid = min(self._unrecorded)
+            inc = self._unrecorded.pop(nid)
+            if nid not in self.conf.members() or self._incs.get(nid) == inc or nid == self.id:
+                continue
+            readmit = nid in self.conf.voters and nid in self._incs
+            op = ConfChangeOp.READMIT if readmit else ConfChangeOp.RECORD
+            try:
+                self.propose_conf_change(ConfChange.identity(op, nid, inc))
+            except (ConfChangeRejected, ProposalDropped):
+                self._unrecorded[nid] = inc
+            return
 
     def _handle_append_response(self, m: Message) -> None:
         pr = self.prs.get(m.frm)
@@ -1019,6 +1187,8 @@ class Raft:
         quiesce heartbeat if the group may go quiet, held while the answers that would
         let it are on their way, else as COMMIT notices (see "Quiescing on the last
         acknowledgement")."""
+        if self._unrecorded and self.role == Role.LEADER:
+            self._settle_identities()
         if self._bcast_pending and self.role == Role.LEADER:
             self._bcast_pending = False
             self._notice_held = False
@@ -1076,7 +1246,7 @@ class Raft:
             if nid != self.id:
                 self._send(Message(
                     MT.HEARTBEAT, nid, self.id, self.term,
-                    commit=min(pr.match, committed), context=context,
+                    commit=min(pr.match, committed), context=context, to_inc=pr.inc,
                 ))
 
     # -- reads -------------------------------------------------------------------------
@@ -1157,6 +1327,7 @@ class Raft:
     def _maybe_promote(self, nid: str, pr: Progress) -> None:
         if (
             nid in self.conf.auto_promote
+            and (not self._inc or (pr.inc and self._incs.get(nid) == pr.inc))
             and pr.state == ProgressState.REPLICATE
             and self.log.last_index() - pr.match <= self.cfg.promote_lag
             and self.lead_transferee is None
@@ -1185,6 +1356,7 @@ class Raft:
 
     def _set_conf(self, conf: ConfState) -> None:
         self.conf = conf
+        self._incs = dict(conf.incarnations)
         if self.role != Role.LEADER:
             return
         members = conf.members()
@@ -1206,6 +1378,11 @@ class Raft:
 
     # ================================================================= helpers ========
     def _send(self, m: Message) -> None:
+        inc = self._inc
+        if inc:
+            m.inc = inc
+            if m.type == MT.VOTE or m.type == MT.PRE_VOTE:
+                m.to_inc = self._incs.get(m.to, 0)
         self.msgs.append(m)
 
     def _hard_state(self) -> HardState:

@@ -54,6 +54,10 @@ class Message:
       perform (set when the old leader is handing over in order to be removed).
     - READ_INDEX(_RESP): ``context`` = the request's context, ``index`` = read index.
     - TRANSFER_LEADER: ``context`` = the transferee id.
+
+    Every message also carries ``inc``, the sender's incarnation, and a vote request
+    ``to_inc``, the incarnation the candidate has recorded for the recipient (0: none, or
+    identities are off). See "Incarnations" in ``raftkv.core.raft``.
     """
 
     __slots__ = (
@@ -61,6 +65,7 @@ class Message:
         "context",
         "entries",
         "frm",
+        "inc",
         "index",
         "log_term",
         "reject",
@@ -68,6 +73,7 @@ class Message:
         "snapshot",
         "term",
         "to",
+        "to_inc",
         "type",
     )
 
@@ -85,6 +91,8 @@ class Message:
         reject_hint: int = 0,
         snapshot: Snapshot | None = None,
         context: Any = None,
+        inc: int = 0,
+        to_inc: int = 0,
     ) -> None:
         self.type = type
         self.to = to
@@ -98,6 +106,8 @@ class Message:
         self.reject_hint = reject_hint
         self.snapshot = snapshot
         self.context = context
+        self.inc = inc
+        self.to_inc = to_inc
 
     def __repr__(self) -> str:
         parts = [f"{self.type.name} {self.frm}->{self.to} t{self.term}"]

@@ -244,6 +244,7 @@ class Node:
         if voters is not None:
             bootstrap(storage.log, voters)
         report = storage.recover()
+        ident = storage.log.identity()
         raft = Raft(
             Config(
                 id=self.id, election_tick=self.cfg.election_tick,
@@ -253,6 +254,7 @@ class Node:
                 # re-sending it after one election timeout only restarts the transfer.
                 snapshot_timeout=SNAPSHOT_TIMEOUT_ELECTIONS * self.cfg.election_tick,
                 quiesce=self.cfg.quiesce,
+                incarnation=ident.incarnation, newborn=ident.newborn,
             ),
             storage.log, random.Random(),
         )
@@ -1050,6 +1052,9 @@ class Node:
                 "checkpoint": g.state.checkpoint_index(), "last_index": st.last_index,
                 "first_index": g.storage.log.first_index(),
                 "members": members,
+                # Incarnations as decimal strings: JSON clients lose 63-bit integers.
+                "incarnation": str(g.storage.log.identity().incarnation),
+                "incarnations": {n: str(i) for n, i in sorted(st.conf.incarnations)},
                 "peers": {
                     n: {"match": p.match, "next": p.next, "state": p.state,
                         "learner": p.learner, "active": p.recent_active}

@@ -8,6 +8,7 @@ import shutil
 from raftkv.node.group_storage import GroupStorage
 from recovery.compaction import CompactionPolicy
 from storage.errors import StorageError
+from storage.identity import new_incarnation
 from storage.layout import NODE_ID_FILE, group_paths, read_node_id
 from storage.lmdb_log import LmdbLogStore, LogEnv
 from storage.lmdb_state import LmdbStateStore
@@ -53,7 +54,8 @@ def open_group_storage(
     lives in that shared environment instead of a directory of its own.
     ``checkpoint_seconds`` is the KV state store's time policy (``CheckpointPolicy``)."""
     if data_dir is None:
-        return GroupStorage(MemoryLogStore(), state or MemoryStateStore(), compaction)
+        return GroupStorage(MemoryLogStore(new_incarnation()), state or MemoryStateStore(),
+                            compaction)
     log_path, state_path = group_paths(data_dir, group)
     if shared_log is not None:
         _adopt_own_log(shared_log, group, log_path)

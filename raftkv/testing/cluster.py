@@ -7,6 +7,7 @@ chosen nodes, and read the cores' state directly.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,10 +31,16 @@ class Cluster:
         self.read_states: dict[str, list] = {}
         self.delivered: list[Message] = []
         ids = list(voters)
+        self.founders = ids
+        self._incs = random.Random(f"incarnations/{seed}")
         for nid in ids:
-            store = MemoryLogStore()
+            store = self._new_store()
             bootstrap(store, ids)
             self._add(nid, store)
+
+    def _new_store(self) -> MemoryLogStore:
+        """A store with a seeded incarnation (used only by nodes with identities)."""
+        return MemoryLogStore(self._incs.getrandbits(63) or 1)
 
     def _add(self, nid: str, store: MemoryLogStore) -> SimNode:
         node = SimNode(nid, store, self.seed, **self.config)
@@ -44,7 +51,15 @@ class Cluster:
 
     def add_empty_node(self, nid: str) -> SimNode:
         """A joining node: empty storage, knows no configuration, waits to be contacted."""
-        return self._add(nid, MemoryLogStore())
+        return self._add(nid, self._new_store())
+
+    def wipe(self, nid: str) -> None:
+        """``nid`` loses its files and starts again with its old arguments: a founder
+        bootstraps the founding configuration afresh, a joined node starts empty."""
+        store = self._new_store()
+        if nid in self.founders:
+            bootstrap(store, self.founders)
+        self.nodes[nid].wipe(store)
 
     def raft(self, nid: str):
         return self.nodes[nid].raft

@@ -84,11 +84,14 @@ class ReadyOutcome:
 
 class SimNode:
     def __init__(
-        self, node_id: str, storage: MemoryLogStore, seed: int, **config: Any
+        self, node_id: str, storage: MemoryLogStore, seed: int, identities: bool = False,
+        **config: Any,
     ) -> None:
+        """``identities``: give the core its storage's incarnation (``Config.incarnation``)."""
         self.id = node_id
         self.storage = storage
         self.seed = seed
+        self.identities = identities
         self.config = config
         self.incarnation = 0
         self.alive = True
@@ -102,7 +105,7 @@ class SimNode:
         self.sm.restore(snap.data)
         self.last_applied = snap.index
         # The state machine starts at the snapshot; the log may reach further back.
-        config = Config(id=self.id, applied=snap.index, **self.config)
+        config = Config(id=self.id, applied=snap.index, **self._identity(), **self.config)
         self.raft = Raft(config, self.storage, rng)
 
     def handle_ready(self) -> ReadyOutcome:
@@ -163,6 +166,12 @@ class SimNode:
         self.storage.compact(max(applied - keep, self.storage.first_index() - 1))
         return True
 
+    def _identity(self) -> dict[str, Any]:
+        if not self.identities:
+            return {}
+        ident = self.storage.identity()
+        return {"incarnation": ident.incarnation, "newborn": ident.newborn}
+
     def crash(self) -> None:
         self.alive = False
         self.storage.crash()
@@ -170,6 +179,22 @@ class SimNode:
     def restart(self) -> None:
         self.alive = True
         self._start()
+
+    def wipe(self, storage: MemoryLogStore) -> None:
+        """The node's files are gone: it restarts on ``storage`` (empty, or freshly
+        bootstrapped, as a node started again with its old arguments would be)."""
+        self.crash()
+        self.replace_storage(storage)
+        self.restart()
+
+    def replace_storage(self, storage: MemoryLogStore) -> None:
+        """While down: the files are replaced by ``storage``; the next start uses it."""
+        assert not self.alive, "wipe a node that is down"
+        self.storage = storage
+        self._wiped()
+
+    def _wiped(self) -> None:
+        """Forget whatever else the node kept on disk (a state store)."""
 
 
 class StoreSimNode(SimNode):
@@ -184,9 +209,8 @@ class StoreSimNode(SimNode):
 
     def __init__(self, node_id: str, storage: MemoryLogStore, seed: int,
                  checkpoint_entries: int = 25, **config: Any) -> None:
-        self.state_store = MemoryStateStore(
-            checkpoint_entries=checkpoint_entries, checkpoint_seconds=float("inf")
-        )
+        self.checkpoint_entries = checkpoint_entries
+        self.state_store = self._new_state_store()
         # The newest index the state store held before the core could deliver it: an
         # installed image's (newer than its snapshot index), or the checkpoint a restart
         # found past the log's commit index (a commit index saved without sync is lost).
@@ -200,8 +224,18 @@ class StoreSimNode(SimNode):
         self.last_applied = self.state_store.applied_index()
         self.held_index = max(self.held_index, self.last_applied)
         rng = random.Random(f"{self.seed}/{self.id}/{self.incarnation}")
-        config = Config(id=self.id, applied=self.last_applied, **self.config)
+        config = Config(id=self.id, applied=self.last_applied, **self._identity(),
+                        **self.config)
         self.raft = Raft(config, self.storage, rng)
+
+    def _new_state_store(self) -> MemoryStateStore:
+        return MemoryStateStore(
+            checkpoint_entries=self.checkpoint_entries, checkpoint_seconds=float("inf")
+        )
+
+    def _wiped(self) -> None:
+        self.state_store = self._new_state_store()
+        self.held_index = 0
 
     def crash(self) -> None:
         super().crash()

@@ -20,8 +20,13 @@ Event kinds:
   compare-and-set) against the node it believes leads, and gives up after a timeout,
   recording the outcome as unknown.
 - ``fault``: partitions, crashes/restarts, membership changes (add a learner, promote,
-  demote, remove, transfer leadership), log compaction, and idle periods (``idle``:
-  clients start nothing for a while, so groups quiesce while faults go on).
+  demote, remove, transfer leadership), log compaction, idle periods (``idle``:
+  clients start nothing for a while, so groups quiesce while faults go on), and wipes
+  (``wipe``: a crashed node loses its files, so it restarts later with a fresh storage
+  and incarnation, a founder bootstrapping the founding configuration again, as a node
+  started with its old arguments does). One wiped node at a time is left to be
+  readmitted (``Simulation._wipe_pending``): a wipe is a failure, and Raft tolerates a
+  minority of them.
 
 Quiescence is on (``SimConfig.quiesce``), so the core's liveness input is modelled
 too: at each of its ticks a node's view of each peer ("down" when the peer crashed or
@@ -81,7 +86,8 @@ from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.node import ReadyOutcome, SimNode, StoreSimNode
 from storage.log_store import MemoryLogStore
 
-ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact", "idle")
+ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact", "idle",
+              "wipe")
 
 
 class SafetyViolation(Exception):
@@ -114,6 +120,8 @@ class SimConfig:
     liveness_catchup: float = 0.3
     liveness_false_down: float = 0.002
     idle_ms: tuple[int, int] = (200, 1500)  # length of an ``idle`` period
+    # Give each core its storage's incarnation (Config.incarnation), as the driver does.
+    identities: bool = True
     busy_ms: tuple[int, int] = (1000, 3000)  # load between two idle periods, at least
 
 
@@ -171,7 +179,11 @@ class Simulation:
         self.settled_ops = 0  # operations called and completed after the faults stopped
         # -- checker state --
         self.leader_of_term: dict[int, str] = {}
-        self.votes: dict[tuple[str, int], str] = {}
+        # (node, term) -> (the voter's incarnation, whom it voted for). A wiped node has
+        # forgotten its vote, so a new incarnation may vote again in a term.
+        self.votes: dict[tuple[str, int], tuple[int, str]] = {}
+        self.founders: list[str] = []
+        self.wiped: set[str] = set()
         self.chains: dict[str, dict[int, int]] = {}
         self.chain_at: dict[tuple[int, int], int] = {}
         self.committed: dict[int, tuple[int, bytes]] = {}
@@ -192,8 +204,9 @@ class Simulation:
         self.ticks = self.quiet_ticks = self.liveness_wakes = 0
 
         voters = [f"n{i}" for i in range(1, self.cfg.nodes + 1)]
+        self.founders = voters
         for nid in voters:
-            store = MemoryLogStore()
+            store = self._new_store()
             bootstrap(store, voters)
             self._add_node(nid, store)
         for nid in voters:
@@ -204,10 +217,14 @@ class Simulation:
         self._schedule(self.cfg.fault_every_ms, "fault", None)
 
     # ================================================================ plumbing ========
+    def _new_store(self) -> MemoryLogStore:
+        """A fresh store with a seeded incarnation (a seed must replay exactly)."""
+        return MemoryLogStore(incarnation=self.rng.getrandbits(63) or 1)
+
     def _add_node(self, nid: str, store: MemoryLogStore) -> SimNode:
         kind = StoreSimNode if self.cfg.state_store else SimNode
-        node = kind(nid, store, self.seed, election_tick=self.cfg.election_tick,
-                    quiesce=self.cfg.quiesce)
+        node = kind(nid, store, self.seed, identities=self.cfg.identities,
+                    election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce)
         self.nodes[nid] = node
         self.down_view[nid] = set()
         # Clocks drift: each node ticks at its own rate. With identical rates,
@@ -354,7 +371,7 @@ class Simulation:
         if self.settling:
             return
         self._schedule(self.rng.randrange(self.cfg.fault_every_ms) + 1, "fault", None)
-        choices = [f for f in ("partition", "crash", "membership", "compact", "idle")
+        choices = [f for f in ("partition", "crash", "membership", "compact", "idle", "wipe")
                    if f in self.faults]
         if not choices:
             return
@@ -409,6 +426,41 @@ class Simulation:
         self.nodes[nid].crash()
         self._log(f"crash {nid}")
 
+    def _wipe_pending(self) -> bool:
+        """A wiped node the group has not yet readmitted: not recorded under its new
+        incarnation by the newest leader's configuration. One removed before that stays
+        pending for good: it keeps a founding configuration at its birth, and so counts
+        as a lost disk of that configuration for the rest of the run."""
+        leader = self._leader()
+        conf = self.nodes[leader].raft.conf if leader else None
+        for nid in sorted(self.wiped):
+            inc = self.nodes[nid].storage.identity().incarnation
+            if conf is None or conf.incarnation_of(nid) != inc:
+                return True
+            self.wiped.discard(nid)
+        return False
+
+    def _fault_wipe(self) -> None:
+        """Wipe a crashed member. Not a node already removed: started again with its old
+        arguments, a removed founder bootstraps the founding configuration, and once a
+        majority of the founders have, they form a group of their own (no Raft can tell
+        that from a group's birth; the docs say not to do it)."""
+        members = set(self._members())
+        leader = self._leader()
+        voters = self.nodes[leader].raft.conf.voters if leader else frozenset()
+        if len(voters) < 3 or len(self.founders) < 3:
+            return  # one wiped voter of one or two is the whole group (or half) lost
+        down = sorted(n for n, node in self.nodes.items() if not node.alive and n in members)
+        if not down or self._wipe_pending():
+            return
+        nid = self.rng.choice(down)
+        store = self._new_store()
+        if nid in self.founders:
+            bootstrap(store, self.founders)
+        self.nodes[nid].replace_storage(store)
+        self.wiped.add(nid)
+        self._log(f"wipe {nid}: incarnation {store.identity().incarnation}")
+
     def _fault_idle(self) -> None:
         """Clients pause (finishing what they have outstanding): the groups go quiet
         while the other faults carry on, which is where quiescence can go wrong."""
@@ -438,7 +490,7 @@ class Simulation:
             if roll < 0.3 and len(conf.members()) < self.cfg.max_members:
                 nid = f"n{self._next_node}"
                 self._next_node += 1
-                self._add_node(nid, MemoryLogStore())
+                self._add_node(nid, self._new_store())
                 self._schedule(self.rng.randrange(self.cfg.tick_ms), "tick", nid)
                 raft.propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, nid))
                 self._log(f"{leader}: add learner {nid}")
@@ -631,9 +683,11 @@ class Simulation:
         self._client_progress(node, out)
 
     def _record_vote(self, nid: str, term: int, vote: str) -> None:
-        cast = self.votes.setdefault((nid, term), vote)
-        if cast != vote:
-            self._violation(f"{nid} voted for {cast} and then {vote} in term {term}")
+        inc = self.nodes[nid].storage.identity().incarnation
+        was = self.votes.get((nid, term))
+        if was is not None and was[0] == inc and was[1] != vote:
+            self._violation(f"{nid} voted for {was[1]} and then {vote} in term {term}")
+        self.votes[(nid, term)] = (inc, vote)
 
     def _check_leadership(self, nid: str, term: int, voter_set: frozenset[str]) -> None:
         """At most one leader per term, elected by a majority of its voters (counted
@@ -642,7 +696,7 @@ class Simulation:
         if prev != nid:
             self._violation(f"election safety: {prev} and {nid} both lead term {term}")
         voters = sorted(voter_set)
-        granted = [v for v in voters if self.votes.get((v, term)) == nid]
+        granted = [v for v in voters if self.votes.get((v, term), (0, ""))[1] == nid]
         if len(granted) * 2 <= len(voters):
             self._violation(f"{nid} leads term {term} with votes {granted} of voters {voters}")
 
@@ -701,8 +755,13 @@ class Simulation:
                 self._violation(f"command {op_key} applied at {first} and again at {e.index}")
 
     def _check_one_config_change(self, node: SimNode) -> None:
+        """At most one uncommitted change of who votes or learns. Entries that only
+        record incarnations (RECORD, a leader's first entry) change no quorum."""
         raft = node.raft
-        pending = [i for i, _ in raft.confs if i > raft.log.committed]
+        confs = raft.confs
+        pending = [i for (i, c), (_, before) in zip(confs[1:], confs, strict=False)
+                   if i > raft.log.committed
+                   and (c.voters, c.learners) != (before.voters, before.learners)]
         if len(pending) > 1:
             self._violation(
                 f"{node.id} has {len(pending)} uncommitted config changes at {pending}"

@@ -4,9 +4,11 @@ A frame's payload is a list of items, everything one loop turn has for that peer
 heartbeats of every group it hosts with us included: that is the coalescing). Items:
 
 - ``[RAFT, group, type, to, frm, term, log_term, index, entries, commit, reject,
-  reject_hint, snapshot, context]``: one Raft message. ``entries`` is a list of
-  ``[term, index, type, data]``; ``snapshot`` is None or
-  ``[index, term, voters, learners, auto_promote, data]``.
+  reject_hint, snapshot, context, inc, to_inc]``: one Raft message. ``entries`` is a
+  list of ``[term, index, type, data]``; ``snapshot`` is None or
+  ``[index, term, voters, learners, auto_promote, data, incarnations]``. A record
+  without the last two fields (or a snapshot without incarnations) comes from a peer
+  that predates incarnations: it reads as 0 (none).
 - ``[FORWARD, request_id, group, data]``: a follower forwarding a client's write command
   to the leader.
 - ``[FORWARD_REPLY, request_id, ok, result]``: the leader's answer. ``result`` is
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raftkv.core.membership import decode_records, encode_records
 from raftkv.core.types import Message, MessageType
 from raftkv.transport.frames import FrameError
 from storage.records import ConfState, Entry, Snapshot, SnapshotMeta
@@ -44,8 +47,9 @@ def encode_message(group: str, m: Message) -> list[Any]:
         None if snap is None else [
             snap.meta.index, snap.meta.term, sorted(snap.meta.conf.voters),
             sorted(snap.meta.conf.learners), sorted(snap.meta.conf.auto_promote), snap.data,
+            encode_records(snap.meta.conf.incarnations),
         ],
-        m.context,
+        m.context, m.inc, m.to_inc,
     ]
 
 
@@ -86,18 +90,27 @@ def _entries(raw: object) -> list[Entry]:
 def _snapshot(raw: object) -> Snapshot | None:
     if raw is None:
         return None
-    if type(raw) is not list or len(raw) != 6 or type(raw[5]) is not bytes:
+    if type(raw) is not list or len(raw) not in (6, 7) or type(raw[5]) is not bytes:
         raise WireError("malformed snapshot record")
-    conf = ConfState(_ids(raw[2], "voters"), _ids(raw[3], "learners"), _ids(raw[4], "auto"))
+    try:
+        records = decode_records(raw[6]) if len(raw) == 7 else frozenset()
+    except ValueError as e:
+        raise WireError(str(e)) from None
+    conf = ConfState(_ids(raw[2], "voters"), _ids(raw[3], "learners"), _ids(raw[4], "auto"),
+                     records)
     meta = SnapshotMeta(_int(raw[0], "snapshot index"), _int(raw[1], "snapshot term"), conf)
     return Snapshot(meta, raw[5])
 
 
 def decode_message(item: list[Any]) -> tuple[str, Message]:
-    if len(item) != 14:
-        raise WireError(f"raft record: expected 14 fields, got {len(item)}")
+    if len(item) == 16:
+        inc, to_inc = _int(item[14], "inc"), _int(item[15], "to_inc")
+    elif len(item) == 14:
+        inc = to_inc = 0
+    else:
+        raise WireError(f"raft record: expected 16 fields, got {len(item)}")
     (_, group, mtype, to, frm, term, log_term, index, entries, commit, reject,
-     reject_hint, snap, context) = item
+     reject_hint, snap, context) = item[:14]
     t = _MT.get(mtype) if type(mtype) is int else None
     if t is None:
         raise WireError(f"unknown message type {mtype!r:.40}")
@@ -110,7 +123,7 @@ def decode_message(item: list[Any]) -> tuple[str, Message]:
         log_term=_int(log_term, "log_term"), index=_int(index, "index"),
         entries=_entries(entries) if entries else (), commit=_int(commit, "commit"),
         reject=reject, reject_hint=_int(reject_hint, "reject_hint"),
-        snapshot=_snapshot(snap), context=context,
+        snapshot=_snapshot(snap), context=context, inc=inc, to_inc=to_inc,
     )
     return _str(group, "group"), msg
 

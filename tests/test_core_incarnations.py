@@ -1,0 +1,220 @@
+"""Incarnations: a voter whose storage was wiped is never counted as the voter it was.
+
+Raft's safety rests on a voter's durable state (Raft §5.2, §5.4: a vote and an
+acknowledgement are promises about what the voter holds). A node whose files were
+wiped and that starts again with its old arguments keeps its name but not its
+promises. These scenarios run the pure core with identities on (``Config.incarnation``)
+and check the rules of "Incarnations" in ``raftkv.core.raft``. Each counterfactual runs
+the same schedule with identities off and shows the loss the rule prevents.
+"""
+
+from __future__ import annotations
+
+from conftest import cmd
+
+from raftkv.core import ConfChange, ConfChangeOp, Role, decode_conf_entry
+from raftkv.testing.cluster import Cluster
+
+N3 = ["n1", "n2", "n3"]
+
+
+def cluster(identities: bool = True, seed: int = 1) -> Cluster:
+    return Cluster(N3, seed=seed, identities=identities)
+
+
+def inc(c: Cluster, nid: str) -> int:
+    return c.nodes[nid].storage.identity().incarnation
+
+
+def changes(c: Cluster, nid: str) -> list[ConfChange]:
+    log = c.raft(nid).log
+    ents = log.entries(log.first_index(), log.last_index() + 1)
+    out = []
+    for e in ents:
+        if e.type:
+            cc = decode_conf_entry(e.data)[0]
+            if cc is not None:
+                out.append(cc)
+    return out
+
+
+def commit_one_without_n2(c: Cluster) -> int:
+    """n1 leads; an entry is committed by n1 and n3 while n2 hears nothing."""
+    c.elect("n1")
+    c.stabilize()
+    c.isolate("n2")
+    index = c.propose("n1", cmd(1))
+    assert c.raft("n1").log.committed >= index
+    assert c.raft("n2").log.last_index() < index
+    return index
+
+
+def wiped_n3_and_dead_n1(identities: bool) -> tuple[Cluster, int]:
+    c = cluster(identities)
+    index = commit_one_without_n2(c)
+    c.nodes["n1"].crash()
+    c.wipe("n3")
+    c.heal()
+    for _ in range(60):  # n2 and n3 campaign as their timers allow
+        c.tick(["n2", "n3"])
+    return c, index
+
+
+def test_the_first_leader_records_every_voter_it_hears_from() -> None:
+    """At birth every storage is newborn and unrecorded: the first election's no-op
+    records the leader and its voters, and a RECORD follows for any voter it hears from
+    later, so every voter is counted on as the incarnation it is."""
+    c = cluster()
+    c.elect("n1")
+    c.stabilize()
+    want = frozenset((n, inc(c, n)) for n in N3)
+    for n in N3:
+        assert c.raft(n).conf.incarnations == want
+    assert changes(c, "n1")[0].op == ConfChangeOp.RECORD  # the no-op of the first term
+
+
+def test_a_wiped_voter_cannot_elect_a_leader_that_lacks_what_it_acknowledged() -> None:
+    """The loss the issue describes: an entry committed with n3's acknowledgement, n3
+    wiped, the leader dead, n2 lagging. n2 must not become leader with n3's vote: n2
+    knows n3 by its old incarnation (``to_inc``) and n3, newborn and unrecorded, votes
+    only for a candidate at the group's birth."""
+    c, index = wiped_n3_and_dead_n1(identities=True)
+    assert all(c.raft(n).role != Role.LEADER for n in ("n2", "n3"))
+    # The old leader returns: the entry survives and reaches everyone.
+    c.nodes["n1"].restart()
+    for _ in range(80):
+        c.tick()
+        if c.leader() and all(c.raft(n).log.committed >= index for n in N3):
+            break
+    leader = c.leader()
+    assert leader is not None
+    for n in N3:
+        assert c.raft(n).log.committed >= index
+        assert c.raft(n).log.term(index) == c.raft(leader).log.term(index)
+
+
+def test_counterfactual_without_identities_the_wiped_voter_elects_the_laggard() -> None:
+    c, index = wiped_n3_and_dead_n1(identities=False)
+    assert c.leader() == "n2"
+    assert c.raft("n2").log.last_index() < index or c.raft("n2").log.term(index) != 2
+
+
+def test_a_wiped_voter_is_readmitted_as_a_learner_and_promoted_once_caught_up() -> None:
+    """The leader hears n3 answer as a new incarnation: it proposes READMIT (n3 becomes
+    an automatically promoted learner, recorded anew), replicates to it, and promotes
+    it. The leader's old match for n3 is void the moment the new incarnation answers."""
+    c = cluster()
+    c.elect("n1")
+    for i in range(5):
+        c.propose("n1", cmd(i))
+    old = inc(c, "n3")
+    c.wipe("n3")
+    assert inc(c, "n3") != old
+    for _ in range(10):
+        c.tick(["n1"])
+    ops = [(cc.op, cc.node) for cc in changes(c, "n1")]
+    assert (ConfChangeOp.READMIT, "n3") in ops
+    assert ops.index((ConfChangeOp.READMIT, "n3")) < ops.index((ConfChangeOp.PROMOTE, "n3"))
+    conf = c.raft("n1").conf
+    assert "n3" in conf.voters and conf.incarnation_of("n3") == inc(c, "n3")
+    assert c.raft("n3").log.committed == c.raft("n1").log.committed
+    assert c.nodes["n3"].state() == c.nodes["n1"].state()
+
+
+def test_a_stale_leader_cannot_commit_with_a_wiped_voter_that_forgot_its_term() -> None:
+    """A wiped node has forgotten its term, so it accepts a deposed leader's appends.
+    Counting them would commit a second entry at an index the new leader already
+    committed. The deposed leader knows n3 by its old incarnation: the answers of the
+    new one do not count."""
+    c = cluster()
+    c.elect("n1")
+    c.stabilize()
+    c.isolate("n1")  # n1 still believes it leads (it is not ticked, so no check-quorum)
+    c.tick(["n3"], n=10)  # n3's leader lease runs out, so it will vote
+    c.elect("n2")  # with n3's vote
+    theirs = c.propose("n2", cmd(7))
+    assert c.raft("n2").log.committed >= theirs
+    c.wipe("n3")
+    c.heal()
+    c.cut("n1", "n2")
+    mine = c.raft("n1").propose(cmd(8))
+    c.tick(["n1"], n=3)  # heartbeats: n1 probes n3 down to what it holds
+    assert c.raft("n1").role == Role.LEADER
+    assert c.raft("n1").log.committed < mine  # n3's answers to n1 count for nothing
+    # Once n1 hears of the new term it steps down, and the logs agree.
+    c.heal()
+    for _ in range(40):
+        c.tick()
+    leader = c.leader()
+    assert leader is not None and leader != "n1"
+    committed = c.raft(leader).log.committed
+    for n in N3:
+        assert c.raft(n).log.committed == committed
+        assert c.raft(n).log.term(theirs) == c.raft(leader).log.term(theirs)
+
+
+def test_counterfactual_without_identities_the_stale_leader_commits_a_conflicting_entry() -> None:
+    c = cluster(identities=False)
+    c.elect("n1")
+    c.stabilize()
+    c.isolate("n1")
+    c.tick(["n3"], n=10)
+    c.elect("n2")
+    c.propose("n2", cmd(7))
+    c.wipe("n3")
+    c.heal()
+    c.cut("n1", "n2")
+    mine = c.raft("n1").propose(cmd(8))
+    c.tick(["n1"], n=3)
+    # Two different entries committed at one index: n1's (with the wiped n3) and n2's.
+    assert c.raft("n1").log.committed >= mine and c.raft("n2").log.committed >= mine
+    assert c.raft("n1").log.term(mine) != c.raft("n2").log.term(mine)
+
+
+def test_a_learner_is_promoted_only_once_recorded() -> None:
+    """Auto-promotion waits for the learner's RECORD: a voter is only ever counted as a
+    recorded incarnation."""
+    c = cluster()
+    c.elect("n1")
+    c.propose("n1", cmd(0))
+    c.add_empty_node("n4")
+    c.nodes["n4"].identities = True
+    c.nodes["n4"].restart()
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, "n4"))
+    for _ in range(10):
+        c.tick(["n1"])
+    ops = [(cc.op, cc.node) for cc in changes(c, "n1")]
+    assert ops.index((ConfChangeOp.RECORD, "n4")) < ops.index((ConfChangeOp.PROMOTE, "n4"))
+    assert c.raft("n1").conf.incarnation_of("n4") == inc(c, "n4")
+
+
+def test_logs_written_before_incarnations_elect_and_are_recorded() -> None:
+    """An upgraded node's log predates incarnations: its storage is adopted, not newborn,
+    so it votes as before, and the first leader records everyone."""
+    c = cluster()
+    for n in N3:
+        store = c.nodes[n].storage
+        store._identity = store._identity._replace(newborn=False)
+        c.nodes[n].restart()
+    c.elect("n2")
+    c.stabilize()
+    assert {n for n, _ in c.raft("n2").conf.incarnations} == set(N3)
+
+
+def test_a_newborn_voter_refuses_a_candidate_past_birth_until_recorded() -> None:
+    """The vote rule on its own: a newborn, unrecorded n3 refuses n2 once n2's log holds
+    a leader's entry, and grants it at birth."""
+    at_birth = cluster()
+    at_birth.isolate("n1")
+    at_birth.elect("n2")  # n3 grants: n2's log is at birth
+    c = cluster()
+    commit_one_without_n2(c)
+    c.nodes["n1"].crash()
+    c.wipe("n3")
+    c.heal()
+    c.raft("n2").campaign()
+    c.stabilize()
+    assert c.raft("n2").role != Role.LEADER
+    votes = [m for m in c.delivered if m.frm == "n3" and m.to == "n2"
+             and m.type.name.endswith("VOTE_RESP")]
+    assert votes and all(m.reject for m in votes)
