@@ -1,19 +1,20 @@
 """Custom replicated state machines, the PySyncObj way: ``@replicated`` methods on an object.
 
-A PySyncObj program moves over by changing its base class and its constructor; the methods
-stay as they are::
+A PySyncObj program moves over by changing its base class and its constructor; the methods,
+and the state they keep in attributes (private and name-mangled ones included), stay as
+they are::
 
     class Counter(ReplicatedObject):          # was: class Counter(SyncObj)
         def __init__(self):
-            self.value = 0                    # was: super().__init__(self_addr, partners)
+            self.__counter = 0                # was: super().__init__(self_addr, partners)
 
         @replicated
         def incr(self, n=1):
-            self.value += n
-            return self.value
+            self.__counter += n
+            return self.__counter
 
         def get(self):
-            return self.value
+            return self.__counter
 
 The node hosting the object (``raftkv.node``) attaches it and applies its log entries through
 ``raftkv.node.user_state.UserStateStore``.
@@ -46,14 +47,18 @@ Rules for replicated methods:
 - **Deterministic.** A method may depend only on the object's state and its arguments: no
   clock, no randomness, no I/O, no other object. Otherwise the replicas diverge.
 - **msgpack arguments, no pickle.** The log is read by every replica, and no log or network
-  bytes ever reach ``pickle``. Arguments may be None, bool, int (64-bit), float, str, bytes,
-  list, tuple and dict (of those), with exact types: subclasses such as IntEnum, namedtuple
-  or defaultdict would not come back as the same type, so they are refused. Anything else
-  raises a ``TypeError`` before anything is proposed, and so does a call that does not fit
-  the method's signature. A call encoding to over 16 MiB (``MAX_COMMAND_BYTES``, one log
-  entry) raises ``ValueError``. Tuples travel as a msgpack extension
-  type, so they arrive as tuples and can be dict keys. bytearray and memoryview arrive as
-  bytes.
+  bytes ever reach ``pickle``. Arguments may be None, bool, int (any size), float, str,
+  bytes, and list, tuple, dict, set, frozenset and ``collections.deque`` (of those), with
+  exact types: subclasses such as IntEnum, namedtuple, defaultdict or OrderedDict would not
+  come back as the same type, so they are refused. Anything else raises a ``TypeError``
+  before anything is proposed, and so does a call that does not fit the method's
+  signature. A call encoding to over 16 MiB (``MAX_COMMAND_BYTES``, one log entry) raises
+  ``ValueError``. Tuples, sets, frozensets, deques (with their ``maxlen``) and ints beyond
+  64 bits travel as msgpack extension types, so they arrive as what was sent: a tuple or
+  a frozenset can be a dict key or a set member. A set's members are written in the order
+  of their encoded bytes, so equal sets give equal bytes whatever their iteration order
+  (which, for str members, differs from process to process). bytearray and memoryview
+  arrive as bytes.
 - **Errors are results.** If a method raises, the exception becomes the entry's result on
   every replica. The object's state then stays as the method left it, on every replica
   alike, and the caller gets the exception raised (``sync``) or set on the Future. A command
@@ -65,11 +70,24 @@ Rules for replicated methods:
 - **Reads are local.** A plain method such as ``get()`` reads this replica's state, which
   may lag the leader's.
 
-Snapshots: ``snapshot()`` and ``restore()`` default to msgpack of the object's public
-attributes (``__dict__`` without names starting with ``_``), with the same type rules as
-arguments. Keep the node's and your own bookkeeping in ``_private`` attributes, and override
-both methods for state that is not plain data. ``snapshot()`` must be deterministic: replicas
-compare state by digests of these bytes.
+Snapshots: a snapshot captures everything a replicated method can change, PySyncObj's rule:
+every attribute of the object, public, ``_private`` and name-mangled (``self.__counter`` is
+``_Counter__counter``) alike, and the values of ``__slots__`` that subclasses declare. The
+node's own bookkeeping (the attached ``propose``, the thread inside ``apply``) is not an
+attribute: it lives in a slot of ``ReplicatedObject`` itself, which is never snapshotted,
+so no attribute of yours can collide with it (``_propose`` and ``_applying_thread``, where
+older versions kept it, are names like any other). ``snapshot()`` is the
+msgpack array ``[2, {name: value}]``, names sorted so that equal states give equal bytes
+(replicas compare state by digests of these bytes). Every value follows the argument rules
+above. A value that does not (an open file, a lock, a lambda, an instance of your own
+class) makes ``snapshot()`` raise a ``TypeError`` naming the attribute: a checkpoint then
+fails loudly and the node keeps the log it would have compacted (see
+``raftkv.node.user_state``), it never drops the attribute. Keep such things off the
+object, or override both ``snapshot()`` and ``restore()``, deterministically.
+``restore()`` replaces the whole state, all or nothing: attributes that the snapshot does
+not name are deleted. A snapshot written before version 2 (a msgpack map of the public
+attributes only) still restores, as it always did: it replaces the public attributes and
+keeps the private ones as they are.
 """
 
 from __future__ import annotations
@@ -77,6 +95,8 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import types
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -137,19 +157,43 @@ class NotAttachedError(RuntimeError):
 
 # -- the value codec ---------------------------------------------------------------------------
 # msgpack, with strict types so that what a method receives on every replica is exactly what
-# the caller passed, type for type; tuples ride in an extension type.
-# Written into the Raft log and into checkpoints: never renumber.
-_EXT_TUPLE = 1
+# the caller passed, type for type; what msgpack has no type for rides in extension types.
+# Written into the Raft log and into checkpoints: never renumber, only add codes after these.
+_EXT_TUPLE = 1  # an array of the items
+_EXT_SET = 2  # an array of the members, in the order of their encoded bytes
+_EXT_FROZENSET = 3  # as a set
+_EXT_DEQUE = 4  # [maxlen or nil, [items...]]
+_EXT_BIGINT = 5  # an int beyond 64 bits: big-endian two's complement in (bits + 8) // 8 bytes
 # The exact types msgpack packs natively in strict mode. (bool is final, so ``True`` is exact.)
 _NATIVE = (type(None), bool, int, float, str, bytes, bytearray, memoryview, list, dict)
+_EXTENDED = (tuple, set, frozenset, deque)
+# msgpack's native ints: int64 and uint64.
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def _pack_members(members: set[object] | frozenset[object]) -> bytes:
+    """The msgpack array of ``members``, sorted by their encoded bytes: equal sets, equal
+    bytes, whatever their iteration order (str hashes differ from process to process)."""
+    encoded = sorted(_pack(m) for m in members)
+    header: bytes = msgpack.Packer().pack_array_header(len(encoded))
+    return header + b"".join(encoded)
 
 
 def _default(obj: object) -> msgpack.ExtType:
     if type(obj) is tuple:
         return msgpack.ExtType(_EXT_TUPLE, _pack(list(obj)))
+    if type(obj) is set:
+        return msgpack.ExtType(_EXT_SET, _pack_members(obj))
+    if type(obj) is frozenset:
+        return msgpack.ExtType(_EXT_FROZENSET, _pack_members(obj))
+    if type(obj) is deque:
+        return msgpack.ExtType(_EXT_DEQUE, _pack([obj.maxlen, list(obj)]))
+    if type(obj) is int:  # msgpack calls back only for ints it cannot pack: beyond 64 bits
+        size = (obj.bit_length() + 8) // 8  # one bit more, for the sign
+        return msgpack.ExtType(_EXT_BIGINT, obj.to_bytes(size, "big", signed=True))
     kind = type(obj)
-    if isinstance(obj, _NATIVE + (tuple,)):
-        base = next(t for t in _NATIVE + (tuple,) if isinstance(obj, t))
+    if isinstance(obj, _NATIVE + _EXTENDED):
+        base = next(t for t in _NATIVE + _EXTENDED if isinstance(obj, t))
         raise TypeError(
             f"{kind.__module__}.{kind.__qualname__} is a subclass of {base.__name__}, which "
             f"would arrive as a plain {base.__name__}: convert it first"
@@ -162,12 +206,50 @@ def _pack(obj: object) -> bytes:
     return data
 
 
+def _unpack_array(data: bytes, what: str) -> list[object]:
+    items = _unpack(data)
+    if type(items) is not list:
+        raise ValueError(f"{what} extension does not hold an array")
+    return items
+
+
+def _members(data: bytes, what: str) -> list[object]:
+    items = _unpack_array(data, what)
+    try:
+        distinct = len(set(items))
+    except TypeError as e:  # unhashable: a list, a dict, a set
+        raise ValueError(f"{what} extension holds an unhashable member: {e}") from None
+    if distinct != len(items):
+        raise ValueError(f"{what} extension holds the same member twice")
+    return items
+
+
 def _ext_hook(code: int, data: bytes) -> object:
+    # Strict: a payload our encoder could not have written is a ValueError, never a guess.
     if code == _EXT_TUPLE:
-        items = _unpack(data)
-        if type(items) is not list:
-            raise ValueError("tuple extension does not hold an array")
-        return tuple(items)
+        return tuple(_unpack_array(data, "tuple"))
+    if code == _EXT_SET:
+        return set(_members(data, "set"))
+    if code == _EXT_FROZENSET:
+        return frozenset(_members(data, "frozenset"))
+    if code == _EXT_DEQUE:
+        value = _unpack(data)
+        if type(value) is not list or len(value) != 2:
+            raise ValueError("deque extension does not hold [maxlen, items]")
+        maxlen, items = value
+        if maxlen is not None and (type(maxlen) is not int or maxlen < 0):
+            raise ValueError(f"deque extension has maxlen {maxlen!r}")
+        if type(items) is not list or (maxlen is not None and len(items) > maxlen):
+            raise ValueError("deque extension does not hold an array of at most maxlen items")
+        return deque(items, maxlen)
+    if code == _EXT_BIGINT:
+        n = int.from_bytes(data, "big", signed=True)
+        if not data or _INT_MIN <= n <= _INT_MAX or (n.bit_length() + 8) // 8 != len(data):
+            raise ValueError(
+                f"int extension of {len(data)} bytes is not an int beyond 64 bits in the "
+                "fewest bytes"
+            )
+        return n
     raise ValueError(f"unknown msgpack extension type {code}")
 
 
@@ -178,18 +260,20 @@ def _unpack(data: bytes) -> object:
 
 
 _ALLOWED = (
-    "None, bool, int (64-bit), float, str, bytes, and lists, tuples and dicts of those, "
-    "with exact types"
+    "None, bool, int, float, str, bytes, and lists, tuples, dicts, sets, frozensets and "
+    "collections.deques of those, with exact types"
 )
+# What packing raises on a value outside the rules: TypeError (a type it has no rule for),
+# ValueError (nesting too deep, or a str with lone surrogates, not UTF-8), OverflowError,
+# and RecursionError (a value that contains itself through a tuple or a deque).
+_PACK_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 
 
 def encode_value(obj: object, what: str = "value") -> bytes:
     """msgpack ``obj`` with the rules of the module docstring; ``TypeError`` otherwise."""
     try:
         return _pack(obj)
-    except (TypeError, ValueError, OverflowError) as e:
-        # OverflowError: an int beyond 64 bits. ValueError: nesting too deep, or a str with
-        # lone surrogates (not UTF-8).
+    except _PACK_ERRORS as e:
         raise TypeError(f"{what} must be msgpack-serialisable ({_ALLOWED}): {e}") from None
 
 
@@ -263,9 +347,10 @@ def replicated(func: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         if not isinstance(self, ReplicatedObject):
             raise TypeError(f"{func.__qualname__}: @replicated methods need a ReplicatedObject")
-        if self._applying_thread == threading.get_ident():
+        hosting = _hosting(self)
+        if hosting.applying_thread == threading.get_ident():
             return func(self, *args, **kwargs)  # nested in an apply: already replicated
-        propose = self._propose
+        propose = hosting.propose
         if propose is None:
             raise NotAttachedError(
                 f"{type(self).__name__}.{name}() was called on an object no node hosts: "
@@ -316,17 +401,69 @@ def _call_back(callback: Callable[[Any, BaseException | None], object], f: Futur
 
 
 # -- the base class ----------------------------------------------------------------------------
+class _Hosting:
+    """The framework's bookkeeping for one object: the ``propose`` the node attached, and
+    the thread inside ``apply``. Kept in ``ReplicatedObject``'s slot, never an attribute."""
+
+    __slots__ = ("applying_thread", "propose")
+
+    def __init__(self) -> None:
+        self.propose: Propose | None = None
+        self.applying_thread: int | None = None
+
+
+_HOSTING_LOCK = threading.Lock()  # creates an object's _Hosting once, whichever thread asks
+SNAPSHOT_VERSION = 2  # snapshot() is [SNAPSHOT_VERSION, {name: value}]; version 1 was a map
+
+
+def _hosting(obj: ReplicatedObject) -> _Hosting:
+    """``obj``'s bookkeeping, created on first use (subclasses need not call an __init__).
+    Read through the slot's descriptor, so no attribute or ``__getattr__`` of a subclass
+    can stand in for it."""
+    try:
+        hosting: _Hosting = _HOSTING_SLOT.__get__(obj, ReplicatedObject)
+        return hosting
+    except AttributeError:
+        with _HOSTING_LOCK:
+            try:
+                hosting = _HOSTING_SLOT.__get__(obj, ReplicatedObject)
+            except AttributeError:
+                hosting = _Hosting()
+                _HOSTING_SLOT.__set__(obj, hosting)
+            return hosting
+
+
+def _user_slots(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, descriptor) of every slot that ``cls`` and its bases declare, but for
+    ``ReplicatedObject``'s own. Names are as Python stores them: ``__x`` in class ``C``
+    is ``_C__x``. The first class in the MRO wins a name."""
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if klass is ReplicatedObject or "__slots__" not in vars(klass):
+            continue
+        for name, value in vars(klass).items():
+            if isinstance(value, types.MemberDescriptorType) and value.__objclass__ is klass:
+                found.setdefault(name, value)
+    return tuple(sorted(found.items()))
+
+
 class ReplicatedObject:
     """Base class for objects with ``@replicated`` methods; a ``StateMachine``.
 
     No ``__init__`` is needed: subclasses initialise their state as they like. The node calls
     ``_attach(propose)`` when it starts hosting the object and ``_detach()`` when it stops.
+    Every attribute is state, whatever its name (module docstring, "Snapshots").
     """
+
+    # The framework's bookkeeping (a _Hosting): a slot is not in vars(self), so it is never
+    # snapshotted and no attribute of a subclass can collide with it. Subclasses without
+    # __slots__ of their own still get a __dict__.
+    __slots__ = ("__hosting",)
 
     # Per class: name -> the undecorated replicated method, collected over the MRO.
     _replicated_methods: ClassVar[dict[str, Callable[..., Any]]] = {}
-    _propose: Propose | None = None
-    _applying_thread: int | None = None  # the thread inside apply(), if any
+    # Per class: the slots its snapshot holds (_user_slots).
+    _snapshot_slots: ClassVar[tuple[tuple[str, Any], ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -355,6 +492,7 @@ class ReplicatedObject:
                 "they are ReplicatedObject's own (apply, snapshot, restore)"
             )
         cls._replicated_methods = methods
+        cls._snapshot_slots = _user_slots(cls)
 
     # -- what the node calls -----------------------------------------------------------------
     def _attach(self, propose: Propose) -> None:
@@ -367,12 +505,13 @@ class ReplicatedObject:
         will never be applied as this call (dropped, overwritten by another leader) or its
         result is unknown (the entry reached this replica inside a snapshot).
         """
-        if self._propose is not None and self._propose is not propose:
+        hosting = _hosting(self)
+        if hosting.propose is not None and hosting.propose is not propose:
             raise RuntimeError(f"{type(self).__name__} object is already attached to a node")
-        self._propose = propose
+        hosting.propose = propose
 
     def _detach(self) -> None:
-        self._propose = None
+        _hosting(self).propose = None
 
     # -- StateMachine ------------------------------------------------------------------------
     def apply(self, index: int, command: bytes) -> object:
@@ -382,46 +521,120 @@ class ReplicatedObject:
             name, args, kwargs = _decode_call(command)
         except MalformedCommand as e:
             return e
-        func = self._replicated_methods.get(name)
+        func = type(self)._replicated_methods.get(name)
         if func is None:
             return UnknownMethod(
                 f"{type(self).__name__} has no replicated method {name!r} (log index {index})"
             )
-        outer = self._applying_thread
-        self._applying_thread = threading.get_ident()
+        hosting = _hosting(self)
+        outer = hosting.applying_thread
+        hosting.applying_thread = threading.get_ident()
         try:
             return func(self, *args, **kwargs)
         except Exception as e:  # noqa: BLE001 - the same result on every replica
             return e
         finally:
-            self._applying_thread = outer
+            hosting.applying_thread = outer
 
     def snapshot(self) -> bytes:
-        """msgpack of the public attributes, sorted by name (so equal states give equal
-        bytes). ``TypeError`` names an attribute that does not fit the msgpack rules."""
-        state = {k: v for k, v in sorted(vars(self).items()) if not k.startswith("_")}
+        """``[2, {name: value}]`` in msgpack: every attribute, private and name-mangled
+        ones and subclasses' slots included, sorted by name (so equal states give equal
+        bytes). ``TypeError`` names an attribute whose value does not fit the msgpack
+        rules: an attribute is never left out."""
+        state = _attributes(self)
         try:
-            return _pack(state)
-        except (TypeError, ValueError, OverflowError):
-            for k, v in state.items():  # find the culprit for the message
-                encode_value(v, f"{type(self).__name__}.{k} (override snapshot/restore "
-                                f"for state that is not plain data)")
-            raise
+            return _pack([SNAPSHOT_VERSION, state])
+        except _PACK_ERRORS:
+            pass
+        for k, v in state.items():  # find the culprit for the message
+            encode_value(v, f"{type(self).__name__}.{k} (every attribute is in the snapshot; "
+                            f"override snapshot/restore for state that is not plain data)")
+        raise TypeError(
+            f"{type(self).__name__}: the attributes encode one by one but not together "
+            "(nesting too deep?)"
+        )
 
     def restore(self, data: bytes) -> None:
-        """Replace the public attributes with those in ``data`` (from ``snapshot``). All or
-        nothing: ``ValueError`` if ``data`` is not such a snapshot, and nothing changes."""
+        """Replace the whole state with ``data`` (from ``snapshot``): every attribute and
+        slot it does not name is deleted. All or nothing: ``ValueError`` if ``data`` is not
+        such a snapshot, and nothing changes.
+
+        A snapshot from before version 2 (a map of the public attributes) replaces the
+        public attributes only and keeps the private ones, as it always did."""
+        what = f"not a {type(self).__name__} snapshot"
         try:
             state = _unpack(data)
         except UNPACK_ERRORS as e:
-            raise ValueError(
-                f"not a {type(self).__name__} snapshot: {type(e).__name__}: {e}"
-            ) from None
-        if type(state) is not dict or not all(
-            type(k) is str and k and not k.startswith("_") for k in state
+            raise ValueError(f"{what}: {type(e).__name__}: {e}") from None
+        attrs = getattr(self, "__dict__", None)
+        if type(state) is dict:  # version 1
+            if not all(type(k) is str and k and not k.startswith("_") for k in state):
+                raise ValueError(f"{what}: expected a map of public attributes")
+            if attrs is None and state:
+                raise ValueError(f"{what}: {type(self).__name__} objects have no __dict__")
+            if attrs is not None:
+                for k in [k for k in attrs if not (type(k) is str and k.startswith("_"))]:
+                    del attrs[k]
+                attrs.update(state)
+            return
+        if (
+            type(state) is not list
+            or len(state) != 2
+            or type(state[0]) is not int
+            or type(state[1]) is not dict
         ):
-            raise ValueError(f"not a {type(self).__name__} snapshot: expected a map of attributes")
-        attrs = vars(self)
-        for k in [k for k in attrs if not k.startswith("_")]:
-            del attrs[k]
-        attrs.update(state)
+            raise ValueError(f"{what}: expected [{SNAPSHOT_VERSION}, {{attributes}}]")
+        version, new = state
+        if version != SNAPSHOT_VERSION:
+            raise ValueError(
+                f"{what}: format version {version}, this code reads {SNAPSHOT_VERSION}"
+            )
+        if not all(type(k) is str for k in new):
+            raise ValueError(f"{what}: an attribute name is not a str")
+        slots = dict(type(self)._snapshot_slots)
+        if attrs is None and not slots.keys() >= new.keys():
+            extra = sorted(new.keys() - slots.keys())
+            raise ValueError(
+                f"{what}: {type(self).__name__} objects have no __dict__ for {extra[0]!r}"
+            )
+        # Checked: from here on nothing can fail.
+        if attrs is not None:
+            attrs.clear()
+            attrs.update((k, v) for k, v in new.items() if k not in slots)
+        for name, slot in slots.items():
+            if name in new:
+                slot.__set__(self, new[name])
+            else:
+                try:
+                    slot.__delete__(self)
+                except AttributeError:
+                    pass  # already empty
+
+
+def _attributes(obj: ReplicatedObject) -> dict[str, object]:
+    """Every attribute of ``obj``, subclasses' slots included, sorted by name; ``TypeError``
+    if a name is not a str or is both a slot and a ``__dict__`` entry. (A function, not a
+    method: a subclass may have a method or an attribute of any name.)"""
+    cls = type(obj)
+    attrs: dict[Any, object] = dict(getattr(obj, "__dict__", {}))
+    for name, slot in cls._snapshot_slots:
+        try:
+            value = slot.__get__(obj, cls)
+        except AttributeError:
+            continue  # an empty slot: absent from the snapshot, emptied by restore
+        if name in attrs:
+            raise TypeError(
+                f"{cls.__name__}.{name} is both a slot and an entry of __dict__: "
+                "a snapshot could not tell them apart"
+            )
+        attrs[name] = value
+    bad = [k for k in attrs if type(k) is not str]
+    if bad:
+        raise TypeError(
+            f"{cls.__name__}.__dict__ has a key that is not a str ({bad[0]!r}): a "
+            "snapshot holds attributes by name"
+        )
+    return dict(sorted(attrs.items()))
+
+
+_HOSTING_SLOT: Any = vars(ReplicatedObject)["_ReplicatedObject__hosting"]

@@ -181,7 +181,7 @@ def test_a_replicated_object_behaves_like_pysyncobj(tmp_path: Path) -> None:
         nodes["n1"].node.read("default", lambda s: None).result(timeout=5)
         for n in ps:  # a read round on each makes sure it has applied index >= 10's
             nodes[n].node.read("default", lambda s: None).result(timeout=5)
-        assert {o.value for o in objs.values()} == {10}
+        assert {o.get() for o in objs.values()} == {10}
         nodes["n3"].close()
         deadline = time.monotonic() + 10  # see test_a_restarted_node_recovers_from_its_data_dir
         while nodes["n1"].leader() in (None, "n3"):
@@ -192,7 +192,7 @@ def test_a_replicated_object_behaves_like_pysyncobj(tmp_path: Path) -> None:
                                             data_dir=str(tmp_path / "n3"))
         assert objs["n1"].incr() == 11
         nodes["n3"].node.read("default", lambda s: None).result(timeout=5)
-        assert objs["n3"].value == 11
+        assert objs["n3"].get() == 11
     finally:
         for node in nodes.values():
             node.close()

@@ -83,6 +83,7 @@ from raftkv.node.group_storage import (
     pack_chunks,
     persist_together,
 )
+from raftkv.node.user_state import SnapshotFailed
 from raftkv.transport import codec
 from raftkv.transport.tcp import Transport
 from recovery.local import RecoveryReport
@@ -491,7 +492,10 @@ class Node:
             if not quiet:
                 raft.tick()
             if compact:
-                g.storage.maybe_compact(raft.conf_at)
+                try:
+                    g.storage.maybe_compact(raft.conf_at)
+                except SnapshotFailed as e:
+                    _log_snapshot_failed(self.id, g, "compacting its log", e)
             self._expire(g, now)
             for hook in g.on_tick:
                 hook(g)
@@ -512,7 +516,10 @@ class Node:
         table load. So an LMDB store's sync runs on a checkpoint thread while the loop goes
         on applying (``StateStore.background_checkpoint``), and a later tick records what
         it made durable. A failed sync raises here, on the loop, as an inline one would.
-        Stores without background checkpoints checkpoint inline.
+        Stores without background checkpoints checkpoint inline. One failure is not
+        fatal: a user state machine whose snapshot fails (``SnapshotFailed``) wrote
+        nothing and lost nothing, so it is logged as an error and the loop goes on; the
+        store's policy says when to try again, and until then the log is kept.
 
         Only two kinds of store are asked: those that applied since the last tick (their
         entry count may have crossed the policy's, and the first ask starts its timer),
@@ -548,7 +555,10 @@ class Node:
         if st.checkpoint_due(now):
             sync = st.background_checkpoint()
             if sync is None:
-                st.checkpoint()
+                try:
+                    st.checkpoint()
+                except SnapshotFailed as e:  # nothing written, nothing lost: not fatal
+                    _log_snapshot_failed(self.id, g, "checkpoint", e)
             else:
                 self._checkpointing[g.id] = (g, self._pool("checkpoint").submit(sync))
             return
@@ -749,7 +759,12 @@ class Node:
             self._imaging[key] = m
             return
         self._imaging[key] = None
-        chunks = g.state.snapshot_chunks()
+        try:
+            chunks = g.state.snapshot_chunks()
+        except SnapshotFailed as e:
+            del self._imaging[key]
+            _log_snapshot_failed(self.id, g, f"imaging a snapshot for {m.to}", e)
+            return
         assert m.snapshot is not None
         meta = m.snapshot.meta
 
@@ -1096,6 +1111,13 @@ def _timed_persist(unit: list[tuple[Group, Ready]]) -> float:
 def _fail(fut: Future[Any], exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
+
+
+def _log_snapshot_failed(node: str, g: Group, doing: str, e: SnapshotFailed) -> None:
+    """A state machine could not snapshot its state: nothing was written, the checkpoint
+    did not advance, and the log after it is kept. Loud, but not fatal to the loop."""
+    log.error("node %s group %s: %s failed, so the log after index %d is kept: %s", node,
+              g.id, doing, g.state.checkpoint_index(), e)
 
 
 def conf_change(op: ConfChangeOp, node: str, addr: str | None = None) -> ConfChange:

@@ -23,6 +23,14 @@ for the KV stores (IGNITE-16907). What differs is what is durable:
   is restored. A checkpoint costs a whole ``sm.snapshot()``, O(state) work on the driver
   thread. For a large state, pass a larger ``checkpoint_seconds`` and ``checkpoint_entries``:
   the cost is a longer replay after a restart.
+- **a failing snapshot** (``ReplicatedObject.snapshot`` raises a ``TypeError`` naming an
+  attribute that is not plain data) fails the checkpoint with ``SnapshotFailed``, a
+  ``StorageError``, and nothing is written: the file and the checkpoint index stay where
+  they were, so compaction keeps the log after them and a restart replays it. No state is
+  lost, but the log grows until a snapshot succeeds. The next attempt comes when the
+  policy is due again, counted from the failed one (the same state would fail the same
+  way, and trying at every apply would cost a snapshot each time). The driver logs every
+  failure as an error and carries on; a leader whose image fails sends a follower none.
 - **open** restores the checkpoint file if there is one; applied = checkpoint = its index.
   Without a file the state machine starts as the caller built it, at index 0.
 - **path=None** (purely in memory): nothing survives the process, so the store promises
@@ -92,6 +100,12 @@ _HEADER_BYTES = len(_MAGIC) + _FIELDS.size + _SUM_BYTES
 PIECE_BYTES = MAX_VALUE_BYTES
 
 
+class SnapshotFailed(StorageError):
+    """The state machine's ``snapshot()`` raised, or returned something other than bytes.
+    Nothing was written or changed: the checkpoint and its index, the state machine and
+    the log after the checkpoint are as they were (module docstring)."""
+
+
 def piece_key(n: int) -> bytes:
     """The row key of the ``n``-th piece of a state machine image."""
     return b"sm/%012d" % n
@@ -136,6 +150,7 @@ class UserStateStore(Checkpointing):
         self.path = None if path is None else os.fspath(path)
         self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
         self._applied = self._checkpoint = 0
+        self._failed_at = 0  # the applied index of the last checkpoint whose snapshot failed
         self._closed = False
         self.checkpoints = 0  # checkpoints that wrote something (for tests)
         if self.path is not None:
@@ -212,13 +227,13 @@ class UserStateStore(Checkpointing):
         try:
             data = self.sm.snapshot()
         except Exception as e:
-            raise StorageError(
+            raise SnapshotFailed(
                 f"the state machine's snapshot() failed: {type(e).__name__}: {e}"
             ) from e
         if isinstance(data, bytearray | memoryview):
             data = bytes(data)
         if type(data) is not bytes:
-            raise StorageError(
+            raise SnapshotFailed(
                 f"the state machine's snapshot() returned a {type(data).__name__}, not bytes"
             )
         return data
@@ -248,6 +263,19 @@ class UserStateStore(Checkpointing):
             return False  # nothing can be made durable (module docstring)
         self._write(applied, self._image())
         return True
+
+    def checkpoint(self) -> int:
+        try:
+            return super().checkpoint()
+        except SnapshotFailed:
+            self._failed_at = self._applied
+            self._policy.reset()  # due again counted from here (checkpoint_due)
+            raise
+
+    def checkpoint_due(self, now: float) -> bool:
+        self._live()
+        since = max(self._checkpoint, self._failed_at)
+        return self._policy.due(self._applied - since, now)
 
     def maybe_checkpoint(self, now: float) -> bool:
         return self.path is not None and super().maybe_checkpoint(now)
