@@ -127,8 +127,10 @@ class Client:
                     status, data, ctype = self._once(e, "GET", "/health", None)
                 except (OSError, http.client.HTTPException):
                     continue
-                if status == 200:
-                    self._ids[str(_json(data, ctype).get("id"))] = e
+                if status in (200, 503):  # 503: up, but no leader known yet
+                    ident = _json(data, ctype).get("id")
+                    if ident is not None:
+                        self._ids[str(ident)] = e
         return self._ids.get(node_id)
 
     # -- KV -----------------------------------------------------------------------------

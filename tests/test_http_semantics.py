@@ -175,3 +175,36 @@ def test_every_replica_agrees_after_the_traffic_above(cluster: ProcCluster) -> N
                 continue
             digests.add((d["count"], d["digest"]))
         assert len(digests) == 1, (p, digests)
+
+
+def test_a_405_names_the_methods_the_resource_takes(cluster: ProcCluster) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", cluster.nodes["n1"].http_port, timeout=10)
+    try:
+        conn.request("PATCH", "/v1/kv/k", body=b"v")
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 405 and body["error"]
+        assert {"GET", "PUT", "DELETE"} <= {m.strip() for m in r.getheader("Allow", "").split(",")}
+    finally:
+        conn.close()
+
+
+def test_a_learner_with_a_malformed_address_is_refused(cluster: ProcCluster) -> None:
+    for addr in ("notanaddr", "127.0.0.1", "127.0.0.1:99999", "host:port"):
+        status, body = _call_json(cluster, "POST", "/v1/cluster/learners",
+                                  {"id": "n9", "raft_addr": addr})
+        assert status == 400 and "raft_addr" in body["error"], (addr, status, body)
+    members = (cluster.group_status(cluster.wait_leader()) or {})["members"]
+    assert "n9" not in members
+
+
+def _call_json(c: ProcCluster, method: str, path: str, body: Any) -> tuple[int, Any]:
+    leader = c.wait_leader()
+    conn = http.client.HTTPConnection("127.0.0.1", c.nodes[leader].http_port, timeout=10)
+    try:
+        conn.request(method, path, body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()

@@ -16,7 +16,8 @@ Endpoints (JSON bodies and errors; values travel raw as the body):
   ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}`` (202
   with the new leader when the leader removes itself: its successor completes it);
   ``POST /v1/cluster/transfer`` ``{"to"}``.
-- ``GET /health``, ``GET /metrics`` (Prometheus text format).
+- ``GET /health``: 200 with the node's id, role and leader; 503 when no leader is known
+  or the driver loop failed. ``GET /metrics`` (Prometheus text format).
 - Tables (``/v1/tables...``, ``/v1/cluster/nodes``): see ``raftkv.server.tables``.
 - ``POST /v1/test/partition`` ``{"block": [ids]}``: only with ``--enable-test-faults``.
 
@@ -53,6 +54,7 @@ from raftkv.server.requests import (
     wait,
 )
 from raftkv.server.tables import Placement, TablesApi
+from raftkv.transport.tcp import parse_addr
 from storage.commands import MAX_COMMAND_BYTES, CommandError
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,10 @@ class Api:
     async def add_learner(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         node, addr = str_field(body, "id"), str_field(body, "raft_addr")
+        try:
+            parse_addr(addr)
+        except ValueError as e:
+            raise CommandError(f'"raft_addr": {e}') from None
         index = await self._admin(lambda: self.kv.add_learner(node, addr))
         return web.json_response({"index": index, "id": node, "kind": "pre-follower"})
 
@@ -167,8 +173,12 @@ class Api:
             return error(503, f"driver loop failed: {self.kv.node.failure!r}")
         st = await wait(self.kv.node.status())
         g = st["groups"][self.kv.group]
-        return web.json_response({"status": "ok", "id": st["id"], "leader": g["leader"],
-                                  "role": g["role"], "term": g["term"]})
+        # No known leader: the node runs but cannot serve a write or a linearizable
+        # read, which is what a load balancer asks /health (etcd answers the same way).
+        ok = g["leader"] is not None
+        return web.json_response({"status": "ok" if ok else "no leader", "id": st["id"],
+                                  "leader": g["leader"], "role": g["role"],
+                                  "term": g["term"]}, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(

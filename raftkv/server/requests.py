@@ -80,7 +80,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except web.HTTPException as e:
         if e.status >= 400 and e.content_type != "application/json":
-            return error(e.status, e.reason)
+            answer = error(e.status, e.reason)
+            if "Allow" in e.headers:  # a 405 says which methods the resource takes
+                answer.headers["Allow"] = e.headers["Allow"]
+            return answer
         raise
     except ConnectionResetError:
         # The client hung up mid-request: nothing was proposed and nobody is listening.

@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
     if not args.memory and not args.data_dir:
         raise ValueError("--data-dir is required unless --memory is given")
     peers = parse_peers(args.peers)
+    if peers and args.id not in peers and not args.join:
+        # Bootstrapping with itself added would make a configuration of len(peers) + 1
+        # voters that no other node shares: a mistyped --id splits the cluster.
+        raise ValueError(f"--id {args.id} is not among --peers ({', '.join(sorted(peers))}): "
+                         "list it there to found a cluster with them, or give --join to "
+                         "start empty and be added to a running cluster")
     peers.setdefault(args.id, args.raft_addr)
     if peers[args.id] != args.raft_addr:
         raise ValueError(f"--peers gives {args.id} the address {peers[args.id]}, "

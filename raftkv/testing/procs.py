@@ -198,8 +198,10 @@ class ProcCluster:
             if not n.alive:
                 raise RuntimeError(f"{node_id} exited at start:\n{n.log_text()[-3000:]}")
             try:
-                status, _ = http_json(n.endpoint + "/health", timeout=0.5)
-                if status == 200:
+                status, body = http_json(n.endpoint + "/health", timeout=0.5)
+                # 503 "no leader" is a node that serves, waiting for an election.
+                if status == 200 or (status == 503 and isinstance(body, dict)
+                                     and body.get("status") == "no leader"):
                     return
             except OSError:
                 pass
