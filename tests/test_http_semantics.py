@@ -208,3 +208,9 @@ def _call_json(c: ProcCluster, method: str, path: str, body: Any) -> tuple[int, 
         return r.status, json.loads(r.read())
     finally:
         conn.close()
+
+
+def test_removing_a_node_not_in_the_topology_is_a_404(cluster: ProcCluster) -> None:
+    status, body = _call_json(cluster, "DELETE", "/v1/cluster/nodes/n9", None)
+    assert status == 404 and "not in the placement topology" in body["error"]
+    assert sorted(body["topology"]) == ["n1", "n2", "n3"]

@@ -422,8 +422,17 @@ class TablesApi:
 
     async def remove_node(self, request: web.Request) -> web.Response:
         node = request.match_info["id"]
-        nodes = await self._run(
-            lambda: self.p.change_topology(lambda ns: [n for n in ns if n != node]))
+        absent: list[str] = []
+
+        def without(ns: list[str]) -> list[str]:
+            if node not in ns:
+                absent[:] = ns  # checked against the same read the change is guarded by
+            return [n for n in ns if n != node]
+
+        nodes = await self._run(lambda: self.p.change_topology(without))
+        if absent:
+            return error(404, f"{node} is not in the placement topology "
+                              f"({', '.join(absent)})", topology=absent)
         return web.json_response({"removed": node, "topology": nodes})
 
     # -- table KV -------------------------------------------------------------------------
