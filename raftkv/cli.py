@@ -55,7 +55,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     cols = ["node", "group", "role", "kind", "term", "leader", "commit", "applied",
             "checkpoint", "last"]
     body = [[str(r.get(c, "")) for c in cols] for r in rows if "error" not in r]
-    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+    widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(cols)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)).rstrip() for b in body]
     lines += [f"{r['node']}: unreachable ({r['error']})" for r in rows if "error" in r]

@@ -26,6 +26,9 @@ import msgpack
 RETRYABLE = {503, 504}
 
 
+KEY_NOT_FOUND = "key not found"  # the 404 of an absent key (raftkv.server.kv_ops)
+
+
 class ClientError(Exception):
     """The cluster answered with an error; ``status`` and ``body`` say which."""
 
@@ -149,7 +152,9 @@ class Client:
         try:
             return self.request("GET", path)[1]
         except ClientError as e:
-            if e.status == 404:
+            # Only an absent key is None: an unknown or dropped table is a 404 too, and
+            # must not read as "no such key".
+            if e.status == 404 and e.body.get("error") == KEY_NOT_FOUND:
                 return None
             raise
 

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import pytest
 
 from raftkv.client import ClientError
-from raftkv.testing.procs import ProcCluster
+from raftkv.testing.procs import ProcCluster, free_ports
 
 TABLE, PARTS = "sem", 4
 
@@ -214,3 +214,23 @@ def test_removing_a_node_not_in_the_topology_is_a_404(cluster: ProcCluster) -> N
     status, body = _call_json(cluster, "DELETE", "/v1/cluster/nodes/n9", None)
     assert status == 404 and "not in the placement topology" in body["error"]
     assert sorted(body["topology"]) == ["n1", "n2", "n3"]
+
+
+def test_the_cli_says_unknown_table_not_key_not_found(cluster: ProcCluster) -> None:
+    eps = ",".join(n.endpoint for n in cluster.nodes.values())
+    res = subprocess.run([sys.executable, "-m", "raftkv.cli", "--endpoints", eps,
+                          "get", "--table", "nosuch", "k"],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "unknown table nosuch" in res.stderr and "not found" not in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cluster_status_with_every_endpoint_down_reports_them() -> None:
+    ports = free_ports(2)
+    eps = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    res = subprocess.run([sys.executable, "-m", "raftkv.cli", "--endpoints", eps, "--timeout",
+                          "2", "cluster", "status"],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.stdout.count("unreachable") == 2, res.stdout

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from raftkv.client import KEY_NOT_FOUND
 from raftkv.node.driver import Node
 from raftkv.server.requests import check_query, error, flag, path_key, query_bytes, wait
 from storage.commands import (
@@ -95,7 +96,7 @@ async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
         key = req.key
         value = await wait(node.read(group, lambda s: s.get(key), linearizable=not req.stale))
         if value is None:
-            return error(404, "key not found")
+            return error(404, KEY_NOT_FOUND)
         return web.Response(body=value, content_type="application/octet-stream")
     new = req.value if req.method == "PUT" else None
     if req.compare:
