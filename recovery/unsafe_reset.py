@@ -566,7 +566,12 @@ def _reset(opened: list[_Open], members: list[str], group: str, dry_run: bool) -
                          "it becomes a voter")
     floors = tuple(st.node_id for st in states if st.vote_floor is not None)
     if not dry_run:
-        conf = ConfState(voters=frozenset(members))
+        # The survivors are recorded as the incarnations they are: their votes then
+        # count at once, even for a survivor whose files were re-created at some time
+        # (newborn, see "Incarnations" in raftkv.core.raft), which would otherwise grant
+        # no vote until a leader recorded it, and with every survivor so, none would.
+        records = frozenset((o.node_id, o.log.identity().incarnation) for o in opened)
+        conf = ConfState(voters=frozenset(members), incarnations=records)
         # cc=None, as in the bootstrap entry: this is not one of the four one-by-one
         # changes but a wholesale replacement of the voter set.
         entry = Entry(new_term, index, EntryType.CONF_CHANGE, encode_conf_entry(None, conf))

@@ -63,7 +63,9 @@ class LmdbGroup:
         gs = GroupStorage(raft_log, state)
         gs.recover()
         self.incarnation += 1
-        config = Config(id=nid, applied=state.applied_index(), vote_floor=gs.vote_floor)
+        ident = raft_log.identity()  # as the driver does: identities on
+        config = Config(id=nid, applied=state.applied_index(), vote_floor=gs.vote_floor,
+                        incarnation=ident.incarnation, newborn=ident.newborn)
         self.nodes[nid] = (Raft(config, raft_log, random.Random(f"{nid}/{self.incarnation}")), gs)
 
     def close(self, nid: str) -> None:
@@ -214,8 +216,12 @@ def test_survivors_of_a_lost_majority_regain_availability_keeping_what_they_hold
     g = LmdbGroup({"n4": dirs["n4"], "n5": dirs["n5"]})
     assert g.tick_until_leader() == "n4"
     g.tick(3)
+    # The survivors are recorded as the incarnations they are (see unsafe_reset._reset).
+    records = frozenset((nid, g.nodes[nid][1].log.identity().incarnation)
+                        for nid in ("n4", "n5"))
     for nid in ("n4", "n5"):
-        assert g.raft(nid).conf == ConfState(voters=frozenset({"n4", "n5"}))
+        assert g.raft(nid).conf == ConfState(voters=frozenset({"n4", "n5"}),
+                                             incarnations=records)
     d = batch("d", 10)
     d_index = g.put("n4", d)
     for nid in ("n4", "n5"):
