@@ -1,7 +1,8 @@
 """Spark jobs for raftkv tables: ``bulk_load`` a DataFrame, ``verify`` every replica.
 
 Nothing else in raftkv imports this package, and it imports pyspark only where a job
-needs it, so the server, the embedded API and the CLI start without a JVM. ``session``
+needs it, so the server, the embedded API and the CLI start without a JVM. pyspark,
+pyarrow and pandas are the ``spark`` extra (``pip install 'raftkv[spark]'``). ``session``
 builds the embedded default, a ``local[*]`` SparkSession; pass a master URL to run the
 same job on a real cluster (the executors then need raftkv installed).
 
@@ -31,8 +32,14 @@ __all__ = ["LoadReport", "Mismatch", "PartitionLoad", "SparkJobError", "VerifyRe
 
 def session(master: str = "local[*]", app_name: str = "raftkv", **conf: Any) -> SparkSession:
     """A SparkSession whose Python workers run this interpreter (so they import the same
-    raftkv), with Spark's console progress bar on."""
-    from pyspark.sql import SparkSession
+    raftkv), with Spark's console progress bar on. ``SparkJobError`` if pyspark is not
+    installed (it is the ``spark`` extra: ``pip install 'raftkv[spark]'``)."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as e:
+        raise SparkJobError(
+            f"the Spark jobs need pyspark, which is not installed ({e}): "
+            "pip install 'raftkv[spark]'") from None
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     b = (SparkSession.builder.master(master).appName(app_name)
