@@ -22,6 +22,25 @@ def cluster(identities: bool = True, seed: int = 1) -> Cluster:
     return Cluster(N3, seed=seed, identities=identities)
 
 
+def elect_at_birth(c: Cluster, leader: str) -> None:
+    """A newborn node grants a vote at the group's birth only once enough other voters
+    have shown it, in their vote requests, that they hold no record of it. In a real
+    cluster each founder's first-tick pre-vote does that; here every other node
+    campaigns with all answers to it dropped (so none can win), then ``leader``
+    campaigns. Without identities, an election is just an election."""
+    if not c.raft(leader).cfg.incarnation:
+        c.elect(leader)
+        return
+    for n in sorted(c.nodes):
+        if n != leader:
+            deaf = {(m, n) for m in c.nodes}
+            c.blocked |= deaf
+            c.raft(n).campaign()
+            c.stabilize()
+            c.blocked -= deaf
+    c.elect(leader)
+
+
 def inc(c: Cluster, nid: str) -> int:
     return c.nodes[nid].storage.identity().incarnation
 
@@ -40,13 +59,50 @@ def changes(c: Cluster, nid: str) -> list[ConfChange]:
 
 def commit_one_without_n2(c: Cluster) -> int:
     """n1 leads; an entry is committed by n1 and n3 while n2 hears nothing."""
-    c.elect("n1")
+    elect_at_birth(c, "n1")
     c.stabilize()
     c.isolate("n2")
     index = c.propose("n1", cmd(1))
     assert c.raft("n1").log.committed >= index
     assert c.raft("n2").log.last_index() < index
     return index
+
+
+def test_at_birth_a_newborn_voter_waits_to_hear_that_enough_voters_never_recorded_it() -> None:
+    """A candidate at birth is no proof the group is at birth: a laggard that never
+    received anything looks the same (simulator seed 92: two such laggards and a wiped
+    node were three of five and elected a leader lacking a committed entry). A newborn
+    node votes once more than n - majority(n) other voters (both others, of three) have
+    shown it in their vote requests that they hold no record of it."""
+    c = cluster()
+    c.raft("n1").campaign()
+    c.stabilize()
+    assert c.leader() is None  # n2 and n3 have each heard from n1 only
+    c.raft("n2").campaign()
+    c.stabilize()  # n3 has now heard from n1 and n2, and n1 from n2
+    assert c.leader() == "n2"
+
+
+def test_five_voters_two_laggards_at_birth_and_a_wiped_one_elect_nobody() -> None:
+    """Simulator seed 92 as a scenario: n5 leads and commits with n2 and n3; n1 and n4
+    never hear anything; n3 is wiped. n1, n3 and n4 are three of five and all at birth."""
+    c = Cluster(["n1", "n2", "n3", "n4", "n5"], seed=3, identities=True)
+    elect_at_birth(c, "n5")
+    c.isolate("n1")
+    c.isolate("n4")
+    index = c.propose("n5", cmd(1))
+    assert c.raft("n5").log.committed >= index
+    c.isolate("n5")
+    c.cut("n2", "n1")
+    c.cut("n2", "n3")
+    c.cut("n2", "n4")
+    c.wipe("n3")
+    for n in ("n1", "n3", "n4"):
+        for m in ("n1", "n3", "n4"):
+            c.blocked.discard((n, m))
+    for _ in range(60):
+        c.tick(["n1", "n3", "n4"])
+    assert all(c.raft(n).role != Role.LEADER for n in ("n1", "n3", "n4"))
 
 
 def wiped_n3_and_dead_n1(identities: bool) -> tuple[Cluster, int]:
@@ -65,7 +121,7 @@ def test_the_first_leader_records_every_voter_it_hears_from() -> None:
     records the leader and its voters, and a RECORD follows for any voter it hears from
     later, so every voter is counted on as the incarnation it is."""
     c = cluster()
-    c.elect("n1")
+    elect_at_birth(c, "n1")
     c.stabilize()
     want = frozenset((n, inc(c, n)) for n in N3)
     for n in N3:
@@ -104,7 +160,7 @@ def test_a_wiped_voter_is_readmitted_as_a_learner_and_promoted_once_caught_up() 
     an automatically promoted learner, recorded anew), replicates to it, and promotes
     it. The leader's old match for n3 is void the moment the new incarnation answers."""
     c = cluster()
-    c.elect("n1")
+    elect_at_birth(c, "n1")
     for i in range(5):
         c.propose("n1", cmd(i))
     old = inc(c, "n3")
@@ -127,7 +183,7 @@ def test_a_stale_leader_cannot_commit_with_a_wiped_voter_that_forgot_its_term() 
     committed. The deposed leader knows n3 by its old incarnation: the answers of the
     new one do not count."""
     c = cluster()
-    c.elect("n1")
+    elect_at_birth(c, "n1")
     c.stabilize()
     c.isolate("n1")  # n1 still believes it leads (it is not ticked, so no check-quorum)
     c.tick(["n3"], n=10)  # n3's leader lease runs out, so it will vote
@@ -155,7 +211,7 @@ def test_a_stale_leader_cannot_commit_with_a_wiped_voter_that_forgot_its_term() 
 
 def test_counterfactual_without_identities_the_stale_leader_commits_a_conflicting_entry() -> None:
     c = cluster(identities=False)
-    c.elect("n1")
+    elect_at_birth(c, "n1")
     c.stabilize()
     c.isolate("n1")
     c.tick(["n3"], n=10)
@@ -175,7 +231,7 @@ def test_a_learner_is_promoted_only_once_recorded() -> None:
     """Auto-promotion waits for the learner's RECORD: a voter is only ever counted as a
     recorded incarnation."""
     c = cluster()
-    c.elect("n1")
+    elect_at_birth(c, "n1")
     c.propose("n1", cmd(0))
     c.add_empty_node("n4")
     c.nodes["n4"].identities = True
@@ -205,8 +261,7 @@ def test_a_newborn_voter_refuses_a_candidate_past_birth_until_recorded() -> None
     """The vote rule on its own: a newborn, unrecorded n3 refuses n2 once n2's log holds
     a leader's entry, and grants it at birth."""
     at_birth = cluster()
-    at_birth.isolate("n1")
-    at_birth.elect("n2")  # n3 grants: n2's log is at birth
+    elect_at_birth(at_birth, "n2")  # n1 and n3 grant: both have seen every voter at birth
     c = cluster()
     commit_one_without_n2(c)
     c.nodes["n1"].crash()

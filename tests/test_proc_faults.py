@@ -694,7 +694,7 @@ def test_raft_port_bad_input_closes_one_connection_and_node_keeps_serving(
             ("items not lists", lambda p: encode_frame([1, "x"]), "malformed item"),
             ("unknown item kind", lambda p: encode_frame([[9, 1]]), "unknown item kind"),
             ("raft record too short", lambda p: encode_frame([[0, "default", 8]]),
-             "expected 16 fields"),
+             "expected 17 fields"),
             ("raft term of wrong type", lambda p: raft(p, term="x"),
              "expected a non-negative integer"),
             ("raft reject of wrong type", lambda p: raft(p, reject=1), "reject: expected a bool"),

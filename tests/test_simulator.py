@@ -34,6 +34,10 @@ REGRESSION_SEEDS = {
     (1, 19): "a lone voter committed its promotion of a second voter by itself (§4.1)",
     (5, 3493): "checker: a vote granted then superseded by a campaign in one Ready was missed",
     (5, 3978): "harness: compaction asserted a known config while a leader's snapshot was pending",
+    (5, 92): "a wiped voter and two laggards at birth (3 of 5) elected a leader lacking a "
+             "committed entry: a candidate at birth is no proof the group is at birth",
+    (5, 10): "wiped founders removed from the group bootstrapped the founding configuration "
+             "and formed a group of their own (now excluded from the wipe fault)",
 }
 
 

@@ -151,28 +151,36 @@ Every message carries its sender's incarnation (``Message.inc``). The rules:
   its campaign. A leader that hears from a member the configuration does not record
   proposes a ``RECORD`` of it (``_settle_identities``), one change at a time. A learner is
   promoted only once recorded, so a voter is always counted as a recorded incarnation.
-- **Acknowledgements** (``_recognise``). A leader ignores the answers of a voter whose
-  message names another incarnation than its record: they count toward no commit, no
-  ReadIndex quorum, no check-quorum. What it knew of the member (its match) is void the
-  moment a new incarnation answers. Such a voter gets a ``READMIT``: demoted to an
-  automatically promoted learner recorded as its new incarnation, a one-by-one
-  demotion, so as safe as any (ch. 4). It catches up as a learner and is promoted.
+- **Acknowledgements** (``_recognise``, ``_countable``). A leader ignores the answers of
+  a voter whose message names another incarnation than its record: they count toward
+  no commit, no ReadIndex quorum, no check-quorum. What it knew of the member (its
+  match) is void the moment a new incarnation answers. Such a voter gets a ``READMIT``:
+  demoted to an automatically promoted learner recorded as its new incarnation, a
+  one-by-one demotion, so as safe as any (ch. 4). It catches up as a learner and is
+  promoted. A recorded voter counts only once its record is committed (by a majority
+  that did not need it), except the records of a group's first configuration entry
+  that has any (its first leader's no-op), which count at once: birth needs them.
 - **Commit by heartbeat.** A heartbeat's commit is bounded by the leader's match for
   the follower; the heartbeat names the incarnation that match describes (``to_inc``),
   and a follower that is another incarnation commits nothing from it.
 - **Votes** (``_identity_allows_vote``). A vote request names the incarnation the
-  candidate records for the voter (``to_inc``). A node refuses when it is not that
-  incarnation (the candidate counts on state it lost), refuses a candidate that is not
-  the incarnation it records, and, when its storage was created empty
-  (``Config.newborn``) and its own configuration does not yet record it, grants only a
-  candidate that records it as it is or whose log holds nothing beyond the bootstrap
-  entry (``BOOTSTRAP_TERM``). A newborn node cannot tell the group's birth from its own
-  loss of state; a candidate past the birth may lack what its earlier incarnation
-  acknowledged.
+  candidate records for the voter (``to_inc``) and whether that record is committed in
+  its log (``to_inc_ok``). A node refuses when it is not that incarnation (the
+  candidate counts on state it lost) and refuses a candidate that is not the
+  incarnation it records. A node whose storage was created empty (``Config.newborn``)
+  and that its configuration does not record cannot tell a group's birth from its own
+  loss of state: it votes only when it can prove that no earlier incarnation of it
+  ever counted (``_newborn_may_vote`` gives the two proofs and why they hold). A
+  candidate at the group's birth is no such proof: a laggard that never received
+  anything looks the same, and two such laggards with a wiped voter are three of five
+  (simulator seed 92). So a new group is born once enough founders have seen each
+  other: a newborn founder announces itself with a pre-vote at its first tick.
 
-What this does not cover, and why: a voter that was never recorded (the group's first
-moments, before its first leader's no-op, or logs written before incarnations, which
-the first leader records) is counted as before. A deposed leader whose configuration
+What this does not cover, and why: a voter that was never recorded (logs written
+before incarnations, which the first leader records) is counted as before. A group of
+three is born only once all three founders have run (each must see that the other two
+hold no record of it); five need four. If the first leader dies before its records
+commit, a voter it recorded but that never received them may wait for that leader. A deposed leader whose configuration
 predates a member's record can record the member's new incarnation. A leader's match
 for a follower that was wiped while down counts until the new incarnation first
 answers, which matters only for an entry not yet committed when the follower went
@@ -207,7 +215,7 @@ from raftkv.core.membership import (
     encode_conf_entry,
 )
 from raftkv.core.progress import Inflights, Progress, ProgressState
-from raftkv.core.quorum import committed_index, has_quorum, vote_result
+from raftkv.core.quorum import committed_index, has_quorum, majority, vote_result
 from raftkv.core.read_only import ReadOnly
 from raftkv.core.types import (
     Message,
@@ -342,8 +350,15 @@ class Raft:
         # Candidate: the incarnations of the voters that answered this campaign (its
         # pre-vote or vote, granted or not), for the no-op to record.
         self._grants: dict[str, int] = {}
+        # Newborn and unrecorded (see "Incarnations"): the voters whose vote requests,
+        # since this start, showed no record of this node (or a committed record of it
+        # as it is), and whether one showed another incarnation of it.
+        self._unaware: set[str] = set()
+        self._known_gone = False
         self.conf: ConfState = self.confs[-1][1]
         self._incs = dict(self.conf.incarnations)
+        newborn_founder = (config.incarnation and config.newborn and self.id in self.conf.voters
+                           and self._incs.get(self.id) != config.incarnation)
         self._trim_confs()  # applied may start past some of them (Config.applied)
 
         self.term = hard.term
@@ -377,6 +392,12 @@ class Raft:
         self._prev_hard = hard
         self._snapshot_timeout = config.snapshot_timeout or config.election_tick
         self._become_follower(self.term, None)
+        if newborn_founder:
+            # Announce ourselves at the first tick: a pre-vote shows the other voters that
+            # we hold no record of them, which a newborn voter needs to see from enough
+            # of them before it grants a vote (``_identity_allows_vote``). Pre-vote changes
+            # no term, so this disturbs nothing.
+            self.election_elapsed = self.randomized_election_timeout - 1
 
     # ================================================================ public API ======
     def tick(self) -> None:
@@ -491,6 +512,8 @@ class Raft:
             self._unquiesce()
 
     def _step(self, m: Message) -> None:
+        if self._inc and self.cfg.newborn and (m.type == MT.VOTE or m.type == MT.PRE_VOTE):
+            self._note_report(m)
         if m.term > self.term:
             if m.type in (MT.VOTE, MT.PRE_VOTE):
                 in_lease = (
@@ -768,10 +791,17 @@ class Raft:
         else:
             self._send(Message(resp, m.frm, self.id, self.term, reject=True))
 
+    def _note_report(self, m: Message) -> None:
+        """What a vote request tells a newborn node of its own past (``to_inc``)."""
+        if m.to_inc == 0 or (m.to_inc == self._inc and m.to_inc_ok):
+            self._unaware.add(m.frm)
+        elif m.to_inc != self._inc:
+            self._known_gone = True  # the candidate counts on an earlier incarnation of us
+
     def _identity_allows_vote(self, m: Message) -> bool:
         """The vote rules of "Incarnations": never vote as an incarnation the candidate
         does not know us by, never for a candidate that is not the incarnation we know,
-        and, newborn and not yet recorded, only for a candidate at the group's birth."""
+        and, newborn and not yet recorded, only as ``_newborn_may_vote`` allows."""
         if not self._inc:
             return True
         if m.to_inc and m.to_inc != self._inc:
@@ -780,10 +810,33 @@ class Raft:
         if known is not None and m.inc != known:
             return False  # the candidate lost the state this group counted on
         if self.cfg.newborn and self._incs.get(self.id) != self._inc:
-            # The candidate records us as we are (our record has not reached us), or it
-            # holds nothing beyond the group's birth: nothing we may have lost.
-            return m.to_inc == self._inc or m.log_term <= BOOTSTRAP_TERM
+            return self._newborn_may_vote(m)
         return True
+
+    def _newborn_may_vote(self, m: Message) -> bool:
+        """A node whose storage was created empty, and which its configuration does not
+        record, may be a founder at the group's birth or a voter whose files were wiped.
+        Its vote is safe when no earlier incarnation of it ever counted: a voter's
+        acknowledgements count only once its record is committed (``_countable``; the
+        first leader's own records excepted, which count at once). Either proof will do:
+
+        - the candidate holds a committed record of us as we are: its leader recorded
+          us knowing the group's committed history (Raft's leader completeness), so it
+          holds everything an earlier incarnation helped commit;
+        - more than ``n - majority(n)`` other voters have shown us no record of us (or
+          a committed one of us as we are). A record of an earlier incarnation that
+          counted was committed by a majority without it, or is the first leader's,
+          held by a majority possibly with it; either way at least ``majority(n) - 1``
+          other voters hold it, so it cannot be absent from that many.
+
+        The candidate's own request is one of the reports (noted before this check)."""
+        if m.to_inc == self._inc and m.to_inc_ok:
+            return True
+        if self._known_gone:
+            return False
+        others = self.conf.voters - {self.id}
+        n = len(self.conf.voters)
+        return len(self._unaware & others) > n - majority(n)
 
     def _step_candidate(self, m: Message) -> None:
         t = m.type
@@ -1054,13 +1107,39 @@ class Raft:
                 pr = self.prs[m.frm] = self._new_progress(m.frm, self.log.last_index() + 1)
             pr.inc = m.inc
         if not m.inc or self._incs.get(m.frm) == m.inc:
-            return True
+            # A voter counts once its record is committed (``_countable``); until then its
+            # answers wait, as those of a voter not yet recorded.
+            return m.frm not in self.conf.voters or self._countable(m.frm)
         self._unrecorded[m.frm] = m.inc
         self._bcast_pending = True  # _flush proposes the record
         if m.frm in self.conf.voters:
             pr.probe_sent = False  # it answered: the record's append may go at once
             return False
         return True
+
+    def _record_began(self, nid: str) -> tuple[int, bool]:
+        """Where ``nid``'s current record began: the index of the configuration entry that
+        made it (or of the retained base, which is applied, so committed), and whether
+        that entry was a group's first records (the configuration before it had none)."""
+        confs = self.confs
+        rec = confs[-1][1].incarnation_of(nid)
+        for k in range(len(confs) - 1, 0, -1):
+            prev = confs[k - 1][1]
+            if prev.incarnation_of(nid) != rec:
+                return confs[k][0], not prev.incarnations
+        return confs[0][0], False
+
+    def _countable(self, nid: str) -> bool:
+        """Whether ``nid``'s acknowledgements may count (see "Incarnations"): without
+        identities, or in a configuration that records nobody yet (a group's birth, or a
+        log from before incarnations), every voter counts; otherwise a voter counts once
+        its record is committed, or at once if the record is among a group's first."""
+        if not self._inc or not self._incs:
+            return True
+        if nid not in self._incs:
+            return False
+        began, first = self._record_began(nid)
+        return first or began <= self.log.committed
 
     def _settle_identities(self) -> None:
         """Propose a RECORD (or a READMIT) for a member heard from as an incarnation the
@@ -1144,7 +1223,11 @@ class Raft:
 
     def _maybe_commit(self) -> bool:
         prs = self.prs
-        match = {v: prs[v].match for v in self.conf.voters if v in prs}
+        if self._inc and self._incs:
+            match = {v: prs[v].match for v in self.conf.voters
+                     if v in prs and self._countable(v)}
+        else:
+            match = {v: prs[v].match for v in self.conf.voters if v in prs}
         return self.log.maybe_commit(committed_index(self.conf.voters, match), self.term)
 
     def _on_commit(self) -> None:
@@ -1382,7 +1465,9 @@ class Raft:
         if inc:
             m.inc = inc
             if m.type == MT.VOTE or m.type == MT.PRE_VOTE:
-                m.to_inc = self._incs.get(m.to, 0)
+                to_inc = self._incs.get(m.to, 0)
+                m.to_inc = to_inc
+                m.to_inc_ok = bool(to_inc) and self._record_began(m.to)[0] <= self.log.committed
         self.msgs.append(m)
 
     def _hard_state(self) -> HardState:

@@ -55,9 +55,11 @@ class Message:
     - READ_INDEX(_RESP): ``context`` = the request's context, ``index`` = read index.
     - TRANSFER_LEADER: ``context`` = the transferee id.
 
-    Every message also carries ``inc``, the sender's incarnation, and a vote request
-    ``to_inc``, the incarnation the candidate has recorded for the recipient (0: none, or
-    identities are off). See "Incarnations" in ``raftkv.core.raft``.
+    Every message also carries ``inc``, the sender's incarnation. A vote request carries
+    ``to_inc``, the incarnation the candidate records for the recipient (0: none, or
+    identities are off), and ``to_inc_ok``, whether that record is committed in the
+    candidate's log; a heartbeat carries in ``to_inc`` the incarnation its commit bound
+    (the leader's match) describes. See "Incarnations" in ``raftkv.core.raft``.
     """
 
     __slots__ = (
@@ -74,6 +76,7 @@ class Message:
         "term",
         "to",
         "to_inc",
+        "to_inc_ok",
         "type",
     )
 
@@ -93,6 +96,7 @@ class Message:
         context: Any = None,
         inc: int = 0,
         to_inc: int = 0,
+        to_inc_ok: bool = False,
     ) -> None:
         self.type = type
         self.to = to
@@ -108,6 +112,7 @@ class Message:
         self.context = context
         self.inc = inc
         self.to_inc = to_inc
+        self.to_inc_ok = to_inc_ok
 
     def __repr__(self) -> str:
         parts = [f"{self.type.name} {self.frm}->{self.to} t{self.term}"]

@@ -4,11 +4,11 @@ A frame's payload is a list of items, everything one loop turn has for that peer
 heartbeats of every group it hosts with us included: that is the coalescing). Items:
 
 - ``[RAFT, group, type, to, frm, term, log_term, index, entries, commit, reject,
-  reject_hint, snapshot, context, inc, to_inc]``: one Raft message. ``entries`` is a
+  reject_hint, snapshot, context, inc, to_inc, to_inc_ok]``: one Raft message. ``entries`` is a
   list of ``[term, index, type, data]``; ``snapshot`` is None or
   ``[index, term, voters, learners, auto_promote, data, incarnations]``. A record
   without the last two fields (or a snapshot without incarnations) comes from a peer
-  that predates incarnations: it reads as 0 (none).
+  that predates incarnations: it reads as 0 (none) and False.
 - ``[FORWARD, request_id, group, data]``: a follower forwarding a client's write command
   to the leader.
 - ``[FORWARD_REPLY, request_id, ok, result]``: the leader's answer. ``result`` is
@@ -49,7 +49,7 @@ def encode_message(group: str, m: Message) -> list[Any]:
             sorted(snap.meta.conf.learners), sorted(snap.meta.conf.auto_promote), snap.data,
             encode_records(snap.meta.conf.incarnations),
         ],
-        m.context, m.inc, m.to_inc,
+        m.context, m.inc, m.to_inc, m.to_inc_ok,
     ]
 
 
@@ -103,12 +103,14 @@ def _snapshot(raw: object) -> Snapshot | None:
 
 
 def decode_message(item: list[Any]) -> tuple[str, Message]:
-    if len(item) == 16:
-        inc, to_inc = _int(item[14], "inc"), _int(item[15], "to_inc")
+    if len(item) == 17:
+        inc, to_inc, to_inc_ok = _int(item[14], "inc"), _int(item[15], "to_inc"), item[16]
+        if type(to_inc_ok) is not bool:
+            raise WireError("to_inc_ok: expected a bool")
     elif len(item) == 14:
-        inc = to_inc = 0
+        inc, to_inc, to_inc_ok = 0, 0, False
     else:
-        raise WireError(f"raft record: expected 16 fields, got {len(item)}")
+        raise WireError(f"raft record: expected 17 fields, got {len(item)}")
     (_, group, mtype, to, frm, term, log_term, index, entries, commit, reject,
      reject_hint, snap, context) = item[:14]
     t = _MT.get(mtype) if type(mtype) is int else None
@@ -124,6 +126,7 @@ def decode_message(item: list[Any]) -> tuple[str, Message]:
         entries=_entries(entries) if entries else (), commit=_int(commit, "commit"),
         reject=reject, reject_hint=_int(reject_hint, "reject_hint"),
         snapshot=_snapshot(snap), context=context, inc=inc, to_inc=to_inc,
+        to_inc_ok=to_inc_ok,
     )
     return _str(group, "group"), msg
 
