@@ -10,9 +10,10 @@ the same schedule with identities off and shows the loss the rule prevents.
 
 from __future__ import annotations
 
+import pytest
 from conftest import cmd
 
-from raftkv.core import ConfChange, ConfChangeOp, Role, decode_conf_entry
+from raftkv.core import ConfChange, ConfChangeOp, ConfChangeRejected, Role, decode_conf_entry
 from raftkv.testing.cluster import Cluster
 
 N3 = ["n1", "n2", "n3"]
@@ -273,3 +274,22 @@ def test_a_newborn_voter_refuses_a_candidate_past_birth_until_recorded() -> None
     votes = [m for m in c.delivered if m.frm == "n3" and m.to == "n2"
              and m.type.name.endswith("VOTE_RESP")]
     assert votes and all(m.reject for m in votes)
+
+
+def test_a_learner_is_not_promoted_by_hand_before_it_is_recorded() -> None:
+    """Simulator seed 132: a hand promotion of a learner the leader had not yet recorded
+    made a voter whose record, proposed later, needed its own acknowledgement to commit."""
+    c = cluster()
+    elect_at_birth(c, "n1")
+    c.add_empty_node("n4")
+    c.nodes["n4"].identities = True
+    c.nodes["n4"].restart()
+    c.isolate("n4")  # added, but not heard from
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, "n4"))
+    c.stabilize()
+    with pytest.raises(ConfChangeRejected, match="not yet recorded"):
+        c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.PROMOTE, "n4"))
+    c.heal()
+    for _ in range(10):
+        c.tick(["n1"])
+    assert "n4" in c.raft("n1").conf.voters  # recorded, then promoted automatically

@@ -38,6 +38,8 @@ REGRESSION_SEEDS = {
              "committed entry: a candidate at birth is no proof the group is at birth",
     (5, 10): "wiped founders removed from the group bootstrapped the founding configuration "
              "and formed a group of their own (now excluded from the wipe fault)",
+    (5, 132): "a learner promoted by hand before it was recorded: its record then needed its "
+              "own acknowledgement to commit, with a wiped voter the group never elected",
 }
 
 

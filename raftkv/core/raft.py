@@ -150,7 +150,10 @@ Every message carries its sender's incarnation (``Message.inc``). The rules:
   configuration does not yet record, as they are, itself and the voters that answered
   its campaign. A leader that hears from a member the configuration does not record
   proposes a ``RECORD`` of it (``_settle_identities``), one change at a time. A learner is
-  promoted only once recorded, so a voter is always counted as a recorded incarnation.
+  promoted (automatically or on request) only once its record is committed, so a voter
+  is always counted as a recorded incarnation (simulator seed 132: a learner promoted
+  by hand before it was recorded could not be recorded later without its own
+  acknowledgement).
 - **Acknowledgements** (``_recognise``, ``_countable``). A leader ignores the answers of
   a voter whose message names another incarnation than its record: they count toward
   no commit, no ReadIndex quorum, no check-quorum. What it knew of the member (its
@@ -443,6 +446,13 @@ class Raft:
         why = self._conf_change_blocker()
         if why:
             raise ConfChangeRejected(why)
+        if (cc.op == ConfChangeOp.PROMOTE and self._inc and cc.node in self.conf.learners
+                and not self._countable(cc.node)):
+            # A voter is counted only as a recorded incarnation, and one whose record
+            # is not committed would need its own acknowledgement to commit it.
+            raise ConfChangeRejected(
+                f"{cc.node} is not yet recorded (the leader has not heard from it, or its "
+                "record is not committed); retry once it has caught up")
         new_conf = apply_change(self.conf, cc)
         if cc.node == self.id and cc.op in (ConfChangeOp.REMOVE, ConfChangeOp.DEMOTE):
             target = self._most_up_to_date_voter()
