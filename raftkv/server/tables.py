@@ -36,9 +36,13 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   key's partition, ``partition_of(key, partitions)``. A node hosting that partition's group serves it (reads linearizable, writes
   forwarded to the group leader by the driver); any other node proxies the request to a
   stable node of the partition (HTTP addresses are published under
-  ``placement.http.<id>``), or answers 421 ``{"node": id}`` if none answers. A proxied
-  request carries ``X-Raftkv-Forwarded``; a node that receives one for a partition it does
-  not host (it just moved) answers 503, which the client retries.
+  ``placement.http.<id>``), or answers 421 ``{"node": id}`` if none answers. It moves on
+  to the next stable node only when it could not connect: a write whose connection broke
+  after it was sent may have applied there, so it answers 504 (outcome unknown) rather
+  than send the write twice (a second compare-and-set would compare against the first
+  one's value). A proxied request carries ``X-Raftkv-Forwarded``; a node that receives
+  one for a partition it does not host (it just moved) answers 503, which the client
+  retries.
 - ``POST /v1/cluster/nodes`` ``{"id", "raft_addr", "http_addr"?}``: add a node to the
   placement topology: admit it to the metastore as a learner (on the metastore leader;
   another node proxies there) and add it to ``placement.nodes``, which rebalances every
@@ -236,6 +240,12 @@ class TablesApi:
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+            # aiohttp sends a PUT or DELETE a second time when the connection breaks
+            # after it went out (RFC 9110 calls them idempotent). A compare-and-set is
+            # not: the second copy compares against what the first one wrote. Whether a
+            # proxied write may go out again is decided in _elsewhere, not here.
+            # (aiohttp has no public switch; its own test client sets this attribute.)
+            self.session._retry_connection = False
         return self.session
 
     async def _run(self, fn: Callable[[], Any]) -> Any:
@@ -463,8 +473,17 @@ class TablesApi:
                 continue
             try:
                 return await self._proxy(request, addrs[n], body)
-            except (aiohttp.ClientError, TimeoutError) as e:
+            except aiohttp.ClientConnectorError as e:  # no connection: nothing was sent
                 log.info("proxying %s to %s failed: %s", gid, n, e)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                # The request may have reached n and been applied (n was killed before
+                # it answered). A read may be asked again; a write must not be sent
+                # twice: a CAS would compare against its own first copy's value.
+                log.info("proxying %s to %s failed after sending: %s", gid, n, e)
+                if request.method != "GET":
+                    return error(504, f"proxying to {n} failed after the request was "
+                                      f"sent ({type(e).__name__}); the outcome is unknown",
+                                  group=gid)
         return error(421, f"{gid} is hosted on {', '.join(candidates)}; ask there",
                       node=candidates[0], group=gid)
 
@@ -488,6 +507,11 @@ class TablesApi:
                 raise
             if await self._run(lambda: self.p.descriptor(name)) is None:
                 return error(404, f"table {name} was dropped", group=gid)
+            if isinstance(e, UnknownGroup) or (isinstance(e, RemoteError)
+                                               and e.kind == "UnknownGroup"):
+                # Not proposed (the group was gone here, or on the leader it was sent
+                # to). A 404 would read as "no such key" to a GET (Client.get: None).
+                return error(503, f"{gid} moved ({e}); retry", group=gid)
             raise
 
     async def table_batch(self, request: web.Request) -> web.Response:
@@ -538,9 +562,18 @@ class TablesApi:
                     answer = await r.json(content_type=None)
                     if r.status == 200:
                         return int(answer["index"])
-                    last = _PartitionFailed(r.status, str(answer.get("error", answer)))
-            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                    failed = _PartitionFailed(r.status, str(answer.get("error", answer)))
+                    if r.status != 421:
+                        # Only a 421 says nothing was proposed. After a 504 (or a 503: the
+                        # group stopped under a pending entry) the batch may still apply
+                        # on n, so it must not go to another host as well.
+                        raise failed
+                    last = failed
+            except aiohttp.ClientConnectorError as e:  # no connection: nothing was sent
                 last = _PartitionFailed(503, f"{n}: {e}")
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                raise _PartitionFailed(504, f"{n} failed after the batch was sent ({e!r}); "
+                                            "the outcome is unknown") from e
         raise last
 
     # -- partition batches and replica digests (the Spark loader's and verifier's API) --------
