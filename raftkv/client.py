@@ -8,8 +8,11 @@ leader's endpoint. Writes are safe to send to any node (followers forward them),
 admin calls depend on finding the leader.
 
 A retried write may apply twice if the first attempt's answer was lost (a 504, or a
-dropped connection): use ``cas`` when that matters. Not thread-safe: one client per
-thread.
+dropped connection): use ``cas`` when that matters. ``cas`` itself is never retried
+after an attempt that may have applied: its answer would be the retry's 412 for a swap
+the first attempt made. It raises ``OutcomeUnknown`` instead; it retries only after a
+refused connection or a 503 that says no leader took the request. Not thread-safe: one
+client per thread.
 """
 
 from __future__ import annotations
@@ -40,6 +43,20 @@ class ClientError(Exception):
 
 class Unavailable(Exception):
     """No endpoint gave an answer before the deadline."""
+
+
+class OutcomeUnknown(Unavailable):
+    """A request that must not be sent twice (``cas``) reached a node and got no definite
+    answer (a lost connection, a 504, a 503 that may follow a proposal): it may or may
+    not have applied. Read the key to find out."""
+
+
+def _nothing_proposed(status: int, info: dict[str, Any]) -> bool:
+    """A 503 whose request provably never became a log entry: no leader was known, so
+    nothing was proposed (``status_of``'s NotLeader answer), or a leadership transfer
+    refused it (ProposalDropped)."""
+    return status == 503 and ("leader" in info and info["leader"] is None
+                              or "transfer" in str(info.get("error", "")))
 
 
 class Client:
@@ -80,8 +97,11 @@ class Client:
 
     def request(
         self, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = (200,),
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None, once: bool = False,
     ) -> tuple[int, bytes]:
+        """Send a request, retrying as the module docstring says. ``once``: the request
+        must not apply twice; after an attempt that may have applied, raise
+        ``OutcomeUnknown`` rather than send it again."""
         deadline = time.monotonic() + self.timeout
         last = "no attempt"
         delay = 0.05
@@ -90,6 +110,9 @@ class Client:
             try:
                 status, data, ctype = self._once(endpoint, method, path, body, headers)
             except (OSError, http.client.HTTPException) as e:
+                if once and not isinstance(e, ConnectionRefusedError):
+                    raise OutcomeUnknown(f"{endpoint}: {e} after the request may have "
+                                         "been sent; it may or may not have applied") from e
                 last = f"{endpoint}: {e}"
                 self._next()
             else:
@@ -111,6 +134,10 @@ class Client:
                         continue
                 if status not in RETRYABLE:
                     raise ClientError(status, info)  # includes 421 for a leader we cannot reach
+                if once and not _nothing_proposed(status, info):
+                    raise OutcomeUnknown(f"{endpoint}: HTTP {status} "
+                                         f"{info.get('error', '')}: it may or may not have "
+                                         "applied")
                 last = f"{endpoint}: HTTP {status} {info.get('error', '')}"
                 self._next()
             if time.monotonic() + delay > deadline:
@@ -177,7 +204,7 @@ class Client:
             e = expected.encode() if isinstance(expected, str) else expected
             q = "?prev_value=" + quote(e, safe="")
         v = new.encode() if isinstance(new, str) else new
-        _, data = self.request("PUT", self._kv(key, table) + q, v, ok=(200, 412))
+        _, data = self.request("PUT", self._kv(key, table) + q, v, ok=(200, 412), once=True)
         body = json.loads(data)
         return bool(body["swapped"]), int(body["index"])
 

@@ -1,4 +1,4 @@
-"""``Client.cas`` after a lost answer (a known bug, left for the client's owner).
+"""``Client.cas`` after a lost answer: an unknown outcome, never a definite ``False``.
 
 ``Client.request`` sends a request again after a dropped connection, a 503 or a 504.
 For a compare-and-set that is not safe: if the first copy applied and only its answer
@@ -6,10 +6,8 @@ was lost, the second copy compares against the value the first one wrote and ans
 412, and ``cas`` returns ``swapped=False`` for a CAS that swapped. The client module's
 docstring recommends ``cas`` precisely for when a retried write matters.
 
-tests/test_proc_table_cas.py records its CAS history with single-attempt requests for
-this reason. The test below is the bug's repro; it fails (xfail, strict) until ``cas``
-reports an unknown outcome instead of a definite one after a retry that may follow an
-applied first copy.
+It did that until ``cas`` stopped retrying after an attempt that may have applied: it
+now raises ``OutcomeUnknown`` (an ``Unavailable``).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import threading
 
 import pytest
 
-from raftkv.client import Client, Unavailable
+from raftkv.client import Client, OutcomeUnknown
 
 
 def _server() -> tuple[socket.socket, list[bytes]]:
@@ -55,20 +53,14 @@ def _server() -> tuple[socket.socket, list[bytes]]:
     return listener, seen
 
 
-@pytest.mark.xfail(strict=True, reason="Client.cas retries after a lost answer and then "
-                                       "reports the retry's 412 as a definite swapped=False")
 def test_cas_whose_first_answer_was_lost_does_not_report_a_definite_false() -> None:
     listener, seen = _server()
     port = listener.getsockname()[1]
     client = Client([f"127.0.0.1:{port}"], timeout=3.0)
     try:
-        try:
-            swapped, _ = client.cas("k", "old", "new")
-        except Unavailable:
-            return  # an unknown outcome: what the caller must be told
-        assert len(seen) == 2  # the CAS went out twice
-        assert swapped is not False, (
-            "cas reported swapped=False, but its first copy (answer lost) may have swapped")
+        with pytest.raises(OutcomeUnknown, match="may or may not have applied"):
+            client.cas("k", "old", "new")
+        assert len(seen) == 1  # sent once, not again
     finally:
         client.close()
         listener.close()
