@@ -17,6 +17,7 @@ test: $(STAMP)
 	$(BIN)/ruff check raftkv storage recovery benchmarks tests
 	$(BIN)/mypy raftkv/core raftkv/node raftkv/transport raftkv/server raftkv/kv.py raftkv/embedded.py \
 		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py raftkv/spark \
+		raftkv/compat \
 		storage recovery
 	$(BIN)/python -m pytest
 
@@ -41,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.log_append
 	$(BIN)/python -m benchmarks.recovery
 	$(BIN)/python -m benchmarks.throughput --all
+	$(BIN)/python -m benchmarks.compat_pysyncobj
 
 clean:
 	rm -rf $(VENV) build *.egg-info

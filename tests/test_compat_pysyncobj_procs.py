@@ -1,0 +1,221 @@
+"""PySyncObj programs on raftkv.compat.pysyncobj as real processes, SIGKILLed and restarted.
+
+The programs (tests/procs/pysyncobj_*.py) are PySyncObj's README counter and its
+ReplDict + ReplLockManager app with only their imports changed; the test drives them
+through stdin and reads JSON answers from stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftkv.compat.pysyncobj import FAIL_REASON
+from raftkv.testing.procs import free_ports
+
+PROCS = Path(__file__).parent / "procs"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Program:
+    """One program process; ``ask`` sends a command line and returns its answer."""
+
+    def __init__(self, script: str, args: list[str], log: Path) -> None:
+        self.script, self.args, self.log = script, args, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.buf = b""
+        self.start()
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(PROCS / self.script), *self.args],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
+                start_new_session=True)
+        self.buf = b""
+        assert "started" in self._line(30)
+
+    def _line(self, timeout: float) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, left))
+            if not ready:
+                raise AssertionError(f"{self.script} {self.args}: no answer in {timeout}s; "
+                                     f"see {self.log}")
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise AssertionError(f"{self.script} exited; see {self.log}")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def ask(self, command: str, timeout: float = 30.0) -> Any:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(command.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self._line(timeout)["ok"]
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def until(program: Program, command: str, expect: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = program.ask(command)
+        if got == expect:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{command!r} answered {got!r}, not {expect!r}")
+        time.sleep(0.1)
+
+
+def answer(program: Program, command: str, timeout: float = 20.0) -> Any:
+    """The first answer that is not a FAIL_REASON: a command caught by a leader's death
+    fails (LEADER_CHANGED, outcome unknown), as in PySyncObj; the programs here retry
+    only commands that are safe to repeat."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = program.ask(command)
+        if not (isinstance(got, dict) and "error" in got):
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{command!r} kept failing: {got!r}")
+        time.sleep(0.1)
+
+
+def leader_of(programs: list[Program], addrs: list[str]) -> int:
+    deadline = time.monotonic() + 20
+    while True:
+        lead = programs[0].ask("leader")
+        if lead in addrs and all(p.ask("leader") == lead for p in programs):
+            return addrs.index(lead)
+        assert time.monotonic() < deadline, "no agreed leader"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def programs() -> Iterator[list[Program]]:
+    started: list[Program] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def test_readme_counter_processes_survive_sigkill(tmp_path: Path, programs: list[Program]
+                                                  ) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+
+    def args(i: int) -> list[str]:
+        return [str(tmp_path / f"journal{i}"), addrs[i], *[a for a in addrs if a != addrs[i]]]
+
+    nodes = [Program("pysyncobj_counter.py", args(i), tmp_path / f"n{i}.log") for i in range(3)]
+    programs.extend(nodes)
+    for i in range(5):
+        assert nodes[i % 3].ask("inc") == i + 1
+    assert nodes[1].ask("add 10 4") == [15, 4]  # a tuple, as JSON
+    lead = leader_of(nodes, addrs)
+    nodes[lead].kill()  # the leader dies mid-flight: the others elect and go on
+    alive = [n for i, n in enumerate(nodes) if i != lead]
+    leader_of(alive, [a for i, a in enumerate(addrs) if i != lead])
+    assert alive[0].ask("inc") == 16
+    nodes[lead].start()
+    until(nodes[lead], "get", 16)
+    for n in nodes:  # now every process at once
+        n.kill()
+    for n in nodes:
+        n.start()
+    # Replayed from each node's own log before any election, up to the commit index it
+    # knew (a follower may not have heard that 16 committed before the kill).
+    assert all(n.ask("get") in (15, 16) for n in nodes)
+    for n in nodes:
+        until(n, "get", 16)
+    assert answer(nodes[2], "inc") == 17
+    until(nodes[0], "get", 17)
+
+
+def test_dict_and_lock_app_processes_survive_sigkill(tmp_path: Path, programs: list[Program]
+                                                     ) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    unlock = 2.0
+
+    def args(i: int) -> list[str]:
+        return [str(tmp_path / f"journal{i}"), f"client{i}", str(unlock), addrs[i],
+                *[a for a in addrs if a != addrs[i]]]
+
+    nodes = [Program("pysyncobj_kvlock.py", args(i), tmp_path / f"n{i}.log") for i in range(3)]
+    programs.extend(nodes)
+    assert nodes[0].ask("set testKey1 testValue1") is None
+    until(nodes[2], "get testKey1", "testValue1")
+    assert nodes[0].ask("acquire job") is True
+    assert nodes[1].ask("acquire job") is False
+    assert nodes[0].ask("check job") is True
+    nodes[0].kill()  # the lock holder crashes: nobody prolongs its lock
+    killed = time.monotonic()
+    assert answer(nodes[1], "acquire job") is False
+    until(nodes[1], "acquire job", True, timeout=unlock + 15)
+    assert time.monotonic() - killed >= unlock * 0.7
+    assert nodes[2].ask("acquire job") is False
+    nodes[0].start()
+    until(nodes[0], "get testKey1", "testValue1")
+    assert nodes[0].ask("check job") is False
+    for n in nodes:
+        n.kill()
+    for n in nodes:
+        n.start()
+    assert [n.ask("get testKey1") for n in nodes] == ["testValue1"] * 3
+    assert answer(nodes[2], "set testKey2 v2") is None
+    until(nodes[0], "get testKey2", "v2")
+
+
+def test_dynamic_membership_processes(tmp_path: Path, programs: list[Program]) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(4)]
+    founders = addrs[:3]
+
+    def args(i: int, partners: list[str]) -> list[str]:
+        return [str(tmp_path / f"journal{i}"), addrs[i], *partners, "--dynamic"]
+
+    nodes = [Program("pysyncobj_counter.py", args(i, [a for a in founders if a != addrs[i]]),
+                     tmp_path / f"n{i}.log") for i in range(3)]
+    programs.extend(nodes)
+    for _ in range(3):
+        nodes[0].ask("inc")
+    fourth = Program("pysyncobj_counter.py", args(3, founders), tmp_path / "n3.log")
+    programs.append(fourth)
+    assert nodes[1].ask(f"addnode {addrs[3]}") == FAIL_REASON.SUCCESS
+    until(fourth, "get", 3)
+    fourth.kill()
+    assert nodes[2].ask("inc") == 4
+    fourth.start()  # restarted from its own data directory, as a member
+    until(fourth, "get", 4)
+    assert fourth.ask("inc") == 5
+    until(nodes[0], "get", 5)
+    assert nodes[0].ask(f"removenode {addrs[3]}") == FAIL_REASON.SUCCESS
+    assert nodes[0].ask("inc") == 6
+    time.sleep(0.5)
+    assert fourth.ask("get") == 5, "a removed node still receives the log"
