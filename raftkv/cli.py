@@ -6,7 +6,8 @@
     raftkv cluster status | add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
     raftkv cluster add-node ID RAFT_ADDR [--http-addr H:P] | remove-node ID   (placement topology)
     raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
-    raftkv table list | describe NAME | drop NAME | set-replicas NAME N
+                 [--allow-unsafe]   (2 in-memory replicas are refused without it)
+    raftkv table list | describe NAME | drop NAME | set-replicas NAME N [--allow-unsafe]
     raftkv put|get|del --table T KEY ...   (a table's key instead of the default group's)
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
     raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
@@ -114,7 +115,8 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
 def _table_commands(args: argparse.Namespace, client: Client) -> int:
     out: Any
     if args.action == "create":
-        out = client.create_table(args.name, args.partitions, args.replicas, args.storage)
+        out = client.create_table(args.name, args.partitions, args.replicas, args.storage,
+                                  allow_unsafe=args.allow_unsafe)
     elif args.action == "list":
         out = client.list_tables()
     elif args.action == "describe":
@@ -122,7 +124,9 @@ def _table_commands(args: argparse.Namespace, client: Client) -> int:
     elif args.action == "drop":
         out = client.drop_table(args.name)
     else:
-        out = client.set_replicas(args.name, args.replicas)
+        out = client.set_replicas(args.name, args.replicas, allow_unsafe=args.allow_unsafe)
+    if isinstance(out, dict) and out.get("warning"):
+        print(f"warning: {out['warning']}", file=sys.stderr)
     print(json.dumps(out, indent=1))
     return 0
 
@@ -168,12 +172,16 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--partitions", type=int, required=True)
     create.add_argument("--replicas", type=int, required=True)
     create.add_argument("--storage", choices=("persistent", "memory"), default="persistent")
+    unsafe = ("accept a replica count that cannot survive one failure (2 replicas of an "
+              "in-memory table are refused without it)")
+    create.add_argument("--allow-unsafe", action="store_true", help=unsafe)
     tb.add_parser("list")
     for action in ("describe", "drop"):
         tb.add_parser(action).add_argument("name")
     sr = tb.add_parser("set-replicas")
     sr.add_argument("name")
     sr.add_argument("replicas", type=int)
+    sr.add_argument("--allow-unsafe", action="store_true", help=unsafe)
     rec = sub.add_parser("recover").add_subparsers(dest="action", required=True)
     rec.add_parser("unsafe-reset", add_help=False)
     sp = sub.add_parser("spark", help="bulk-load or verify a table with Spark")

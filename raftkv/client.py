@@ -255,9 +255,14 @@ class Client:
 
     # -- tables -------------------------------------------------------------------------
     def create_table(self, name: str, partitions: int, replicas: int,
-                     storage: str = "persistent") -> Any:
-        raw = json.dumps({"name": name, "partitions": partitions, "replicas": replicas,
-                          "storage": storage}).encode()
+                     storage: str = "persistent", allow_unsafe: bool = False) -> Any:
+        """The descriptor, plus a ``"warning"`` when the replica count cannot survive one
+        failure (two replicas in memory are refused unless ``allow_unsafe``)."""
+        body: dict[str, Any] = {"name": name, "partitions": partitions, "replicas": replicas,
+                                "storage": storage}
+        if allow_unsafe:
+            body["allow_unsafe"] = True
+        raw = json.dumps(body).encode()
         return json.loads(self.request("POST", "/v1/tables", raw, ok=(201,))[1])
 
     def list_tables(self) -> list[dict[str, Any]]:
@@ -269,9 +274,11 @@ class Client:
     def drop_table(self, name: str) -> Any:
         return json.loads(self.request("DELETE", f"/v1/tables/{quote(name, safe='')}")[1])
 
-    def set_replicas(self, name: str, replicas: int) -> Any:
-        return self._post(f"/v1/tables/{quote(name, safe='')}/replicas",
-                          {"replicas": replicas}, method="PUT")
+    def set_replicas(self, name: str, replicas: int, allow_unsafe: bool = False) -> Any:
+        body: dict[str, Any] = {"replicas": replicas}
+        if allow_unsafe:
+            body["allow_unsafe"] = True
+        return self._post(f"/v1/tables/{quote(name, safe='')}/replicas", body, method="PUT")
 
     def partition_batch(self, table: str, partition: int,
                         ops: Sequence[tuple[bytes, bytes | None]],

@@ -23,25 +23,6 @@ def cluster(identities: bool = True, seed: int = 1) -> Cluster:
     return Cluster(N3, seed=seed, identities=identities)
 
 
-def elect_at_birth(c: Cluster, leader: str) -> None:
-    """A newborn node grants a vote at the group's birth only once enough other voters
-    have shown it, in their vote requests, that they hold no record of it. In a real
-    cluster each founder's first-tick pre-vote does that; here every other node
-    campaigns with all answers to it dropped (so none can win), then ``leader``
-    campaigns. Without identities, an election is just an election."""
-    if not c.raft(leader).cfg.incarnation:
-        c.elect(leader)
-        return
-    for n in sorted(c.nodes):
-        if n != leader:
-            deaf = {(m, n) for m in c.nodes}
-            c.blocked |= deaf
-            c.raft(n).campaign()
-            c.stabilize()
-            c.blocked -= deaf
-    c.elect(leader)
-
-
 def inc(c: Cluster, nid: str) -> int:
     return c.nodes[nid].storage.identity().incarnation
 
@@ -60,7 +41,7 @@ def changes(c: Cluster, nid: str) -> list[ConfChange]:
 
 def commit_one_without_n2(c: Cluster) -> int:
     """n1 leads; an entry is committed by n1 and n3 while n2 hears nothing."""
-    elect_at_birth(c, "n1")
+    c.elect("n1")
     c.stabilize()
     c.isolate("n2")
     index = c.propose("n1", cmd(1))
@@ -88,7 +69,7 @@ def test_five_voters_two_laggards_at_birth_and_a_wiped_one_elect_nobody() -> Non
     """Simulator seed 92 as a scenario: n5 leads and commits with n2 and n3; n1 and n4
     never hear anything; n3 is wiped. n1, n3 and n4 are three of five and all at birth."""
     c = Cluster(["n1", "n2", "n3", "n4", "n5"], seed=3, identities=True)
-    elect_at_birth(c, "n5")
+    c.elect("n5")
     c.isolate("n1")
     c.isolate("n4")
     index = c.propose("n5", cmd(1))
@@ -122,7 +103,7 @@ def test_the_first_leader_records_every_voter_it_hears_from() -> None:
     records the leader and its voters, and a RECORD follows for any voter it hears from
     later, so every voter is counted on as the incarnation it is."""
     c = cluster()
-    elect_at_birth(c, "n1")
+    c.elect("n1")
     c.stabilize()
     want = frozenset((n, inc(c, n)) for n in N3)
     for n in N3:
@@ -161,7 +142,7 @@ def test_a_wiped_voter_is_readmitted_as_a_learner_and_promoted_once_caught_up() 
     an automatically promoted learner, recorded anew), replicates to it, and promotes
     it. The leader's old match for n3 is void the moment the new incarnation answers."""
     c = cluster()
-    elect_at_birth(c, "n1")
+    c.elect("n1")
     for i in range(5):
         c.propose("n1", cmd(i))
     old = inc(c, "n3")
@@ -184,7 +165,7 @@ def test_a_stale_leader_cannot_commit_with_a_wiped_voter_that_forgot_its_term() 
     committed. The deposed leader knows n3 by its old incarnation: the answers of the
     new one do not count."""
     c = cluster()
-    elect_at_birth(c, "n1")
+    c.elect("n1")
     c.stabilize()
     c.isolate("n1")  # n1 still believes it leads (it is not ticked, so no check-quorum)
     c.tick(["n3"], n=10)  # n3's leader lease runs out, so it will vote
@@ -212,7 +193,7 @@ def test_a_stale_leader_cannot_commit_with_a_wiped_voter_that_forgot_its_term() 
 
 def test_counterfactual_without_identities_the_stale_leader_commits_a_conflicting_entry() -> None:
     c = cluster(identities=False)
-    elect_at_birth(c, "n1")
+    c.elect("n1")
     c.stabilize()
     c.isolate("n1")
     c.tick(["n3"], n=10)
@@ -232,7 +213,7 @@ def test_a_learner_is_promoted_only_once_recorded() -> None:
     """Auto-promotion waits for the learner's RECORD: a voter is only ever counted as a
     recorded incarnation."""
     c = cluster()
-    elect_at_birth(c, "n1")
+    c.elect("n1")
     c.propose("n1", cmd(0))
     c.add_empty_node("n4")
     c.nodes["n4"].identities = True
@@ -262,7 +243,7 @@ def test_a_newborn_voter_refuses_a_candidate_past_birth_until_recorded() -> None
     """The vote rule on its own: a newborn, unrecorded n3 refuses n2 once n2's log holds
     a leader's entry, and grants it at birth."""
     at_birth = cluster()
-    elect_at_birth(at_birth, "n2")  # n1 and n3 grant: both have seen every voter at birth
+    at_birth.elect("n2")  # n1 and n3 grant: both have seen every voter at birth
     c = cluster()
     commit_one_without_n2(c)
     c.nodes["n1"].crash()
@@ -280,7 +261,7 @@ def test_a_learner_is_not_promoted_by_hand_before_it_is_recorded() -> None:
     """Simulator seed 132: a hand promotion of a learner the leader had not yet recorded
     made a voter whose record, proposed later, needed its own acknowledgement to commit."""
     c = cluster()
-    elect_at_birth(c, "n1")
+    c.elect("n1")
     c.add_empty_node("n4")
     c.nodes["n4"].identities = True
     c.nodes["n4"].restart()

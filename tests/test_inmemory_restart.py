@@ -25,8 +25,14 @@ from test_rebalance import ALL, META, Cluster, wait_for
 
 from raftkv.core import Role
 from raftkv.node.driver import Node
-from raftkv.placement.assignments import decode_nodes
+from raftkv.placement.assignments import (
+    calc_assignments,
+    decode_nodes,
+    encode_nodes,
+    partition_keys,
+)
 from raftkv.placement.catalog import partition_group
+from raftkv.placement.meta_commands import Op
 from raftkv.placement.rebalance import PlacementManager
 from raftkv.placement.rebalance_steps import switch_keys
 from raftkv.testing.placement_cluster import VoterLog
@@ -301,3 +307,136 @@ def test_a_persistent_partition_with_its_storage_restarts_normally(cluster: Clus
     _wait_settled(c, META)
     assert _local(c, "n3", b"k") == b"v"
     assert c.mgrs["n3"].status()["metrics"].get("restarts_detected", 0) == 0
+
+
+# ============================================== issue 14: no reachable state waits ========
+def _two_replica_table(c: Cluster) -> tuple[str, str]:
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(META)
+    mgr.create_table(T, 1, 2, "memory")
+    a, b = calc_assignments(T, 0, META, 2)
+    wait_for(lambda: all(c.info(n, GID) is not None for n in (a, b)), 10, "the group")
+    c.leader(GID)
+    return a, b
+
+
+def test_a_two_replica_in_memory_partition_whose_replica_restarts_converges(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stable [a, b]; b (the partition's leader) restarts without its state. IGNITE-16668's
+    majority rule needs two holders besides b, and the full-restart rule does not apply
+    because a holds the state: before the survivor rule (``rebalance.py``, "The lone
+    holder of a two-voter configuration") b waited for ever and a sat in PRE_CANDIDATE.
+    Now b records itself in switch.reduce, a wins a survivor election that removes b, and
+    switch.append re-adds b fresh: stable [a, b], nothing pending, writes accepted."""
+    c = cluster
+    a, b = _two_replica_table(c)
+    data = {f"k{i}".encode(): f"v{i}".encode() for i in range(10)}
+    _put(c, data)
+    c.transfer(GID, b)
+    voters = VoterLog(c, GID)
+    starts = _record_starts(monkeypatch, c, b)
+    c.kill(b)
+    c.start(b)
+    started = time.monotonic()
+    _wait_settled(c, [a, b], timeout=30)
+    took = time.monotonic() - started
+    seen = voters.stop()
+    assert [a] in seen and seen[-1] == [a, b], seen
+    _check_rejoin(starts, b)
+    for n in (a, b):
+        for k, v in data.items():
+            assert _local(c, n, k) == v
+    _put(c, {b"after": b"restart"})
+    assert c.mgrs[a].status()["metrics"].get("survivor_elections", 0) >= 1
+    assert c.mgrs[b].status()["metrics"].get("switch_reduce_added") == 1
+    assert took < 15, took
+
+
+def test_seed_102_two_voter_stable_with_a_re_add_in_flight_survives_a_second_loss(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chaos seed 102, driven directly. A 3-replica in-memory partition on [n1, n2, n3]
+    loses n2's state; the switch path leaves stable [n1, n3] (two voters) and pending
+    [n1, n2, n3] with n2 in switch.append, and n2 stays down (here: it never starts the
+    group again), so the re-add waits with n2 a learner that cannot catch up. Then n1,
+    the partition's leader and the metastore's, restarts without its state. Of stable
+    [n1, n3] only n3 holds it, which is not a majority: before the survivor rule n1 took
+    IGNITE-16668's "otherwise: wait" and the group never had a quorum again."""
+    c = cluster
+    _create(c, "memory")
+    data = {f"k{i}".encode(): f"v{i}".encode() for i in range(10)}
+    _put(c, data)
+    # n2 loses its state and, restarted, is kept from hosting the partition again.
+    hold = {"n2": True}
+    orig_start = PlacementManager._start_partition
+
+    def held_start(self: PlacementManager, part: Any, *a: Any, **k: Any) -> None:
+        if not hold.get(self.id, False):
+            orig_start(self, part, *a, **k)
+
+    monkeypatch.setattr(PlacementManager, "_start_partition", held_start)
+    c.kill("n2")
+    c.start("n2")
+
+    def window() -> bool:
+        st, pe, _ = c.assignments(T, 0)
+        return st == ["n1", "n3"] and pe == META and _switch(c) == ([], ["n2"])
+
+    wait_for(window, 20, "stable [n1, n3], pending [n1, n2, n3], switch.append [n2]")
+    wait_for(lambda: c.info(c.leader(GID), GID)["voters"] == ["n1", "n3"], 10, "{n1, n3}")
+    c.transfer(GID, "n1")
+    wait_for(lambda: c.meta_leader() == "n1" or c.nodes[c.meta_leader()].transfer_leadership(
+        "meta", "n1").result(5) or True, 10, "n1 to lead the metastore")
+    starts = _record_starts(monkeypatch, c, "n1")
+    c.kill("n1")
+    c.start("n1")  # in memory: its log, state and vote are gone
+    wait_for(lambda: "n1" in _switch(c)[0], 20, "n1 in switch.reduce")
+    wait_for(lambda: c.info("n3", GID)["voters"] == ["n3"], 20, "n3 to continue alone")
+    for k, v in data.items():
+        assert _local(c, "n3", k) == v
+    hold["n2"] = False
+    for n in ("n2", "n3"):
+        c.nodes[n].call(lambda n=n: c.mgrs[n]._kick(GID)).result(5)
+    _wait_settled(c, META, timeout=30)
+    _check_rejoin(starts, "n1")
+    for n in META:
+        for k, v in data.items():
+            assert _local(c, n, k) == v
+    _put(c, {b"after": b"both"})
+    assert c.mgrs["n3"].status()["metrics"].get("survivor_elections", 0) >= 1
+
+
+def test_bug_c_in_memory_a_voter_dropped_from_pending_that_lost_its_state(
+    cluster: Cluster,
+) -> None:
+    """Bug C (chaos seed 13/25; tests/test_rebalance.py has the persistent case) with an
+    in-memory table: x hosted the partition, is a voter of the two-voter configuration
+    {a, x} that a change to pending [a, y] still needs, and neither stable nor pending
+    names it. A persistent x rejoins with its log; an in-memory x has none. Before the
+    fix it never rejoined and the change hung. Now x records itself in switch.reduce,
+    a wins a survivor election that removes x, and the change finishes."""
+    c = cluster
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(META)
+    mgr.create_table(T, 1, 2, "memory")
+    a, x = calc_assignments(T, 0, META, 2)
+    y = next(n for n in META if n not in (a, x))
+    wait_for(lambda: all(c.info(n, GID) is not None for n in (a, x)), 10, "the group")
+    _put(c, {b"k": b"v1"})
+    c.kill(x)
+    wait_for(lambda: c.mgrs[a].set_nodes([a, y]) or True, 10, "x to leave the topology")
+    wait_for(lambda: c.assignments(T, 0)[1] == sorted([a, y]), 10, "pending [a, y]")
+    stable = partition_keys(T, 0).stable
+    wait_for(lambda: c.metas[a].invoke([], [Op.put(stable, encode_nodes([a]))]).result(5),
+             10, "stable [a]")
+    c.start(x)  # in memory: the configuration {a, x} counts on state x no longer has
+
+    def done() -> bool:
+        st, pe, _ = c.assignments(T, 0)
+        return st == sorted([a, y]) and not pe and _switch(c) == ([], [])
+
+    wait_for(done, 30, f"the change to [{a}, {y}] to finish without {x}'s old state")
+    wait_for(lambda: c.info(c.leader(GID), GID)["voters"] == sorted([a, y]), 10, "voters")
+    assert c.info(x, GID) is None
+    assert c.get(T, b"k") == b"v1"

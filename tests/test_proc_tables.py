@@ -254,3 +254,68 @@ def test_partition_leadership_moves_to_each_partitions_preferred_voter(
     with pytest.raises(ClientError) as e:
         admin.batch([("x", "y")], table="nope")
     assert e.value.status == 404
+
+
+def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart(
+    cluster: ProcCluster,
+) -> None:
+    """Issue 14, "no reachable state waits for ever". Two replicas cannot survive one
+    failure: the API refuses them for an in-memory table unless ``allow_unsafe`` (and
+    warns for a persistent one). Accepted anyway, a partition whose replica is SIGKILLed
+    and restarted (its state gone) must converge: before the lone-holder rule
+    (``raftkv.placement.rebalance``) the restarted replica waited for a majority of two
+    holders and the other one sat in PRE_CANDIDATE for ever."""
+    ids = ["n1", "n2", "n3"]
+    admin = cluster.client()
+    with pytest.raises(ClientError) as e:
+        admin.create_table("mem2", 4, 2, "memory")
+    assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]
+    created = admin.create_table("mem2", 4, 2, "memory", allow_unsafe=True)
+    assert "cannot survive one failure" in created["warning"]
+    assert "cannot survive one failure" in admin.create_table("disk2", 1, 2)["warning"]
+    assert "warning" not in admin.create_table("mem3", 1, 3, "memory")
+    with pytest.raises(ClientError) as e:
+        admin.set_replicas("mem3", 2)
+    assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]
+
+    def settled(table: str) -> Any:
+        d = admin.describe_table(table)
+        for p in d["partitions"]:
+            want = calc_assignments(table, p["partition"], ids, d["replicas"])
+            if (p["stable"] != want or p["pending"] or p["planned"] or p["switch_reduce"]
+                    or p["switch_append"] or p["leader"] is None or p["voters"] != want
+                    or p["learners"]):
+                return p
+        return True
+
+    _wait(lambda: settled("mem2"), 30, "mem2 placed")
+    data = {f"key-{i:03d}": f"value-{i}" for i in range(40)}
+    for k, v in data.items():
+        admin.put(k, v, table="mem2")
+    victim = "n3"
+    hit = [p for p in range(4) if victim in calc_assignments("mem2", p, ids, 2)]
+    assert hit
+    cluster.kill(victim)
+    started = time.monotonic()
+    cluster.start(victim)  # in memory: its replicas of mem2 are gone
+
+    def rejoined() -> Any:
+        """The victim hosts each of its partitions again as a voter recorded under its
+        new incarnation (so it was removed and re-added), and everything settled."""
+        st = cluster.status(victim)
+        for p in hit:
+            g = (st or {}).get("groups", {}).get(partition_group("mem2", p))
+            if (g is None or g["members"].get(victim) != "voter"
+                    or g["incarnations"].get(victim) != g["incarnation"]):
+                return (p, g)
+        return settled("mem2")
+
+    _wait(rejoined, 60, "mem2 converged after the restart")
+    took = time.monotonic() - started
+    for k, v in data.items():
+        assert admin.get(k, table="mem2") == v.encode(), k
+    admin.put("after", "restart", table="mem2")
+    assert cluster.client([victim]).get("after", table="mem2") == b"restart"
+    assert took < 45, took
+    logs = "".join(cluster.nodes[n].log_text() for n in ids)
+    assert "the lone holder campaigns without it" in logs

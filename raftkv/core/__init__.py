@@ -5,6 +5,7 @@ time is ``tick()``, I/O is the driver's job, and randomness is an injected RNG.
 """
 
 from raftkv.core.errors import (
+    CampaignRejected,
     ConfChangeRejected,
     LeaderStepping,
     NotLeader,
@@ -18,9 +19,9 @@ from raftkv.core.types import Message, MessageType, ReadState, Ready, Role, Soft
 from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
 
 __all__ = [
-    "ConfChange", "ConfChangeOp", "ConfChangeRejected", "ConfState", "Config", "Entry",
-    "EntryType", "HardState", "LeaderStepping", "Message", "MessageType", "NotLeader",
-    "ProposalDropped", "Raft", "RaftError", "ReadState", "Ready", "Role", "Snapshot",
-    "SnapshotMeta", "SoftState", "Status", "TransferRejected", "bootstrap",
+    "CampaignRejected", "ConfChange", "ConfChangeOp", "ConfChangeRejected", "ConfState",
+    "Config", "Entry", "EntryType", "HardState", "LeaderStepping", "Message", "MessageType",
+    "NotLeader", "ProposalDropped", "Raft", "RaftError", "ReadState", "Ready", "Role",
+    "Snapshot", "SnapshotMeta", "SoftState", "Status", "TransferRejected", "bootstrap",
     "decode_conf_entry",
 ]

@@ -33,6 +33,11 @@ class TransferRejected(RaftError):
     pass
 
 
+class CampaignRejected(RaftError):
+    """A survivor election (``Raft.campaign_without``) was refused: the configuration is
+    not one the rule covers (see "The lone survivor of two voters" in ``raftkv.core.raft``)."""
+
+
 class LeaderStepping(Rebuildable, ConfChangeRejected):
     """The change removes or demotes the leader. Leadership is being transferred to
     ``transferee``, which performs the change once it leads (Kudu design, "removing a node")."""

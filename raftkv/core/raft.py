@@ -191,6 +191,73 @@ down. Two or more wiped voters of one configuration are beyond any majority prot
 as two lost disks are; so is a removed founder started again on empty files with its
 founding arguments: it bootstraps the founding configuration, and a majority of such
 founders would form a group of their own.
+
+The lone survivor of two voters
+-------------------------------
+A group whose configuration has two voters {a, b} needs both for every election and
+every commit. If b loses its state (an in-memory replica that restarted), the
+Incarnations rules rightly refuse to count it as the voter it was, and nothing else can
+make progress: a cannot win an election, so no leader can READMIT b. Yet a holds
+everything the pair committed. ``campaign_without(b)`` lets a continue alone. It is a
+*survivor election*: a becomes a candidate of the next term and wins when every member
+of its *electorate* G grants its vote. The members are asked with ordinary vote
+requests and answer under the ordinary rules (term, one vote per term, §5.4.1's
+up-to-date check, stickiness, identities). a's first entry as leader is a configuration
+entry removing b, so its quorum is itself from then on; the placement layer adds b back
+as a fresh learner.
+
+Let W be the configurations in a's log from the one in effect at its commit index to
+its latest. The rule applies when the latest has the voters {a, b} and every
+configuration of W has the voters {a}, {a, b} or {a, b, z} (a change under way when b
+was lost may have come from three voters, or from a alone). G is a, the voter z of
+each three-voter configuration of W, and each learner y of a two-voter one that is
+recorded (any learner with identities off). The caller asserts two things the core
+cannot see: (A) b's state is lost: the incarnation the group counts on will never vote
+or acknowledge again; (B) no configuration that removes or demotes a exists beyond a's
+log. The placement layer derives both from the metastore (``raftkv/placement/
+rebalance.py``, "The lone holder of a two-voter configuration").
+
+Why it is safe.
+
+1. *The configurations in effect anywhere.* The configuration at a's commit index is
+   committed, so every later leader's log holds it (§5.4). Any other configuration is
+   in W or is a *successor* that a lacks: one change from a configuration of W (one
+   at a time, and only after its predecessor committed). A successor matters only if
+   it or something under it committed, and it takes effect when appended, so it
+   commits with a quorum of its own. Removing or demoting a is excluded by B. What is
+   left: from {a}, a learner promoted to {a, y}; from {a, b}, {a} or {a, b, y}; from
+   {a, b, z}, {a, b}, {a, z} or {a, b, z, y}. A learner is promoted only once recorded
+   (``_maybe_promote``; the placement layer never promotes by hand), and recording it
+   is a change committed under {a, b} with a's acknowledgement, so the y of {a, b, y}
+   is recorded in W: it is in G.
+2. *Every quorum of those configurations meets G*: {a} and {a, y} contain a; the
+   quorums of {a, b} and {a, b, y} contain a or y; those of {a, b, z}, {a, z} and
+   {a, b, z, y} (three of four) contain a or z.
+3. *Leader completeness* (§5.4). An entry committed before a's term was acknowledged
+   by a quorum of one of them, so by a member g of G. g held it when it granted a's
+   vote (no leader lacking a committed entry ever truncated one), and g grants only if
+   a's log is at least as up to date as its own, so a holds it (§5.4.3's argument).
+4. *Election safety* (§5.2). Another leader of a's term needs a quorum of one of those
+   configurations, which contains a member of G, and each voted for a in that term.
+   A lost b never votes again as the voter it was (A, and the Incarnations vote rules
+   for its new incarnation), and b runs no survivor election of its own: the placement
+   layer calls this only on a node that holds its state while b declared the loss of
+   its own.
+5. *The removal.* a appends "remove b" as its first entry, perhaps after a
+   configuration entry of W that is not committed yet, which "one change at a time"
+   forbids. That rule keeps the quorums of any two configurations in use overlapping,
+   so that no other leader can commit in a configuration that lacks the new entry.
+   Without b, which never votes or acknowledges again, the quorums those
+   configurations can still form are {a}, {a, y}, {a, z} and {a, z, y}: all contain a,
+   which refuses any candidate lacking its entries. So a's new quorum {a} commits the
+   removal and every earlier entry of its log (§5.4.2 allows it once an entry of the
+   leader's own term commits). The shapes are limited for this reason: from {a, z, w}
+   or four voters with b, a quorum without a could still form.
+
+If a also lost its state it is not a survivor: it holds nothing, and the placement layer
+does not call this (both lost is a full-partition restart). A member of G that is down
+or lost its own state (it then refuses, as an incarnation the candidate does not
+record) makes a wait: it may hold the only copy of what b committed with it.
 """
 
 from __future__ import annotations
@@ -201,6 +268,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from raftkv.core.errors import (
+    CampaignRejected,
     ConfChangeRejected,
     LeaderStepping,
     NotLeader,
@@ -358,6 +426,10 @@ class Raft:
         # as it is), and whether one showed another incarnation of it.
         self._unaware: set[str] = set()
         self._known_gone = False
+        # Survivor election (``campaign_without``): the lost voter, and every member
+        # whose grant it needs (itself and the learners that may have been promoted).
+        self._survivor: str | None = None
+        self._electorate: frozenset[str] = frozenset()
         self.conf: ConfState = self.confs[-1][1]
         self._incs = dict(self.conf.incarnations)
         newborn_founder = (config.incarnation and config.newborn and self.id in self.conf.voters
@@ -415,6 +487,30 @@ class Raft:
         """Start an election now (tests, demos, operator tooling)."""
         self._unquiesce()
         self._campaign(CampaignKind.PRE_ELECTION if self.cfg.pre_vote else CampaignKind.ELECTION)
+
+    def campaign_without(self, lost: str) -> None:
+        """A survivor election: win without ``lost``'s vote (see "The lone survivor of two
+        voters"). The caller asserts that ``lost`` lost its state and that no
+        configuration removing or demoting this node exists beyond this log. Raises
+        ``CampaignRejected`` unless the latest configuration's voters are {this node,
+        ``lost``} and the ones since the commit index are among the shapes the rule
+        covers. Otherwise this node becomes a candidate of the next term and asks its
+        electorate (the third voter of those that had three, and each learner that may
+        have been promoted) for its vote, under the ordinary rules; with every one
+        granted it leads, and its first entry removes ``lost``."""
+        self._unquiesce()
+        why = self._survivor_blocker(lost)
+        if why is not None:
+            raise CampaignRejected(why)
+        electorate = self._survivor_electorate(lost)
+        self._become_candidate()
+        self._survivor, self._electorate = lost, electorate
+        if self._poll(self.id, True) is True:
+            self._become_leader()
+            return
+        last, last_term = self.log.last_index(), self.log.last_term()
+        for nid in sorted(electorate - {self.id}):
+            self._send(Message(MT.VOTE, nid, self.id, self.term, last_term, last))
 
     def propose(self, data: bytes) -> int:
         """Append ``data`` as a new entry; returns its index (its proposedIndex)."""
@@ -663,6 +759,7 @@ class Raft:
         self.transfer_change = None
         self.pending_handover = None
         self.votes = {}
+        self._survivor, self._electorate = None, frozenset()
         self._unrecorded = {}
         self.prs = {}
         self.read_only = ReadOnly()
@@ -682,6 +779,7 @@ class Raft:
             raise AssertionError("invalid transition [leader -> pre-candidate]")
         # Pre-vote changes neither term nor vote: a failed pre-election leaves no trace.
         self.votes = {}
+        self._survivor, self._electorate = None, frozenset()
         self.lead = None
         self.role = Role.PRE_CANDIDATE
 
@@ -696,6 +794,7 @@ class Raft:
         if self.role != Role.CANDIDATE:
             raise AssertionError(f"invalid transition [{self.role.name.lower()} -> leader]")
         grants, self._grants = self._grants, {}
+        lost = self._survivor
         self._reset(self.term)
         self.lead = self.id
         self.role = Role.LEADER
@@ -709,6 +808,17 @@ class Raft:
         if self.handover is not None and self.handover[1] == self.term:
             self.pending_handover = self.handover[0]
         self.handover = None
+        if lost is not None:
+            # A survivor election: the first entry removes the lost voter, so that this
+            # leader's quorum is itself (see "The lone survivor of two voters").
+            cc = ConfChange(ConfChangeOp.REMOVE, lost)
+            conf = apply_change(self.conf, cc)
+            if self._inc and conf.incarnation_of(self.id) != self._inc:
+                mine = {(n, i) for n, i in conf.incarnations if n != self.id}
+                conf = conf._replace(incarnations=frozenset(mine | {(self.id, self._inc)}))
+            self._leader_append([Entry(self.term, last + 1, EntryType.CONF_CHANGE,
+                                       encode_conf_entry(cc, conf))], conf)
+            return
         # The no-op entry of §8: committing it commits every earlier entry and tells us
         # our commit index, which ReadIndex and membership changes wait for. It records
         # the incarnations of the voters that answered our campaign, where the
@@ -781,7 +891,58 @@ class Raft:
 
     def _poll(self, nid: str, granted: bool) -> bool | None:
         self.votes.setdefault(nid, granted)
+        if self._survivor is not None:
+            answers = [self.votes.get(n) for n in self._electorate]
+            if False in answers:
+                return False
+            return True if None not in answers else None
         return vote_result(self.conf.voters, self.votes)
+
+    def _confs_since_commit(self) -> list[ConfState]:
+        """The configuration in effect at the commit index, then every later one in the
+        log (each may be in effect somewhere: none of them is known to be committed)."""
+        committed = self.log.committed
+        base = self.confs[0][1]
+        later = []
+        for index, conf in self.confs:
+            if index <= committed:
+                base = conf
+            else:
+                later.append(conf)
+        return [base, *later]
+
+    def _survivor_blocker(self, lost: str) -> str | None:
+        if self.role == Role.LEADER:
+            return f"{self.id} already leads term {self.term}"
+        if lost == self.id:
+            return "a node cannot survive itself"
+        if not self.promotable():
+            return f"{self.id} cannot campaign (not a voter, or a snapshot or vote floor)"
+        if set(self.conf.voters) != {self.id, lost}:
+            return (f"the configuration's voters are {sorted(self.conf.voters)}, not "
+                    f"{sorted({self.id, lost})}")
+        for conf in self._confs_since_commit():
+            others = set(conf.voters) - {self.id, lost}
+            if self.id not in conf.voters or len(others) > 1 or (others and lost not in
+                                                                  conf.voters):
+                return (f"a configuration since the commit index has voters "
+                        f"{sorted(conf.voters)}: not {{{self.id}}}, {{{self.id}, {lost}}} "
+                        f"or {{{self.id}, {lost}, one more}}")
+        return None
+
+    def _survivor_electorate(self, lost: str) -> frozenset[str]:
+        """This node, the other voter of each three-voter configuration since the commit
+        index, and every learner of the two-voter ones that may have been promoted beyond
+        this log: a learner is promoted only once recorded, and recording it needed this
+        node's acknowledgement, so an unrecorded one was not (with identities off, every
+        learner counts). See "The lone survivor of two voters"."""
+        out = {self.id}
+        for conf in self._confs_since_commit():
+            out |= set(conf.voters) - {lost}
+            if set(conf.voters) == {self.id, lost}:
+                recorded = {n for n, _ in conf.incarnations}
+                out |= {n for n in conf.learners if not self._inc or n in recorded}
+        return frozenset(out)
 
     def _handle_vote_request(self, m: Message) -> None:
         can_vote = (
@@ -1143,11 +1304,14 @@ class Raft:
         """Whether ``nid``'s acknowledgements may count (see "Incarnations"): without
         identities, or in a configuration that records nobody yet (a group's birth, or a
         log from before incarnations), every voter counts; otherwise a voter counts once
-        its record is committed, or at once if the record is among a group's first."""
+        its record is committed, or at once if the record is among a group's first, or
+        if it is the only voter (nothing else could ever commit its record)."""
         if not self._inc or not self._incs:
             return True
         if nid not in self._incs:
             return False
+        if self.conf.voters == {nid}:
+            return True  # a lone voter's acknowledgement is the only one there can be
         began, first = self._record_began(nid)
         return first or began <= self.log.committed
 

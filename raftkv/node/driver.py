@@ -406,6 +406,16 @@ class Node:
         self._chain(self.call(run), out)
         return out
 
+    def campaign_without(self, group: str, lost: str) -> Future[None]:
+        """Start a survivor election in ``group`` without ``lost``'s vote
+        (``Raft.campaign_without``; the caller vouches that ``lost`` lost its state).
+        Resolves once the election started; fails with ``CampaignRejected`` when the
+        configuration is not one the rule covers. Whether it won shows as leadership."""
+        def run() -> None:
+            self._group(group).raft.campaign_without(lost)
+
+        return self.call(run)
+
     def status(self) -> Future[dict[str, Any]]:
         return self.call(self._status)
 

@@ -111,6 +111,77 @@ first restarter's incarnation). While fewer than a majority hold the state and e
 holder is of one epoch E, another restarted member joins E as a late founder, unless its
 own (void) holds key is of E: it voted in E already, and lost that vote.
 
+The lone holder of a two-voter configuration (issue 14, "no reachable state waits for ever")
+--------------------------------------------------------------------------------------------
+IGNITE-16668's onPartitionStart waits ("otherwise: do nothing") when fewer than a majority
+of stable hold the state and someone does. With stable [a, b] and b restarted without its
+state that is for ever: the majority rule needs two holders besides b, the full-restart
+rule does not apply because a holds the state, and the Raft group {a, b} can never again
+elect a leader. Tables with two replicas reach it on any restart; three-replica tables
+reach it whenever a switch.reduce leaves two voters and one of them is lost before the
+re-add completes (chaos seed 102: stable [n1, n3], pending [n1, n3, n4] re-adding n4,
+then n1 restarted). The rule:
+
+- *b, restarted:* a two-member stable whose other member a is alive, holds the state and
+  is not in switch.reduce counts as available (``_majority_available``): b records itself
+  in switch.reduce and does not start, as it would with a majority.
+- *a, the holder* (``_maybe_survive``): hosting the group, not its leader, whose Raft
+  voters are {a, b}; on a linearizable read, b is in switch.reduce and does not hold the
+  partition (its holds key does not name its current incarnation), a holds it, is not in
+  switch.reduce, is in stable, and pending is empty or names a. Then a runs a survivor
+  election, ``Raft.campaign_without(b)`` (at most once per two election timeouts): it
+  wins with its own vote and the grants of the learners that may have been promoted
+  and, if the change to {a, b} removed a third voter z and a does not know it
+  committed, z's (chaos seed 102 reached that too). Its first entry as leader removes
+  b. As leader it then follows the switch path: the reduce trigger writes pending =
+  calc - switch.reduce, onRebalanceDone moves b to switch.append, and b joins as a
+  fresh learner once stable no longer names it.
+- *Bug C's in-memory case* (``_declare_lost``): a node that hosted the partition before
+  this start (holds key of an earlier incarnation), lost its state, and is named by
+  neither stable nor pending while pending is non-empty may be a voter the change under
+  way still counts on (chaos seeds 13 and 25: a cancel dropped it from pending after its
+  promotion). A persistent one rejoins with its log; one without state records itself in
+  switch.reduce (once per incarnation) and takes the restart path: the leader removes
+  it, or, if the configuration is just it and one holder, the holder continues alone.
+  If pending names it again later it joins empty, as any re-added member.
+
+Why this is safe. The core's rule ("The lone survivor of two voters" in
+``raftkv.core.raft``) proves the election safe for the configurations it accepts (it
+refuses the others) given two facts it cannot see; the metastore read establishes them:
+
+(A) *b's state is lost.* Only b itself writes b into switch.reduce, when its storage
+    self-check finds the state gone (in memory, or no log); the leader's unblock invoke
+    only moves nodes already there. b's holds key does not name b's current incarnation,
+    and a node writes its holds key before it starts a group, so b has not started the
+    group since. A node runs one incarnation at a time (each start writes a new
+    ``placement.incarnation`` key before it hosts anything), so the b the configuration
+    counts on is gone, and the new b starts the group only as an empty joiner, after a
+    configuration without b applied. A new b re-added and promoted would have written
+    its holds key, and the read would fail.
+(B) *No configuration that removes or demotes a exists beyond a's log.* The placement
+    layer never demotes, and the core READMITs a only if a's storage incarnation
+    changed, which a holder's has not. The placement layer removes a voter only in
+    changePeers' removal phase, towards a pending without it. After that, pending
+    changes only by onRebalanceDone, which writes stable = that pending (without a), or
+    by a cancel, which happens only while some pending member is not yet a voter, never
+    once the removal phase began. So a in stable and pending empty or naming a means no
+    such removal was made. (A direct ``change_peers`` call by an operator is outside
+    this argument.)
+
+(A) is about the past, and a removal of a appended after the read could commit only
+under {b} or {b, z}, which needs b. Only one side of a pair is ever a survivor: b runs
+the election against a only if a is in switch.reduce, which only a new, state-less a
+writes. If a lost its state too it does not hold the partition: neither member holds
+it, and the full-partition restart applies.
+A member of the electorate (a learner that may have been promoted, or z) that is down
+or lost its own state makes the election wait: it may hold the only copy of what b
+committed with it, and two losses are beyond this rule.
+
+Two replicas still cannot survive one failure: while b is down (not yet restarted) {a,
+b} has no quorum, and while a is alone one more loss loses acknowledged writes. So the
+HTTP API refuses two replicas for an in-memory table unless ``allow_unsafe`` is given
+(``raftkv.server.tables``).
+
 Choices where the seed is ambiguous or does not fit raftkv
 ----------------------------------------------------------
 - IGNITE-16668, where the seed is silent or does not fit:
@@ -225,7 +296,15 @@ from typing import Any, NamedTuple
 
 from pysyncobj.monotonic import monotonic
 
-from raftkv.core import ConfChange, ConfChangeOp, LeaderStepping, NotLeader, RaftError, Role
+from raftkv.core import (
+    CampaignRejected,
+    ConfChange,
+    ConfChangeOp,
+    LeaderStepping,
+    NotLeader,
+    RaftError,
+    Role,
+)
 from raftkv.node.driver import Group, Node
 from raftkv.node.errors import NodeStopped, UnknownGroup
 from raftkv.node.stores import open_group_storage
@@ -363,6 +442,10 @@ class _Partition:
     unblock_key: tuple[int, int] | None = None  # (pending rev, reduce rev) unblocked for
     wait_scheduled: bool = False
     switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
+    declared: bool = False  # bug C's in-memory case: we recorded our loss in switch.reduce
+    survive_inflight: bool = False  # the survivor check's linearizable read is under way
+    survive_after: float = 0.0  # no survivor election before this (monotonic) time
+    survive_refused: str = ""  # the core's last reason to refuse one (logged once)
     gen: int = 0  # the descriptor's create revision: which incarnation of the table
 
 
@@ -891,6 +974,14 @@ class PlacementManager:
             # a cancel; chaos seed 13). Rejoin with our log; the leader removes us if
             # the target excludes us, and step (3) stops the group once stable moves.
             wanted = True
+        elif (not wanted and not hosted and pending and self._held_before(part)
+              and (self._in_memory(desc) or not self._has_log(part))):
+            # Bug C's in-memory case: the same position, but our state is gone, so we
+            # cannot be the voter the change counts on. Record the loss in switch.reduce
+            # (not started): the leader removes us, or, if the configuration is just us
+            # and one holder, that holder continues alone ("The lone holder of a
+            # two-voter configuration").
+            self._declare_lost(part)
         stable_rev = self._kv[keys.stable].mod_revision if keys.stable in self._kv else 0
         if wanted and not hosted:
             self._on_partition_start(part, desc, stable, pending)
@@ -903,6 +994,8 @@ class PlacementManager:
         if g is None or g.raft.role != Role.LEADER:
             if part.change is not None:
                 self._abort_change(part, StaleTerm(f"{self.id} no longer leads {part.group}"))
+            if g is not None:
+                self._maybe_survive(part, g)
             return
         self._lead(part, g, pending)
 
@@ -959,10 +1052,13 @@ class PlacementManager:
             self._logs.has(part.group)
             or os.path.isdir(group_paths(self.data_dir or "", part.group)[0]))
 
-    def _holds(self, part: _Partition, node: str) -> bool:
-        """``node`` started hosting the partition in its current incarnation."""
-        h = self._kv.get(holds_key(part.table, part.index, node))
-        inc = self._kv.get(incarnation_key(node))
+    def _holds(self, part: _Partition, node: str,
+               kv: dict[bytes, VersionedValue] | None = None) -> bool:
+        """``node`` started hosting the partition in its current incarnation (in ``kv``,
+        by default the cache)."""
+        kv = self._kv if kv is None else kv
+        h = kv.get(holds_key(part.table, part.index, node))
+        inc = kv.get(incarnation_key(node))
         return (h is not None and inc is not None and bool(h.value)
                 and h.value.split(b"/")[0] == inc.value)
 
@@ -979,9 +1075,13 @@ class PlacementManager:
 
     def _majority_available(self, part: _Partition, stable: list[str],
                             reduce: list[str]) -> bool:
-        """A majority of stable is alive, holds its state, and is not being switched out."""
+        """A majority of stable is alive, holds its state, and is not being switched out;
+        or stable is two nodes and the other one is such a holder: it can continue alone
+        ("The lone holder of a two-voter configuration")."""
         holders = [n for n in stable if n != self.id and n not in reduce
                    and self._holds(part, n) and self._alive(n)]
+        if len(stable) == 2 and self.id in stable and len(holders) == 1:
+            return True
         return len(holders) >= len(stable) // 2 + 1
 
     def _restart_epoch(self, part: _Partition, kv: dict[bytes, VersionedValue]) -> bytes | None:
@@ -1173,6 +1273,88 @@ class PlacementManager:
             self._failed(part, "reduce", exc or RuntimeError("?"))
 
         attempt()
+
+    def _declare_lost(self, part: _Partition) -> None:
+        """Bug C's in-memory case (``_reconcile``): record our loss in switch.reduce once
+        per incarnation, and take the restart path from then on, so that when pending
+        names us again we join as a fresh learner (never leave pending as a lost
+        pending-only member)."""
+        if part.declared or part.reduce_inflight or self.id in self._nodes(part.sw.reduce):
+            return
+        part.declared = True
+        part.rejoin = True
+        part.reduce_added = False
+        self.metrics["restarts_detected"] += 1
+        log.info("node %s: %s lost its state while the configuration may count on it "
+                 "(hosted before this start, in neither stable nor pending)", self.id,
+                 part.group)
+        self._add_to_switch_reduce(part)
+
+    # ======================= loop thread: the lone holder of a two-voter configuration ==
+    def _survivor_case(self, part: _Partition, lost: str,
+                       kv: dict[bytes, VersionedValue]) -> bool:
+        """The metastore side of the rule (module docstring): ``lost`` declared the loss
+        of its state and does not hold it, we hold ours and nobody asked to remove us."""
+        def nodes(key: bytes) -> list[str]:
+            v = kv.get(key)
+            return decode_nodes(v.value) if v is not None else []
+
+        reduce, stable, pending = (nodes(part.sw.reduce), nodes(part.keys.stable),
+                                   nodes(part.keys.pending))
+        return (lost in reduce and self.id not in reduce and self.id in stable
+                and (not pending or self.id in pending)
+                and not self._holds(part, lost, kv) and self._holds(part, self.id, kv))
+
+    def _maybe_survive(self, part: _Partition, g: Group) -> None:
+        """Not the leader of a two-voter configuration {us, lost} whose other voter
+        declared the loss of its state: confirm on a linearizable read, then run a
+        survivor election (``Raft.campaign_without``), at most once per two election
+        timeouts."""
+        voters = g.raft.conf.voters
+        if part.survive_inflight or len(voters) != 2 or self.id not in voters:
+            return
+        (lost,) = voters - {self.id}
+        if not self._survivor_case(part, lost, self._kv):
+            return
+        if monotonic() < part.survive_after:
+            self._wait(part)
+            return
+        part.survive_inflight = True
+        keys = [part.sw.reduce, part.keys.stable, part.keys.pending,
+                holds_key(part.table, part.index, lost), incarnation_key(lost),
+                holds_key(part.table, part.index, self.id), incarnation_key(self.id)]
+
+        def read(f: Future[Any]) -> None:
+            part.survive_inflight = False
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "survive", exc)
+                return
+            kv = {k: v for k, v in zip(keys, f.result(), strict=True) if v is not None}
+            now_g = self.node.groups.get(part.group) if part.group in self._hosted else None
+            if (not self._current(part) or now_g is not g or g.raft.role == Role.LEADER
+                    or g.raft.conf.voters != voters or not self._survivor_case(part, lost, kv)):
+                self._kick(part.group)
+                return
+            part.survive_after = monotonic() + 2 * self.node.cfg.election_tick * \
+                self.node.cfg.tick_seconds
+            try:
+                g.raft.campaign_without(lost)
+            except CampaignRejected as e:
+                self.metrics["survivor_refused"] += 1
+                if str(e) != part.survive_refused:  # once per reason, not every retry
+                    part.survive_refused = str(e)
+                    log.info("node %s: %s survivor election refused: %s", self.id,
+                             part.group, e)
+                self._wait(part)
+                return
+            part.survive_refused = ""
+            self.metrics["survivor_elections"] += 1
+            log.info("node %s: %s: %s lost its state; the lone holder campaigns without it",
+                     self.id, part.group, lost)
+            self._wait(part)  # look again if it did not win
+
+        self._on_loop(self.meta.get_many(keys), read)
 
     def _full_restart(self, part: _Partition, desc: TableDescriptor) -> None:
         """Nobody holds the partition's state: bootstrap the stable configuration fresh.

@@ -7,12 +7,14 @@ hosts the partition groups (``t.<table>.<p>``) this node is assigned, and a
 
 Endpoints (JSON; errors are ``{"error": ...}``):
 
-- ``POST /v1/tables`` ``{"name", "partitions", "replicas", "storage"}``: 201 with the
-  descriptor; 400 bad name/numbers or replicas above the topology's node count; 409 if it
-  exists.
+- ``POST /v1/tables`` ``{"name", "partitions", "replicas", "storage", "allow_unsafe"}``:
+  201 with the descriptor; 400 bad name/numbers or replicas above the topology's node
+  count; 409 if it exists. Two replicas cannot survive one failure (``replica_risk``):
+  for an in-memory table that is a 400 unless ``"allow_unsafe": true``; otherwise the
+  answer carries a ``"warning"``.
 - ``GET /v1/tables``: ``{"tables": [{"name", "partitions", "replicas", "storage"}]}``.
 - ``GET /v1/tables/{t}``: the descriptor and, per partition, ``stable``/``pending``/
-  ``planned`` assignments, ``leader``, ``voters``, ``learners`` (merged from every node's
+  ``planned`` assignments, the IGNITE-16668 ``switch_reduce``/``switch_append``, ``leader``, ``voters``, ``learners`` (merged from every node's
   own view: ``?local=true`` gives just this node's), plus ``errors`` (rebalance errors
   recorded by any node's manager). 404 unknown table.
 - ``DELETE /v1/tables/{t}``: ``{"dropped", "revision"}``; 404 unknown table. Every node
@@ -20,8 +22,9 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   drop_table``); a table re-created under the name starts empty. A KV request on the
   table that was in flight answers 404 ``table <t> was dropped``; later ones 404
   ``unknown table``.
-- ``PUT /v1/tables/{t}/replicas`` ``{"replicas": n}``: ``{"revision"}``; 400 if n exceeds
-  the node count.
+- ``PUT /v1/tables/{t}/replicas`` ``{"replicas": n, "allow_unsafe"}``: ``{"revision"}``;
+  400 if n exceeds the node count, or is 2 for an in-memory table without
+  ``allow_unsafe`` (and a ``"warning"`` with 2, as for create).
 - ``POST /v1/tables/{t}/batch``: puts and deletes (``requests.decode_batch_body``'s formats)
   split by partition, one atomic entry per partition, the partitions concurrently:
   ``{"ops", "partitions": {p: index}}``. Not atomic across partitions: on a failure the
@@ -73,6 +76,7 @@ from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, UnknownGroup
 from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of, partitions_of
 from raftkv.placement.catalog import (
+    MEMORY,
     TABLES_PREFIX,
     TOPOLOGY_KEY,
     TableDescriptor,
@@ -276,6 +280,7 @@ class TablesApi:
         try:
             check_table_name(name)
             TableDescriptor.new(str(name), parts, replicas, storage, ["-"])  # validation
+            warning = _check_replicas(replicas, storage, body)
         except ValueError as e:
             return error(400, str(e))
         assert isinstance(name, str) and isinstance(replicas, int) and isinstance(parts, int)
@@ -296,7 +301,10 @@ class TablesApi:
             raise
         except ValueError as e:
             return error(400, str(e))
-        return web.json_response(_desc_json(desc), status=201)
+        out = _desc_json(desc)
+        if warning is not None:
+            out["warning"] = warning
+        return web.json_response(out, status=201)
 
     async def list(self, request: web.Request) -> web.Response:
         res = await self._run(lambda: self.p.meta.range(TABLES_PREFIX).result(ADMIN_TIMEOUT))
@@ -318,10 +326,15 @@ class TablesApi:
 
     async def set_replicas(self, request: web.Request) -> web.Response:
         name = self._name(request)
-        replicas = (await json_body(request)).get("replicas")
+        body = await json_body(request)
+        replicas = body.get("replicas")
         if type(replicas) is not int or replicas < 1:
             return error(400, f'"replicas" must be an integer >= 1, got {replicas!r}')
-        await self._desc(name)
+        desc = await self._desc(name)
+        try:
+            warning = _check_replicas(replicas, desc.storage, body)
+        except ValueError as e:
+            return error(400, str(e))
 
         def run() -> int:
             nodes = self.p.topology()
@@ -334,7 +347,10 @@ class TablesApi:
             rev = await self._run(run)
         except UnknownTable:
             return error(404, f"unknown table {name}")
-        return web.json_response({"table": name, "replicas": replicas, "revision": rev})
+        out: dict[str, Any] = {"table": name, "replicas": replicas, "revision": rev}
+        if warning is not None:
+            out["warning"] = warning
+        return web.json_response(out)
 
     async def describe(self, request: web.Request) -> web.Response:
         name = self._name(request)
@@ -364,6 +380,8 @@ class TablesApi:
                 "partition": i, "group": gid,
                 "stable": base.get("stable", []), "pending": base.get("pending", []),
                 "planned": base.get("planned"),
+                "switch_reduce": base.get("switch_reduce", []),
+                "switch_append": base.get("switch_append", []),
                 "leader": lead["node"] if lead else (hints.pop() if len(hints) == 1 else None),
                 "term": lead.get("term") if lead else None,
                 "voters": lead.get("voters") if lead else None,
@@ -700,6 +718,42 @@ def _digest_rows(rows: Iterable[tuple[bytes, bytes]], limit: int) -> dict[str, A
                 listed[k.hex()] = f"{row_hash(k, v):016x}"
     d = b.result()
     return {"count": d.count, "digest": d.digest, "rows": listed}
+
+
+def replica_risk(replicas: int, storage: str) -> str | None:
+    """Why ``replicas`` copies of a table stored as ``storage`` cannot survive one
+    failure, or None. Two is the count that looks redundant and is not: a majority of two
+    is two, so while either node is down its partitions take no writes; and an in-memory
+    partition whose replica restarted continues on the other alone (see "The lone holder
+    of a two-voter configuration" in ``raftkv.placement.rebalance``) until the replica is
+    re-added, so one more loss in that window loses acknowledged writes."""
+    if replicas != 2:
+        return None
+    if storage == MEMORY:
+        return ("2 in-memory replicas cannot survive one failure: while either node is "
+                "down its partitions accept no writes (a majority of 2 is 2), and after a "
+                "restart the other replica holds the only copy until the restarted one is "
+                "re-added, so a second loss then loses acknowledged writes. Use 3 "
+                "replicas, or pass allow_unsafe to accept this")
+    return ("2 replicas cannot survive one failure: while either node is down, the "
+            "partitions it holds accept no writes (a majority of 2 is 2). 3 replicas "
+            "survive one failure")
+
+
+def _check_replicas(replicas: object, storage: object, body: dict[str, Any]) -> str | None:
+    """The warning for a replica count that cannot survive one failure, or ValueError:
+    refused for an in-memory table unless ``"allow_unsafe": true``. In memory the risk is
+    losing acknowledged writes, so it takes an explicit choice; on disk it is only
+    availability (nothing is lost), so a warning in the answer is enough."""
+    allow = body.get("allow_unsafe", False)
+    if type(allow) is not bool:
+        raise ValueError(f'"allow_unsafe" must be true or false, got {allow!r}')
+    if not isinstance(replicas, int) or not isinstance(storage, str):
+        return None
+    risk = replica_risk(replicas, storage)
+    if risk is not None and storage == MEMORY and not allow:
+        raise ValueError(risk)
+    return risk
 
 
 def _desc_json(d: TableDescriptor) -> dict[str, Any]:
