@@ -430,6 +430,9 @@ class Raft:
         # whose grant it needs (itself and the learners that may have been promoted).
         self._survivor: str | None = None
         self._electorate: frozenset[str] = frozenset()
+        # (member, incarnation) pairs the configuration once recorded and replaced: a
+        # late or duplicated message from one is from a node that no longer exists.
+        self._retired: set[tuple[str, int]] = set()
         self.conf: ConfState = self.confs[-1][1]
         self._incs = dict(self.conf.incarnations)
         newborn_founder = (config.incarnation and config.newborn and self.id in self.conf.voters
@@ -1273,6 +1276,8 @@ class Raft:
         pr = self.prs.get(m.frm)
         if pr is None:
             return True  # not a member: the handlers ignore it
+        if (m.frm, m.inc) in self._retired:
+            return False  # a late message of an incarnation replaced since: ignore it
         if pr.inc != m.inc:
             if pr.inc:
                 pr = self.prs[m.frm] = self._new_progress(m.frm, self.log.last_index() + 1)
@@ -1283,10 +1288,7 @@ class Raft:
             return m.frm not in self.conf.voters or self._countable(m.frm)
         self._unrecorded[m.frm] = m.inc
         self._bcast_pending = True  # _flush proposes the record
-        if m.frm in self.conf.voters:
-            pr.probe_sent = False  # it answered: the record's append may go at once
-            return False
-        return True
+        return m.frm not in self.conf.voters
 
     def _record_began(self, nid: str) -> tuple[int, bool]:
         """Where ``nid``'s current record began: the index of the configuration entry that
@@ -1330,6 +1332,13 @@ class Raft:
                 self.propose_conf_change(ConfChange.identity(op, nid, inc))
             except (ConfChangeRejected, ProposalDropped):
                 self._unrecorded[nid] = inc
+                return
+            pr = self.prs.get(nid)
+            if pr is not None:
+                # Its answer was dropped while it waited for this record: send the
+                # record's append now rather than at the next heartbeat. (Only now:
+                # re-probing on every dropped answer looped while the record waited.)
+                pr.probe_sent = False
             return
 
     def _handle_append_response(self, m: Message) -> None:
@@ -1612,6 +1621,9 @@ class Raft:
             confs.pop(0)
 
     def _set_conf(self, conf: ConfState) -> None:
+        for nid, inc in self._incs.items():
+            if conf.incarnation_of(nid) not in (None, inc):
+                self._retired.add((nid, inc))
         self.conf = conf
         self._incs = dict(conf.incarnations)
         if self.role != Role.LEADER:
