@@ -50,9 +50,6 @@ def test_birth_laggard_and_a_wiped_voter_cannot_elect_a_leader_lacking_a_commit(
     assert all(c.raft(n).role != Role.LEADER for n in N3)
 
 
-@pytest.mark.xfail(strict=True, reason="liveness cost: a leader whose own record is new "
-                   "(it missed the first campaign) commits only with a majority of the "
-                   "others, so n3 cannot commit in term 3 with n1 cut off")
 def test_a_deposed_first_leader_cannot_record_a_wiped_voter_and_commit() -> None:
     """n1 is the group's first leader, elected by n2; it never hears from n3 (n3's
     messages to n1 are lost), so its configuration never records n3. n1 is cut off and
@@ -86,9 +83,6 @@ def test_a_deposed_first_leader_cannot_record_a_wiped_voter_and_commit() -> None
     assert_no_conflicting_commits(c)
 
 
-@pytest.mark.xfail(strict=True, reason="liveness cost: a leader whose own record is new "
-                   "(it missed the first campaign) commits only with a majority of the "
-                   "others, so n3 cannot commit in term 4 with n1 cut off")
 def test_a_late_candidate_does_not_record_a_wiped_voter_that_refused_it() -> None:
     """The no-op records every voter that *answered* the campaign, refusals included.
     n1 (the first leader, which never heard from n3) campaigns in term 3 and n2's grant

@@ -147,7 +147,7 @@ and each group's configuration records which incarnation of each member it count
 Every message carries its sender's incarnation (``Message.inc``). The rules:
 
 - **Recording.** A new leader's no-op is a configuration entry (``RECORD``) when the
-  configuration does not yet record, as they are, itself and the voters that answered
+  configuration does not yet record, as they are, itself and the voters that granted
   its campaign. A leader that hears from a member the configuration does not record
   proposes a ``RECORD`` of it (``_settle_identities``), one change at a time. A learner is
   promoted (automatically or on request) only once its record is committed, so a voter
@@ -160,9 +160,12 @@ Every message carries its sender's incarnation (``Message.inc``). The rules:
   match) is void the moment a new incarnation answers. Such a voter gets a ``READMIT``:
   demoted to an automatically promoted learner recorded as its new incarnation, a
   one-by-one demotion, so as safe as any (ch. 4). It catches up as a learner and is
-  promoted. A recorded voter counts only once its record is committed (by a majority
-  that did not need it), except the records of a group's first configuration entry
-  that has any (its first leader's no-op), which count at once: birth needs them.
+  promoted. Where a recorded voter's acknowledgement counts (``_counted_matches``): a
+  voter recorded by a leader's election entry (it granted that campaign) or by a
+  group's first records counts toward a commit index at or beyond that entry, so every
+  quorum that used it holds its record; one recorded on contact (RECORD, READMIT)
+  counts once that record is committed, or a deposed leader that never knew an
+  earlier incarnation could record a wiped node and commit with it.
 - **Commit by heartbeat.** A heartbeat's commit is bounded by the leader's match for
   the follower; the heartbeat names the incarnation that match describes (``to_inc``),
   and a follower that is another incarnation commits nothing from it.
@@ -298,7 +301,7 @@ from raftkv.core.types import (
     SoftState,
     Status,
 )
-from storage.errors import Compacted, SnapshotUnavailable
+from storage.errors import Compacted, SnapshotUnavailable, Unavailable
 from storage.log_store import LogStorage
 from storage.records import (
     ENTRY_OVERHEAD,
@@ -418,8 +421,8 @@ class Raft:
         # Leader: members heard from under an incarnation the configuration does not
         # record; each gets a RECORD or READMIT (``_settle_identities``).
         self._unrecorded: dict[str, int] = {}
-        # Candidate: the incarnations of the voters that answered this campaign (its
-        # pre-vote or vote, granted or not), for the no-op to record.
+        # Candidate: the incarnations of the voters that granted this campaign (its
+        # pre-vote or vote), for the no-op to record.
         self._grants: dict[str, int] = {}
         # Newborn and unrecorded (see "Incarnations"): the voters whose vote requests,
         # since this start, showed no record of this node (or a committed record of it
@@ -824,7 +827,7 @@ class Raft:
             return
         # The no-op entry of §8: committing it commits every earlier entry and tells us
         # our commit index, which ReadIndex and membership changes wait for. It records
-        # the incarnations of the voters that answered our campaign, where the
+        # the incarnations of the voters that granted our campaign, where the
         # configuration does not yet (see "Incarnations").
         records = self._election_records(grants)
         if records is None:
@@ -991,17 +994,17 @@ class Raft:
         """A node whose storage was created empty, and which its configuration does not
         record, may be a founder at the group's birth or a voter whose files were wiped.
         Its vote is safe when no earlier incarnation of it ever counted: a voter's
-        acknowledgements count only once its record is committed (``_countable``; the
-        first leader's own records excepted, which count at once). Either proof will do:
+        acknowledgement counts only toward a commit index at or beyond its record, or
+        once a record made on contact is committed (``_counted_matches``), so a quorum
+        that used it holds its record. Either proof will do:
 
         - the candidate holds a committed record of us as we are: its leader recorded
           us knowing the group's committed history (Raft's leader completeness), so it
           holds everything an earlier incarnation helped commit;
         - more than ``n - majority(n)`` other voters have shown us no record of us (or
           a committed one of us as we are). A record of an earlier incarnation that
-          counted was committed by a majority without it, or is the first leader's,
-          held by a majority possibly with it; either way at least ``majority(n) - 1``
-          other voters hold it, so it cannot be absent from that many.
+          counted is held by a quorum, possibly with that incarnation, so by at least
+          ``majority(n) - 1`` other voters: it cannot be absent from that many.
 
         The candidate's own request is one of the reports (noted before this check)."""
         if m.to_inc == self._inc and m.to_inc_ok:
@@ -1030,7 +1033,10 @@ class Raft:
                 known = self._incs.get(m.frm)
                 if known is not None and known != m.inc:
                     return  # another incarnation of a voter we count on: not its vote
-                self._grants[m.frm] = m.inc  # heard from: the no-op may record it
+                if granted:
+                    # Only a grant: a refusal may come from a wiped node that a late
+                    # candidate must not record by its election (it counts at once).
+                    self._grants[m.frm] = m.inc
             result = self._poll(m.frm, granted)
             if result is True:
                 self._won(
@@ -1283,9 +1289,7 @@ class Raft:
                 pr = self.prs[m.frm] = self._new_progress(m.frm, self.log.last_index() + 1)
             pr.inc = m.inc
         if not m.inc or self._incs.get(m.frm) == m.inc:
-            # A voter counts once its record is committed (``_countable``); until then its
-            # answers wait, as those of a voter not yet recorded.
-            return m.frm not in self.conf.voters or self._countable(m.frm)
+            return True  # where its acknowledgement counts: ``_maybe_commit``
         self._unrecorded[m.frm] = m.inc
         self._bcast_pending = True  # _flush proposes the record
         return m.frm not in self.conf.voters
@@ -1302,12 +1306,22 @@ class Raft:
                 return confs[k][0], not prev.incarnations
         return confs[0][0], False
 
+    def _elected_record(self, index: int) -> bool:
+        """Whether the configuration entry at ``index`` is a leader's first entry of its
+        term (a RECORD of the voters that granted its campaign: no incarnation in its
+        change's context), rather than a RECORD or READMIT proposed on contact."""
+        try:
+            e = self.log.entries(index, index + 1)[0]
+        except (Compacted, Unavailable):
+            return False
+        cc = decode_conf_entry(e.data)[0]
+        return cc is not None and cc.op == ConfChangeOp.RECORD and not cc.context
+
     def _countable(self, nid: str) -> bool:
-        """Whether ``nid``'s acknowledgements may count (see "Incarnations"): without
-        identities, or in a configuration that records nobody yet (a group's birth, or a
-        log from before incarnations), every voter counts; otherwise a voter counts once
-        its record is committed, or at once if the record is among a group's first, or
-        if it is the only voter (nothing else could ever commit its record)."""
+        """Whether ``nid`` may be promoted to voter (see "Incarnations"): without
+        identities, or in a configuration that records nobody yet, anyone; otherwise a
+        member whose record is committed, or among a group's first records, or the only
+        voter."""
         if not self._inc or not self._incs:
             return True
         if nid not in self._incs:
@@ -1316,6 +1330,32 @@ class Raft:
             return True  # a lone voter's acknowledgement is the only one there can be
         began, first = self._record_began(nid)
         return first or began <= self.log.committed
+
+    def _counted_matches(self, match: dict[str, int]) -> dict[str, int]:
+        """The matches that may count toward the commit index (see "Incarnations"): an
+        unrecorded voter's none. A voter recorded by a leader's first entry of its term
+        (its election, or the group's first records), or the only voter, counts toward a
+        commit index at or beyond that entry, so every quorum that used it holds its
+        record. One recorded on contact (a RECORD or READMIT proposal) counts once that
+        record is committed: a deposed leader that never knew an earlier incarnation
+        could otherwise record a wiped node and commit with it. Leaving a voter out can
+        only lower the index, so a few rounds settle it."""
+        counted: dict[str, int] = {}
+        began: dict[str, int] = {}
+        lone = len(self.conf.voters) == 1
+        for v, m in match.items():
+            if v not in self._incs:
+                continue
+            index, first = self._record_began(v)
+            if index <= self.log.committed or first or lone or self._elected_record(index):
+                counted[v], began[v] = m, index
+        while True:
+            c = committed_index(self.conf.voters, counted)
+            late = [v for v in counted if began[v] > c]
+            if not late:
+                return counted
+            for v in late:
+                del counted[v]
 
     def _settle_identities(self) -> None:
         """Propose a RECORD (or a READMIT) for a member heard from as an incarnation the
@@ -1406,11 +1446,9 @@ class Raft:
 
     def _maybe_commit(self) -> bool:
         prs = self.prs
+        match = {v: prs[v].match for v in self.conf.voters if v in prs}
         if self._inc and self._incs:
-            match = {v: prs[v].match for v in self.conf.voters
-                     if v in prs and self._countable(v)}
-        else:
-            match = {v: prs[v].match for v in self.conf.voters if v in prs}
+            match = self._counted_matches(match)
         return self.log.maybe_commit(committed_index(self.conf.voters, match), self.term)
 
     def _on_commit(self) -> None:
