@@ -58,6 +58,8 @@ class ConfChange(NamedTuple):
     auto_promote: bool = True
 
     def describe(self) -> str:
+        if self.op == ConfChangeOp.RECORD and not self.context:
+            return f"record the voters of {self.node}'s election"  # a leader's first entry
         if self.op in (ConfChangeOp.RECORD, ConfChangeOp.READMIT):
             inc = self.context.decode("ascii", "replace")
             return f"{self.op.name.lower()} {self.node} as incarnation {inc}"
