@@ -235,11 +235,19 @@ class Node:
 
     # ================================================================ setup ============
     def add_group(
-        self, group_id: str, storage: GroupStorage, voters: list[str] | None
+        self, group_id: str, storage: GroupStorage, voters: list[str] | None,
+        birth_known: bool = False,
     ) -> Group:
         """Host a group. ``voters`` bootstraps an empty log with that membership; None
         joins with an empty log and waits for a leader to add this node. Call before
-        ``start`` (or through ``call`` once running)."""
+        ``start`` (or through ``call`` once running).
+
+        ``birth_known``: the caller knows from elsewhere that a bootstrap is the group's
+        birth, so the core's newborn vote rule (``Config.newborn``, "Incarnations" in
+        ``raftkv.core.raft``), which exists because a node alone cannot tell a birth from
+        its own loss of state, does not apply. The placement layer decides from the
+        metastore (a table's descriptor, IGNITE-16668's holds keys) when a partition is
+        bootstrapped fresh; a founder started from the command line cannot know."""
         if group_id in self.groups:
             raise ValueError(f"group {group_id!r} is already hosted")
         if voters is not None:
@@ -255,7 +263,7 @@ class Node:
                 # re-sending it after one election timeout only restarts the transfer.
                 snapshot_timeout=SNAPSHOT_TIMEOUT_ELECTIONS * self.cfg.election_tick,
                 quiesce=self.cfg.quiesce,
-                incarnation=ident.incarnation, newborn=ident.newborn,
+                incarnation=ident.incarnation, newborn=ident.newborn and not birth_known,
             ),
             storage.log, random.Random(),
         )

@@ -1462,7 +1462,12 @@ class PlacementManager:
                 self.data_dir if persistent else None, part.group, self.durable,
                 shared_log=self._logs if persistent else None,
                 checkpoint_seconds=self.checkpoint_seconds)
-            g = self.node.add_group(part.group, storage, voters)
+            # Placement bootstraps a partition only at its birth by the metastore's own
+            # record (a new table, or IGNITE-16668's full restart: no node holds the
+            # state); a replica that lost its state joins empty instead. So the core's
+            # newborn vote rule, which would wait for every founder, does not apply.
+            g = self.node.add_group(part.group, storage, voters,
+                                    birth_known=voters is not None)
         except Exception as e:  # noqa: BLE001  # storage errors: retried, then recorded
             self._failed(part, "start", e)
             return
