@@ -1,2 +1,3 @@
 """Placement (Ignite 3 rebalance, IGNITE-16668): the metastore, tables and partitions,
-rebalance, and the in-memory restart protocol. See ``../shared/DESIGN.md`` (Placement)."""
+rebalance, and the in-memory restart protocol. ``rebalance.py``'s module docstring is the
+theory of operation; the README's "Tables" section is the user's view."""
