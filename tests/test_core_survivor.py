@@ -149,6 +149,34 @@ def test_a_learner_promoted_beyond_the_survivors_log_refuses_and_nothing_is_lost
         assert c.raft(n).log.term(index) == c.raft("n3").log.term(index)
 
 
+def test_a_learner_ahead_with_uncommitted_entries_attests_and_does_not_block() -> None:
+    """Part 3's exception: n3, a recorded learner that was never a voter, holds an entry
+    n1 lacks (n2 sent it before it was lost; with n1 cut off it never committed). By
+    §5.4.1 alone n3 would refuse n1 for ever, and as a learner it never campaigns. It was
+    a voter in no configuration from n1's commit index on, so it acknowledged nothing
+    there as a voter: it grants, and n1 leads."""
+    c = two_voters()
+    c.elect("n2")
+    c.propose("n2", cmd(0))
+    add_learner(c, "n2", "n3")
+    c.stabilize()
+    c.cut("n1", "n2")
+    index = c.propose("n2", cmd(1))
+    assert c.raft("n3").log.last_index() >= index > c.raft("n1").log.last_index()
+    assert c.raft("n2").log.committed < index
+    c.nodes["n2"].crash()
+    c.heal()
+    r = c.raft("n1")
+    assert not c.raft("n3").log.is_up_to_date(r.log.last_index(), r.log.last_term())
+    c.tick(["n1", "n3"], n=30)  # n1 steps down; n3's lease on n2 runs out
+    r.campaign_without("n2")
+    c.stabilize()
+    assert r.role == Role.LEADER
+    assert set(r.conf.voters) == {"n1"} and set(r.conf.learners) == {"n3"}
+    c.propose("n1", cmd(2))
+    assert c.raft("n3").log.committed == r.log.committed  # n3's extra entry was replaced
+
+
 def test_counterfactual_without_the_learner_the_survivor_overwrites_a_committed_entry(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -204,21 +204,24 @@ make progress: a cannot win an election, so no leader can READMIT b. Yet a holds
 everything the pair committed. ``campaign_without(b)`` lets a continue alone. It is a
 *survivor election*: a becomes a candidate of the next term and wins when every member
 of its *electorate* G grants its vote. The members are asked with ordinary vote
-requests and answer under the ordinary rules (term, one vote per term, §5.4.1's
-up-to-date check, stickiness, identities). a's first entry as leader is a configuration
-entry removing b, so its quorum is itself from then on; the placement layer adds b back
-as a fresh learner.
+requests (after a pre-vote round, with pre-vote on) and answer under the ordinary rules
+(term, one vote per term, §5.4.1's up-to-date check, stickiness, identities). a's first
+entry as leader is a configuration entry removing b, so its quorum is itself from then
+on; the placement layer adds b back as a fresh learner.
 
 Let W be the configurations in a's log from the one in effect at its commit index to
 its latest. The rule applies when the latest has the voters {a, b} and every
-configuration of W has the voters {a}, {a, b} or {a, b, z} (a change under way when b
-was lost may have come from three voters, or from a alone). G is a, the voter z of
-each three-voter configuration of W, and each learner y of a two-voter one that is
-recorded (any learner with identities off). The caller asserts two things the core
-cannot see: (A) b's state is lost: the incarnation the group counts on will never vote
-or acknowledge again; (B) no configuration that removes or demotes a exists beyond a's
-log. The placement layer derives both from the metastore (``raftkv/placement/
-rebalance.py``, "The lone holder of a two-voter configuration").
+configuration of W has the voters {a}, {a, b} or {a, b, z}, or is {b} followed in W by
+the promotion of a to {a, b} (a change under way when b was lost may have come from
+three voters, from a alone, or from b alone). G is a, the voter z of each three-voter
+configuration of W, and each learner y of a two-voter one that is recorded (any
+learner with identities off). The caller asserts two things the core cannot see: (A)
+b's state is lost: the incarnation the group counts on will never vote or acknowledge
+again; (B) no configuration that removes or demotes a exists beyond a's log. The
+placement layer derives both from the metastore (``raftkv/placement/rebalance.py``,
+"The lone holder of a two-voter configuration"). The simulator's opt-in ``survive``
+fault runs the rule under every other fault, and its checker recounts each survivor's
+grants from this text.
 
 Why it is safe.
 
@@ -229,23 +232,36 @@ Why it is safe.
    it or something under it committed, and it takes effect when appended, so it
    commits with a quorum of its own. Removing or demoting a is excluded by B. What is
    left: from {a}, a learner promoted to {a, y}; from {a, b}, {a} or {a, b, y}; from
-   {a, b, z}, {a, b}, {a, z} or {a, b, z, y}. A learner is promoted only once recorded
-   (``_maybe_promote``; the placement layer never promotes by hand), and recording it
-   is a change committed under {a, b} with a's acknowledgement, so the y of {a, b, y}
-   is recorded in W: it is in G.
+   {a, b, z}, {a, b}, {a, z} or {a, b, z, y}. A {b} of W has no successor but the
+   promotion of a that follows it: b, its only voter, is its only possible leader,
+   and b appended that promotion (a holds it), so b's log never held anything else
+   after it. A learner is promoted only once recorded (``_maybe_promote``; the
+   placement layer never promotes by hand), and recording it is a change committed
+   under {a, b} with a's acknowledgement, so the y of {a, b, y} is recorded in W: it
+   is in G.
 2. *Every quorum of those configurations meets G*: {a} and {a, y} contain a; the
    quorums of {a, b} and {a, b, y} contain a or y; those of {a, b, z}, {a, z} and
-   {a, b, z, y} (three of four) contain a or z.
+   {a, b, z, y} (three of four) contain a or z. The exception is {b}, whose quorum is
+   b alone.
 3. *Leader completeness* (§5.4). An entry committed before a's term was acknowledged
-   by a quorum of one of them, so by a member g of G. g held it when it granted a's
-   vote (no leader lacking a committed entry ever truncated one), and g grants only if
-   a's log is at least as up to date as its own, so a holds it (§5.4.3's argument).
+   by a quorum of one of them. If it is {b}, the entry is in b's log before b's
+   promotion of a, which a holds, so a holds the entry (log matching). Otherwise a
+   member g of G acknowledged it. g held it when it granted a's vote (no leader lacking
+   a committed entry ever truncated one), and g grants only if a's log is at least as
+   up to date as its own, so a holds it (§5.4.3's argument). One exception keeps a
+   learner with a few entries a lacks (sent before b was lost, never committed) from
+   blocking a for ever: the request carries a's commit index c, and a node may grant
+   it although its log is more up to date if it was a voter in no configuration of its
+   log from index c on (``_attests_for_survivor``). Then it acknowledged nothing after c
+   as a voter: a leader counts an acknowledgement of index i under the latest
+   configuration before i in its log, which is the acknowledger's log up to i. And a
+   holds every committed entry up to c.
 4. *Election safety* (§5.2). Another leader of a's term needs a quorum of one of those
-   configurations, which contains a member of G, and each voted for a in that term.
-   A lost b never votes again as the voter it was (A, and the Incarnations vote rules
-   for its new incarnation), and b runs no survivor election of its own: the placement
-   layer calls this only on a node that holds its state while b declared the loss of
-   its own.
+   configurations, which contains a member of G (or is {b}), and each voted for a in
+   that term. A lost b never votes again as the voter it was (A, and the Incarnations
+   vote rules for its new incarnation), and b runs no survivor election of its own:
+   the placement layer calls this only on a node that holds its state while b declared
+   the loss of its own.
 5. *The removal.* a appends "remove b" as its first entry, perhaps after a
    configuration entry of W that is not committed yet, which "one change at a time"
    forbids. That rule keeps the quorums of any two configurations in use overlapping,
@@ -260,7 +276,10 @@ Why it is safe.
 If a also lost its state it is not a survivor: it holds nothing, and the placement layer
 does not call this (both lost is a full-partition restart). A member of G that is down
 or lost its own state (it then refuses, as an incarnation the candidate does not
-record) makes a wait: it may hold the only copy of what b committed with it.
+record) makes a wait: it may hold the only copy of what b committed with it. So does a
+learner whose storage was created empty and whose record a does not know committed
+(it was recorded just before b was lost): the Incarnations vote rule for newborn nodes
+has it refuse. The simulator's ``survive`` fault does not lose b in that shape.
 """
 
 from __future__ import annotations
@@ -508,15 +527,39 @@ class Raft:
         why = self._survivor_blocker(lost)
         if why is not None:
             raise CampaignRejected(why)
-        electorate = self._survivor_electorate(lost)
-        self._become_candidate()
+        self._survivor_campaign(lost, self._survivor_electorate(lost), self.cfg.pre_vote)
+
+    def _survivor_campaign(self, lost: str, electorate: frozenset[str], pre: bool) -> None:
+        """A survivor election's pre-vote round (with pre-vote on) or its election. The
+        pre-vote round matters: a member of the electorate that refuses may be the one
+        to lead (a learner promoted beyond this log), and a survivor retrying real
+        elections would keep raising the term under its campaigns."""
+        if pre:
+            self._become_pre_candidate()
+            vote_type, term = MT.PRE_VOTE, self.term + 1
+        else:
+            self._become_candidate()
+            vote_type, term = MT.VOTE, self.term
         self._survivor, self._electorate = lost, electorate
+        # A full election timeout for the answers: our own election timer (an ordinary
+        # campaign) would otherwise end the round, and a caller retrying at a steady
+        # pace can lock into phase with it (the simulator found that).
+        self.election_elapsed = 0
         if self._poll(self.id, True) is True:
-            self._become_leader()
+            self._survivor_won()
             return
         last, last_term = self.log.last_index(), self.log.last_term()
         for nid in sorted(electorate - {self.id}):
-            self._send(Message(MT.VOTE, nid, self.id, self.term, last_term, last))
+            # ``context``: our commit index, for a learner's attestation (part 3).
+            self._send(Message(vote_type, nid, self.id, term, last_term, last,
+                               context=self.log.committed))
+
+    def _survivor_won(self) -> None:
+        assert self._survivor is not None
+        if self.role == Role.PRE_CANDIDATE:
+            self._survivor_campaign(self._survivor, self._electorate, pre=False)
+        else:
+            self._become_leader()
 
     def propose(self, data: bytes) -> int:
         """Append ``data`` as a new entry; returns its index (its proposedIndex)."""
@@ -927,13 +970,21 @@ class Raft:
         if set(self.conf.voters) != {self.id, lost}:
             return (f"the configuration's voters are {sorted(self.conf.voters)}, not "
                     f"{sorted({self.id, lost})}")
-        for conf in self._confs_since_commit():
-            others = set(conf.voters) - {self.id, lost}
-            if self.id not in conf.voters or len(others) > 1 or (others and lost not in
-                                                                  conf.voters):
-                return (f"a configuration since the commit index has voters "
-                        f"{sorted(conf.voters)}: not {{{self.id}}}, {{{self.id}, {lost}}} "
-                        f"or {{{self.id}, {lost}, one more}}")
+        window = self._confs_since_commit()
+        for conf, after in zip(window, [*window[1:], None], strict=True):
+            voters = set(conf.voters)
+            others = voters - {self.id, lost}
+            if voters == {lost}:
+                # Promoting us from {lost}: what lost committed alone precedes that entry,
+                # and we hold the entry (see "The lone survivor of two voters").
+                if (self.id in conf.learners and after is not None
+                        and set(after.voters) == {self.id, lost}):
+                    continue
+            elif self.id in voters and len(others) <= 1 and (not others or lost in voters):
+                continue
+            return (f"a configuration since the commit index has voters "
+                    f"{sorted(conf.voters)}: not {{{self.id}}}, {{{self.id}, {lost}}}, "
+                    f"{{{self.id}, {lost}, one more}}, or {{{lost}}} promoting {self.id}")
         return None
 
     def _survivor_electorate(self, lost: str) -> frozenset[str]:
@@ -958,7 +1009,8 @@ class Raft:
         )
         resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
         if (can_vote and self._above_vote_floor() and self._identity_allows_vote(m)
-                and self.log.is_up_to_date(m.index, m.log_term)):
+                and (self.log.is_up_to_date(m.index, m.log_term)
+                     or self._attests_for_survivor(m))):
             # A granted pre-vote answers in the candidate's future term, so it is not
             # mistaken for a rejection from a newer term.
             self._send(Message(resp, m.frm, self.id, m.term))
@@ -974,6 +1026,43 @@ class Raft:
             self._unaware.add(m.frm)
         elif m.to_inc != self._inc:
             self._known_gone = True  # the candidate counts on an earlier incarnation of us
+
+    def _attests_for_survivor(self, m: Message) -> bool:
+        """A survivor election's request (an int ``context``: the candidate's commit
+        index c) may be granted by a node whose log is more up to date, if that node was
+        a voter in no configuration of its log from index c on: then nothing after c
+        was committed with its acknowledgement as a voter ("The lone survivor of two
+        voters", part 3), and everything up to c is in the candidate's log."""
+        c = m.context
+        if type(c) is not int or c < 0:
+            return False
+        return not self._voter_from(c)
+
+    def _voter_from(self, c: int) -> bool:
+        """Whether this node is a voter in the configuration in effect at index ``c`` of
+        its log or in any later one; True when the log no longer shows it (compacted)."""
+        if self.id in self.conf.voters:
+            return True
+        if c >= self.confs[0][0]:
+            history = self.confs
+        else:  # configurations below the applied index were trimmed: read them back
+            log = self.log
+            storage = log.storage
+            base = log.first_index() - 1
+            try:
+                base = max(base, storage.snapshot().index)
+            except SnapshotUnavailable:
+                pass
+            if c < base:
+                return True
+            history = [(base, storage.initial_state()[1])]
+            for e in storage.conf_entries(base + 1):
+                if e.index < log.unstable_offset:
+                    history.append((e.index, decode_conf_entry(e.data)[1]))
+            history += _decode_confs([e for e in log.unstable if e.type])
+        at_c = [conf for i, conf in history if i <= c]
+        later = [conf for i, conf in history if i > c]
+        return any(self.id in conf.voters for conf in [*at_c[-1:], *later])
 
     def _identity_allows_vote(self, m: Message) -> bool:
         """The vote rules of "Incarnations": never vote as an incarnation the candidate
@@ -1038,7 +1127,9 @@ class Raft:
                     # candidate must not record by its election (it counts at once).
                     self._grants[m.frm] = m.inc
             result = self._poll(m.frm, granted)
-            if result is True:
+            if result is True and self._survivor is not None:
+                self._survivor_won()
+            elif result is True:
                 self._won(
                     CampaignKind.PRE_ELECTION if self.role == Role.PRE_CANDIDATE
                     else CampaignKind.ELECTION

@@ -27,6 +27,17 @@ Event kinds:
   started with its old arguments does). One wiped node at a time is left to be
   readmitted (``Simulation._wipe_pending``): a wipe is a failure, and Raft tolerates a
   minority of them.
+- ``survive`` (opt in, ``SURVIVE_FAULTS``; meant for ``--nodes 2``): a voter b of a
+  two-voter configuration {a, b} is crashed and wiped, and a runs survivor elections
+  (``Raft.campaign_without(b)``, "The lone survivor of two voters") about once per
+  election timeout, through the settle phase too, until b is out of the configuration
+  or readmitted. Membership changes may then shrink a configuration to two voters
+  (never to one, so no configuration removing a exists beyond a's log: the rule's
+  assumption B), which brings the shapes the rule covers: changes under way from three
+  voters, learners that may have been promoted. The checker also verifies that a
+  survivor was granted by every voter since its commit index but b, and by the recorded
+  learners of the two-voter ones, and lets its first entry follow one uncommitted
+  change.
 
 Quiescence is on (``SimConfig.quiesce``), so the core's liveness input is modelled
 too: at each of its ticks a node's view of each peer ("down" when the peer crashed or
@@ -81,6 +92,7 @@ from raftkv.core import (
     RaftError,
     Role,
     bootstrap,
+    decode_conf_entry,
 )
 from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.node import ReadyOutcome, SimNode, StoreSimNode
@@ -88,6 +100,12 @@ from storage.log_store import MemoryLogStore
 
 ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact", "idle",
               "wipe")
+# Faults a run takes only when asked (``--faults``): adding one to ALL_FAULTS would change
+# the schedule of every seed that ever found a bug. ``survive``: a voter of a two-voter
+# configuration loses its state and the other one runs a survivor election.
+OPT_IN_FAULTS = ("survive",)
+SURVIVE_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact",
+                  "idle", "survive")
 
 
 class SafetyViolation(Exception):
@@ -151,6 +169,9 @@ class SimResult:
     ticks: int = 0  # node ticks delivered
     quiet_ticks: int = 0  # of which the node was quiesced (so the tick did nothing)
     liveness_wakes: int = 0  # quiesced nodes woken by a peer_down/peer_up report
+    losses: int = 0  # ``survive``: voters of a two-voter configuration lost
+    survivor_elections: int = 0  # survivor elections started
+    survivor_wins: int = 0  # of which won
     trace: list[str] = field(default_factory=list)
 
     @property
@@ -184,6 +205,15 @@ class Simulation:
         self.votes: dict[tuple[str, int], tuple[int, str]] = {}
         self.founders: list[str] = []
         self.wiped: set[str] = set()
+        # ``survive``: (a, b) while b, lost, is in a's configuration; and per term of a
+        # survivor election, (a, the members whose grants it needs, as counted here).
+        self.lost: tuple[str, str] | None = None
+        self.survivors: dict[tuple[int, str], frozenset[str]] = {}
+        # The newest configuration any node applied: a node it does not count as a voter
+        # was removed (nodes are never re-added), so it is no survivor (assumption B).
+        self.committed_conf: tuple[int, frozenset[str]] = (0, frozenset())
+        self.losses = self.survivor_wins = 0
+        self._survivor_won: set[int] = set()
         self.chains: dict[str, dict[int, int]] = {}
         self.chain_at: dict[tuple[int, int], int] = {}
         self.committed: dict[int, tuple[int, bytes]] = {}
@@ -215,6 +245,8 @@ class Simulation:
             self.client_hint[c] = None
             self._schedule(self.rng.randrange(50), "client", c)
         self._schedule(self.cfg.fault_every_ms, "fault", None)
+        if "survive" in self.faults:
+            self._schedule(self._election_ms(), "survive", None)
 
     # ================================================================ plumbing ========
     def _new_store(self) -> MemoryLogStore:
@@ -269,6 +301,8 @@ class Simulation:
         result.leaders = len(self.leader_of_term)
         result.ticks, result.quiet_ticks = self.ticks, self.quiet_ticks
         result.liveness_wakes = self.liveness_wakes
+        result.losses, result.survivor_wins = self.losses, self.survivor_wins
+        result.survivor_elections = len(self.survivors)
         if not result.violations:
             result.linearizability = check_history(self.history)
         if result.violations or not result.linearizable:
@@ -371,8 +405,8 @@ class Simulation:
         if self.settling:
             return
         self._schedule(self.rng.randrange(self.cfg.fault_every_ms) + 1, "fault", None)
-        choices = [f for f in ("partition", "crash", "membership", "compact", "idle", "wipe")
-                   if f in self.faults]
+        choices = [f for f in ("partition", "crash", "membership", "compact", "idle", "wipe",
+                               "survive") if f in self.faults]
         if not choices:
             return
         getattr(self, f"_fault_{self.rng.choice(choices)}")()
@@ -494,15 +528,15 @@ class Simulation:
                 self._schedule(self.rng.randrange(self.cfg.tick_ms), "tick", nid)
                 raft.propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, nid))
                 self._log(f"{leader}: add learner {nid}")
-            elif roll < 0.55 and len(voters) > 3:
+            elif roll < 0.55 and len(voters) > self._min_voters():
                 nid = self.rng.choice(voters + learners)
                 raft.propose_conf_change(ConfChange(ConfChangeOp.REMOVE, nid))
                 self._log(f"{leader}: remove {nid}")
-            elif roll < 0.65 and learners:
-                nid = self.rng.choice(learners)
+            elif roll < 0.65 and self._promotable(conf, learners):
+                nid = self.rng.choice(self._promotable(conf, learners))
                 raft.propose_conf_change(ConfChange(ConfChangeOp.PROMOTE, nid))
                 self._log(f"{leader}: promote {nid}")
-            elif roll < 0.72 and len(voters) > 3:
+            elif roll < 0.72 and len(voters) > self._min_voters():
                 nid = self.rng.choice(voters)
                 raft.propose_conf_change(ConfChange(ConfChangeOp.DEMOTE, nid))
                 self._log(f"{leader}: demote {nid}")
@@ -513,6 +547,149 @@ class Simulation:
         except RaftError as e:
             self._log(f"{leader}: membership refused: {e}")
         self._touch(leader)
+
+    def _promotable(self, conf: Any, learners: list[str]) -> list[str]:
+        """Learners a promotion by hand may pick: any, or with ``survive`` only recorded
+        ones, as automatic promotion and the placement layer do (the survivor rule
+        relies on it: "The lone survivor of two voters", part 1)."""
+        if "survive" not in self.faults:
+            return learners
+        recorded = {n for n, _ in conf.incarnations}
+        return [n for n in learners if n in recorded]
+
+    def _min_voters(self) -> int:
+        """Removals and demotions keep more voters than this: 3 (the wipe fault needs
+        three), or 2 with ``survive`` (never 1: see assumption B of the survivor rule)."""
+        return 2 if "survive" in self.faults else 3
+
+    def _election_ms(self) -> int:
+        return self.cfg.election_tick * self.cfg.tick_ms
+
+    def _fault_survive(self) -> None:
+        """Lose a voter b of a two-voter configuration {a, b} (crash, then wipe): a is
+        the survivor the ``survive`` events then campaign for."""
+        if self.lost is not None or self._wipe_pending():
+            return
+        pairs = []
+        for a, node in sorted(self.nodes.items()):
+            voters = node.raft.conf.voters
+            if node.alive and a not in self.wiped and len(voters) == 2 and a in voters:
+                (b,) = voters - {a}
+                if b in self.nodes and b not in self.wiped and self._survivable(node, b):
+                    pairs.append((a, b))
+        if not pairs:
+            return
+        a, b = self.rng.choice(pairs)
+        victim = self.nodes[b]
+        if victim.alive:
+            # Crash it now, lose its files once its last messages have landed: an
+            # acknowledgement still in flight is one the old incarnation did give.
+            victim.crash()
+            self._log(f"survive: crash {b}, to be lost")
+            self._schedule(300, "lose", (a, b))
+            return
+        self._on_lose((a, b))
+
+    def _on_lose(self, pair: tuple[str, str]) -> None:
+        a, b = pair
+        victim = self.nodes[b]
+        survivor = self.nodes[a]
+        if (victim.alive or self.lost is not None or self._wipe_pending()
+                or set(survivor.raft.conf.voters) != {a, b}
+                or not self._survivable(survivor, b)):
+            return  # restarted meanwhile (with its state), or the configuration moved
+        # Empty, never the founding configuration, as the placement layer starts a lost
+        # replica (two wiped founders would otherwise be a group of their own at birth).
+        store = self._new_store()
+        victim.replace_storage(store)
+        self.wiped.add(b)
+        self.lost = (a, b)
+        self.losses += 1
+        self._log(f"survive: {b} lost (incarnation {store.identity().incarnation}); "
+                  f"{a} is the survivor")
+
+    def _on_survive(self, _: Any) -> None:
+        """About once per election timeout, while some configuration still counts on the
+        lost voter b's old incarnation: every node that is not leader and whose latest
+        configuration is {itself, b} campaigns without b (a change made in a branch the
+        first survivor lacks may have left another node with b, as placement's stable
+        would name it)."""
+        self._schedule(self._election_ms(), "survive", None)
+        if self.lost is None:
+            return
+        b = self.lost[1]
+        inc = self.nodes[b].storage.identity().incarnation
+        counting = [x for x, n in sorted(self.nodes.items())
+                    if x != b and b in n.raft.conf.voters
+                    and n.raft.conf.incarnation_of(b) != inc]
+        if not counting:
+            self._log(f"survive: no configuration counts on the lost {b} any more")
+            self.lost = None
+            self.wiped.discard(b)  # the next loss may come
+            return
+        for x in counting:
+            node = self.nodes[x]
+            if (not node.alive or x in self.wiped or node.raft.role == Role.LEADER
+                    or set(node.raft.conf.voters) != {x, b}
+                    or (self.committed_conf[0] and x not in self.committed_conf[1])):
+                continue  # (the last: removed in a branch it lacks, assumption B)
+            required = self._survivor_electorate(node, b)
+            try:
+                node.raft.campaign_without(b)
+            except RaftError as e:
+                self._log(f"survive: {x} refused: {e}")
+                continue
+            self._touch(x)
+            # With pre-vote the election itself comes in the next term, once every
+            # member of the electorate granted the pre-vote.
+            term = node.raft.term + (1 if node.raft.role == Role.PRE_CANDIDATE else 0)
+            self.survivors[(term, x)] = required
+            self._log(f"survive: {x} campaigns without {b} for term {term}, "
+                      f"needing {sorted(required)}")
+
+    def _window(self, node: SimNode) -> list[Any]:
+        """The configuration at ``node``'s commit index and every later one in its log."""
+        raft = node.raft
+        at_commit = [c for i, c in raft.confs if i <= raft.log.committed]
+        return [*at_commit[-1:], *(c for i, c in raft.confs if i > raft.log.committed)]
+
+    def _survivable(self, node: SimNode, lost: str) -> bool:
+        """Whether losing ``lost`` leaves ``node`` a shape the survivor rule covers. The
+        others are beyond it: say ``lost`` was the only voter of a configuration ``node``
+        cannot know committed, so it may have committed entries nobody else holds. And
+        ``node`` must not have been removed in a branch it lacks (assumption B, which
+        the placement layer gets from the metastore and the simulator from the newest
+        configuration any node applied)."""
+        a = node.id
+        if self.committed_conf[0] and a not in self.committed_conf[1]:
+            return False
+        window = self._window(node)
+        for conf, after in zip(window, [*window[1:], None], strict=True):
+            voters = set(conf.voters)
+            others = voters - {a, lost}
+            if voters == {a, lost} and any(
+                    conf.incarnation_of(y) != window[0].incarnation_of(y)
+                    for y in conf.learners if conf.incarnation_of(y)):
+                # A learner recorded anew that ``node`` does not know committed: if it
+                # is newborn, the Incarnations vote rule has it refuse; the rule waits.
+                return False
+            if voters == {lost}:
+                if a not in conf.learners or after is None or set(after.voters) != {a, lost}:
+                    return False
+            elif a not in voters or len(others) > 1 or (others and lost not in voters):
+                return False
+        return True
+
+    def _survivor_electorate(self, node: SimNode, lost: str) -> frozenset[str]:
+        """Counted here, from the rule's text rather than the core's code: every voter but
+        ``lost`` of the configurations since the commit index, and the recorded learners
+        of the two-voter ones."""
+        out: set[str] = set()
+        for conf in self._window(node):
+            out |= set(conf.voters) - {lost}
+            if len(conf.voters) == 2 and lost in conf.voters:
+                out |= set(conf.learners) & {n for n, _ in conf.incarnations}
+        return frozenset(out)
 
     def _settle(self) -> None:
         self.settling = True
@@ -695,6 +872,17 @@ class Simulation:
         prev = self.leader_of_term.setdefault(term, nid)
         if prev != nid:
             self._violation(f"election safety: {prev} and {nid} both lead term {term}")
+        survivor = self.survivors.get((term, nid))
+        if survivor is not None:
+            if prev is nid and term not in self._survivor_won:
+                self._survivor_won.add(term)
+                self.survivor_wins += 1
+            missing = [v for v in sorted(survivor)
+                       if self.votes.get((v, term), (0, ""))[1] != nid]
+            if missing:
+                self._violation(f"survivor {nid} leads term {term} without the grants of "
+                                f"{missing}")
+            return
         voters = sorted(voter_set)
         granted = [v for v in voters if self.votes.get((v, term), (0, ""))[1] == nid]
         if len(granted) * 2 <= len(voters):
@@ -747,6 +935,8 @@ class Simulation:
             )
         if e.index not in self.committed_chain:
             self.committed_chain[e.index] = self.chains[nid].get(e.index, 0)
+        if e.type == EntryType.CONF_CHANGE and e.index > self.committed_conf[0]:
+            self.committed_conf = (e.index, decode_conf_entry(e.data)[1].voters)
         self.max_committed = max(self.max_committed, e.index)
         if e.data and e.type == EntryType.NORMAL:
             op_key = self.nodes[nid].op_of(e.data)
@@ -762,6 +952,10 @@ class Simulation:
         pending = [i for (i, c), (_, before) in zip(confs[1:], confs, strict=False)
                    if i > raft.log.committed
                    and (c.voters, c.learners) != (before.voters, before.learners)]
+        if (raft.term, node.id) in self.survivors and len(pending) == 2:
+            # "The lone survivor of two voters", part 5: its removal of the lost voter
+            # may follow one change that was not committed when the voter was lost.
+            pending = pending[:1]
         if len(pending) > 1:
             self._violation(
                 f"{node.id} has {len(pending)} uncommitted config changes at {pending}"
