@@ -154,7 +154,7 @@ Every message carries its sender's incarnation (``Message.inc``). The rules:
   is always counted as a recorded incarnation (simulator seed 132: a learner promoted
   by hand before it was recorded could not be recorded later without its own
   acknowledgement).
-- **Acknowledgements** (``_recognise``, ``_countable``). A leader ignores the answers of
+- **Acknowledgements** (``_recognise``, ``_counted_matches``). A leader ignores the answers of
   a voter whose message names another incarnation than its record: they count toward
   no commit, no ReadIndex quorum, no check-quorum. What it knew of the member (its
   match) is void the moment a new incarnation answers. Such a voter gets a ``READMIT``:
