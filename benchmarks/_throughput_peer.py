@@ -198,8 +198,9 @@ def raftkv_node(argv: list[str]) -> int:
     p.add_argument("--compact-keep", type=int, default=None)
     args = p.parse_args(argv)
 
+    from raftkv.recovery.compaction import CompactionPolicy
+
     from raftkv.kv import RaftKV
-    from recovery.compaction import CompactionPolicy
 
     policy = None
     if args.compact_entries is not None or args.compact_keep is not None:

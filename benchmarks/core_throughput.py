@@ -59,9 +59,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from raftkv.storage.log_store import MemoryLogStore
+
 from benchmarks._plot import pyplot
 from raftkv.core import Config, Message, Raft, Role, bootstrap
-from storage.log_store import MemoryLogStore
 
 NODE_IDS = ("n1", "n2", "n3")
 SWEEP_BATCHES = (100, 500, 1000, 5000)

@@ -3,7 +3,7 @@
 What is measured
 ----------------
 ``--entries`` log entries (PUT commands of a ``--value-size`` value under distinct keys,
-encoded with ``storage.commands.encode_put``) are appended to a fresh ``LmdbLogStore``
+encoded with ``raftkv.storage.commands.encode_put``) are appended to a fresh ``LmdbLogStore``
 with ``save(hard_state, batch)``: one Ready batch of ``--batch`` entries per call, the
 hard state's commit index moving with every batch, exactly what a leader persists
 between two Ready rounds. Each ``save`` is one LMDB write transaction, and with
@@ -56,11 +56,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import lmdb
+from raftkv.storage.commands import encode_put
+from raftkv.storage.lmdb_log import LmdbLogStore, _record
+from raftkv.storage.records import Entry, EntryType, HardState
 
 from benchmarks._plot import pyplot
-from storage.commands import encode_put
-from storage.lmdb_log import LmdbLogStore, _record
-from storage.records import Entry, EntryType, HardState
 
 DEFAULT_ENTRIES = 200_000
 DEFAULT_BATCH = 1000

@@ -21,7 +21,7 @@ What is measured (all on 127.0.0.1, every node its own process, fsync on)
    single PUTs, the hardest case for a table: the default group folds the concurrent
    clients' PUTs into one entry (one message per follower, one apply) per loop turn,
    while a table's land in different groups, each with its own entry, messages and
-   apply; only the log commit is shared (``storage.lmdb_log.LogEnv``). Bulk writes have
+   apply; only the log commit is shared (``raftkv.storage.lmdb_log.LogEnv``). Bulk writes have
    ``POST /v1/tables/{t}/batch``. This runs on the 3 founders, before step 4, so both
    sides have the same 3 replicas. The default ``--ops`` keeps each run going for
    at least two partition checkpoint intervals (``PARTITION_CHECKPOINT_SECONDS``, 10 s), so

@@ -74,14 +74,14 @@ import time
 from pathlib import Path
 
 import lmdb
+from raftkv.recovery.local import replay
+from raftkv.storage.commands import encode_put
+from raftkv.storage.lmdb_log import LmdbLogStore
+from raftkv.storage.lmdb_state import LmdbStateStore
+from raftkv.storage.records import Entry, EntryType, HardState
 
 from benchmarks._plot import pyplot
 from raftkv.testing.procs import free_port
-from recovery.local import replay
-from storage.commands import encode_put
-from storage.lmdb_log import LmdbLogStore
-from storage.lmdb_state import LmdbStateStore
-from storage.records import Entry, EntryType, HardState
 
 DEFAULT_ENTRIES = 1_000_000
 DEFAULT_LAGS = (0, 1_000, 10_000, 100_000)

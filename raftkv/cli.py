@@ -26,7 +26,7 @@ from typing import Any
 
 from raftkv.client import Client, ClientError, Unavailable
 from raftkv.server import serve
-from storage.errors import StorageError
+from raftkv.storage.errors import StorageError
 
 DEFAULT_ENDPOINTS = "http://127.0.0.1:8001"
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The recovery tool owns its own arguments (and its own refusals).
     if len(argv) >= 2 and argv[0] == "recover" and argv[1] == "unsafe-reset":
-        from recovery.unsafe_reset import main as unsafe_reset
+        from raftkv.recovery.unsafe_reset import main as unsafe_reset
 
         return unsafe_reset(argv[2:])
     args = parser().parse_args(argv)

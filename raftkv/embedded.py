@@ -20,10 +20,10 @@ from raftkv.node.driver import Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import RequestTimeout
 from raftkv.node.stores import claim_data_dir, open_group_storage
 from raftkv.node.user_state import UserStateStore
+from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.statemachine import ReplicatedObject
-from recovery.compaction import CompactionPolicy
-from storage.layout import DEFAULT_GROUP, group_paths
-from storage.state_store import StateStore
+from raftkv.storage.layout import DEFAULT_GROUP, group_paths
+from raftkv.storage.state_store import StateStore
 
 
 class EmbeddedNode:

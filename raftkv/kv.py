@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from raftkv.embedded import EmbeddedNode
-from storage.commands import (
+from raftkv.storage.commands import (
     check_key,
     check_value,
     encode_batch,
@@ -33,7 +33,7 @@ from storage.commands import (
     encode_delete,
     encode_put,
 )
-from storage.state_store import StateStore
+from raftkv.storage.state_store import StateStore
 
 Key = bytes | str
 Value = bytes | str
@@ -109,7 +109,7 @@ class RaftKV(EmbeddedNode):
 
     def digest_async(self, stale: bool = False) -> Future[dict[str, Any]]:
         """The replica's ``{"count", "digest", "applied"}``: equal digests at equal
-        applied indexes mean equal states (storage.digest)."""
+        applied indexes mean equal states (raftkv.storage.digest)."""
         def run(s: StateStore) -> dict[str, Any]:
             d = s.digest()
             return {"count": d.count, "digest": d.digest, "applied": s.applied_index()}

@@ -104,7 +104,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import msgpack
 
 from raftkv.futures import then
-from storage.commands import MAX_COMMAND_BYTES, UNPACK_ERRORS
+from raftkv.storage.commands import MAX_COMMAND_BYTES, UNPACK_ERRORS
 
 __all__ = [
     "MalformedCommand",

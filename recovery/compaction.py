@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from storage.errors import SnapshotUnavailable
-from storage.log_store import LogStorage
-from storage.records import ConfState
-from storage.state_store import StateStore
+from raftkv.storage.errors import SnapshotUnavailable
+from raftkv.storage.log_store import LogStorage
+from raftkv.storage.records import ConfState
+from raftkv.storage.state_store import StateStore
 
 
 @dataclass(frozen=True)

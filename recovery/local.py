@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from storage.errors import IndexMismatch, StorageError
-from storage.log_store import LogStorage
-from storage.state_store import StateStore
+from raftkv.storage.errors import IndexMismatch, StorageError
+from raftkv.storage.log_store import LogStorage
+from raftkv.storage.state_store import StateStore
 
 log = logging.getLogger(__name__)
 

@@ -74,7 +74,7 @@ configuration, and that is enough: S campaigns under its new configuration (only
 vote) and asks only them, and they grant it for the reasons above. Once elected, S's entries
 replace their divergent suffixes. That replacement never reaches below their commit index,
 because S holds everything known to be committed. Verified by tests/test_unsafe_reset.py.
-The one exception is a **vote floor** (``storage.records.VoteFloor``). It is left when a
+The one exception is a **vote floor** (``raftkv.storage.records.VoteFloor``). It is left when a
 survivor's damaged tail was truncated at open, and until it clears that survivor refuses
 every vote. Clearing it needs a leader, and with few survivors the leader needs that very
 vote, so the group would deadlock. The tool clears the floor. The loss it guards against
@@ -112,13 +112,13 @@ from dataclasses import dataclass, field, replace
 from typing import NoReturn
 
 import lmdb
+from raftkv.storage.errors import StorageError
+from raftkv.storage.layout import DEFAULT_GROUP, group_paths, partition_logs_path, read_node_id
+from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
+from raftkv.storage.lmdb_state import LmdbStateStore
+from raftkv.storage.records import ConfState, Entry, EntryType, HardState, VoteFloor
 
 from raftkv.core.membership import decode_conf_entry, encode_conf_entry
-from storage.errors import StorageError
-from storage.layout import DEFAULT_GROUP, group_paths, partition_logs_path, read_node_id
-from storage.lmdb_log import LmdbLogStore, LogEnv
-from storage.lmdb_state import LmdbStateStore
-from storage.records import ConfState, Entry, EntryType, HardState, VoteFloor
 
 __all__ = [
     "ResetReport",

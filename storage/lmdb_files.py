@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import struct
 
-from storage.errors import StorageError
+from raftkv.storage.errors import StorageError
 
 _MAGIC = 0xBEEFC0DE
 _PAGE_HEADER = 16  # MDB_page header before the MDB_meta in pages 0 and 1 (64-bit build)

@@ -17,7 +17,7 @@ One LMDB environment (a directory holding ``data.mdb``) with three named databas
 write transaction. With durability on (the default), LMDB syncs once at commit, so a
 batch of any size costs one fsync, never one per entry. A batch that only moves the
 commit index (``sync=False``) is not written at all until the next transaction, as the
-contract in ``storage.log_store`` allows. Durability off (Ignite's
+contract in ``raftkv.storage.log_store`` allows. Durability off (Ignite's
 ``raft.fsync=false``) opens the environment without syncing; ``durable`` reports it.
 
 **Crash safety.** LMDB is copy-on-write: a transaction is either wholly in the file or
@@ -72,12 +72,17 @@ from typing import NamedTuple
 
 import lmdb
 import msgpack
-
-from storage.errors import Compacted, CorruptLog, SnapshotUnavailable, StorageError, Unavailable
-from storage.identity import new_incarnation
-from storage.lmdb_files import check_lmdb_file
-from storage.log_store import limit_size
-from storage.records import (
+from raftkv.storage.errors import (
+    Compacted,
+    CorruptLog,
+    SnapshotUnavailable,
+    StorageError,
+    Unavailable,
+)
+from raftkv.storage.identity import new_incarnation
+from raftkv.storage.lmdb_files import check_lmdb_file
+from raftkv.storage.log_store import limit_size
+from raftkv.storage.records import (
     ENTRY_OVERHEAD,
     ConfState,
     Entry,
@@ -330,7 +335,7 @@ def _transaction(env: lmdb.Environment, stores: list[LmdbLogStore],
 
 
 class LmdbLogStore:
-    """The durable ``LogStorage`` (see storage.log_store for the contract)."""
+    """The durable ``LogStorage`` (see raftkv.storage.log_store for the contract)."""
 
     def __init__(
         self, path: str | LogEnv, *, group: str | None = None, durable: bool = True,

@@ -1,6 +1,6 @@
 """``LmdbStateStore``: the KV state machine in LMDB, without a per-commit sync.
 
-It keeps the ``StateStore`` contract (``storage.state_store``). Its theory of operation is
+It keeps the ``StateStore`` contract (``raftkv.storage.state_store``). Its theory of operation is
 IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
 
 - **No per-commit sync.** The env is opened with ``sync=False, metasync=False``. A commit
@@ -40,12 +40,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Self, TypeVar
 
 import lmdb
-
-from storage.commands import MAX_KEY_BYTES
-from storage.digest import Digest, DigestBuilder
-from storage.errors import StorageError
-from storage.lmdb_files import check_lmdb_file
-from storage.state_store import (
+from raftkv.storage.commands import MAX_KEY_BYTES
+from raftkv.storage.digest import Digest, DigestBuilder
+from raftkv.storage.errors import StorageError
+from raftkv.storage.lmdb_files import check_lmdb_file
+from raftkv.storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
@@ -183,7 +182,7 @@ class LmdbBacked(Checkpointing):
 
 
 class LmdbStateStore(LmdbBacked):
-    """The durable ``StateStore`` (contract: storage.state_store; theory: this module).
+    """The durable ``StateStore`` (contract: raftkv.storage.state_store; theory: this module).
 
     ``path`` is the env directory, created if missing. ``map_size`` is address space, not
     disk: the file is sparse and grows as used. ``checkpoint_entries`` and

@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from storage.errors import Compacted, SnapshotUnavailable, StorageError, Unavailable
-from storage.records import (
+from raftkv.storage.errors import Compacted, SnapshotUnavailable, StorageError, Unavailable
+from raftkv.storage.records import (
     ENTRY_OVERHEAD,
     ConfState,
     Entry,
@@ -119,7 +119,7 @@ class MemoryLogStore:
     """
 
     def __init__(self, incarnation: int = 0) -> None:
-        """``incarnation``: made by the caller (``storage.identity.new_incarnation``, or
+        """``incarnation``: made by the caller (``raftkv.storage.identity.new_incarnation``, or
         seeded in simulations; this module is part of the pure core's import graph and
         draws no randomness). 0 leaves the store without one, and the core then runs
         without identity checks. Memory holds nothing across a process, so every store

@@ -57,7 +57,7 @@ Contract (every implementation keeps it)
 - Reads see everything applied, durable or not: ``get(key)``, ``scan(lo, hi)`` over the
   half-open key range ``[lo, hi)`` in key order (``None`` = unbounded), and
   ``digest(lo, hi, keys)``, the ``(count, digest)`` of the rows in the range whose key passes
-  the ``keys`` predicate (see ``storage.digest``). A scan is a consistent view taken when
+  the ``keys`` predicate (see ``raftkv.storage.digest``). A scan is a consistent view taken when
   ``scan`` is called. Keys that could never be stored (empty, or over 511 bytes) read as
   absent.
 - ``snapshot_chunks(chunk_bytes)`` exports the state as one consistent view, taken when the
@@ -87,8 +87,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 import msgpack
-
-from storage.commands import (
+from raftkv.storage.commands import (
     BATCH_MARK_PREFIX,
     MAX_VALUE_BYTES,
     UNPACK_ERRORS,
@@ -102,8 +101,8 @@ from storage.commands import (
     decode,
     split_put,
 )
-from storage.digest import Digest, DigestBuilder
-from storage.errors import IndexMismatch, StorageError
+from raftkv.storage.digest import Digest, DigestBuilder
+from raftkv.storage.errors import IndexMismatch, StorageError
 
 # Checkpoint policy defaults.
 #

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from raftkv.storage.log_store import MemoryLogStore
+
 from raftkv.core import (
     Config,
     ConfState,
@@ -28,7 +30,6 @@ from raftkv.core import (
 from raftkv.core.membership import ConfChange, encode_conf_entry
 from raftkv.testing.cluster import Cluster
 from raftkv.testing.node import SimNode, encode_command
-from storage.log_store import MemoryLogStore
 
 MT = MessageType
 

@@ -43,8 +43,15 @@ def _imported_modules(path: Path) -> list[str]:
     return out
 
 
+# pyproject's package-dir: these packages live in top-level folders of the repository.
+PACKAGE_DIRS = {"raftkv.storage": ROOT / "storage", "raftkv.recovery": ROOT / "recovery"}
+
+
 def _project_file(module: str) -> Path | None:
-    base = ROOT.joinpath(*module.split("."))
+    parts = module.split(".")
+    base = ROOT.joinpath(*parts)
+    if ".".join(parts[:2]) in PACKAGE_DIRS:
+        base = PACKAGE_DIRS[".".join(parts[:2])].joinpath(*parts[2:])
     for cand in (base.with_suffix(".py"), base / "__init__.py"):
         if cand.is_file():
             return cand

@@ -15,12 +15,12 @@ from conftest import (
     terms_log,
     tick_until,
 )
+from raftkv.storage.records import ENTRY_OVERHEAD, VoteFloor
 
 from raftkv.core import ConfChange, ConfChangeOp, Entry, HardState, Role
 from raftkv.core.quorum import committed_index
 from raftkv.testing.cluster import Cluster
 from raftkv.testing.node import encode_command
-from storage.records import ENTRY_OVERHEAD, VoteFloor
 
 N3 = ["n1", "n2", "n3"]
 

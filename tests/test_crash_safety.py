@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from recovery.local import replay
-from storage.lmdb_log import LmdbLogStore
-from storage.lmdb_state import LmdbStateStore
+from raftkv.recovery.local import replay
+from raftkv.storage.lmdb_log import LmdbLogStore
+from raftkv.storage.lmdb_state import LmdbStateStore
 
 WRITER = Path(__file__).parent / "procs" / "crash_writer.py"
 

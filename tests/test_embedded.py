@@ -11,14 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from raftkv.storage.commands import CommandError
+from raftkv.storage.errors import StorageError
 
 import raftkv
 from raftkv.core import NotLeader
 from raftkv.examples.counter import Counter
 from raftkv.kv import RaftKV
 from raftkv.testing.procs import free_ports
-from storage.commands import CommandError
-from storage.errors import StorageError
 
 SECRET = b"embedded-test"
 

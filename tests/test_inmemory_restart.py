@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from raftkv.storage.commands import encode_put as kv_put
+from raftkv.storage.layout import group_paths, partition_logs_path
+from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
 from test_rebalance import ALL, META, Cluster, wait_for
 
 from raftkv.core import Role
@@ -36,9 +39,6 @@ from raftkv.placement.meta_commands import Op
 from raftkv.placement.rebalance import PlacementManager
 from raftkv.placement.rebalance_steps import switch_keys
 from raftkv.testing.placement_cluster import VoterLog
-from storage.commands import encode_put as kv_put
-from storage.layout import group_paths, partition_logs_path
-from storage.lmdb_log import LmdbLogStore, LogEnv
 
 T = "mem"
 GID = partition_group(T, 0)

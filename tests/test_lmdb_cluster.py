@@ -7,12 +7,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from raftkv.recovery.compaction import CompactionPolicy
+from raftkv.storage.commands import encode_put
+from raftkv.storage.lmdb_log import LmdbLogStore
+from raftkv.storage.lmdb_state import LmdbStateStore
+
 from raftkv.core import Config, Message, Raft, Role, bootstrap
 from raftkv.node.group_storage import GroupStorage
-from recovery.compaction import CompactionPolicy
-from storage.commands import encode_put
-from storage.lmdb_log import LmdbLogStore
-from storage.lmdb_state import LmdbStateStore
 
 IDS = ["n1", "n2", "n3"]
 

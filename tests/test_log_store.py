@@ -9,13 +9,13 @@ import shutil
 from collections.abc import Callable
 
 import pytest
+from raftkv.storage.errors import Compacted, CorruptLog, StorageError, Unavailable
+from raftkv.storage.lmdb_log import RECENT_BYTES, LmdbLogStore, LogEnv
+from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
 
 from raftkv.core import ConfChange, ConfChangeOp, Config, Raft, bootstrap
 from raftkv.core.membership import encode_conf_entry
-from storage.errors import Compacted, CorruptLog, StorageError, Unavailable
-from storage.lmdb_log import RECENT_BYTES, LmdbLogStore, LogEnv
-from storage.log_store import MemoryLogStore
-from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
 
 V3 = ConfState(frozenset({"n1", "n2", "n3"}))
 
@@ -123,8 +123,8 @@ def test_memory_crash_forgets_only_an_unsynced_commit() -> None:
 
 _UNSYNCED_THEN_KILLED = """
 import os, sys
-from storage.lmdb_log import LmdbLogStore, LogEnv
-from storage.records import Entry, HardState
+from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
+from raftkv.storage.records import Entry, HardState
 s = LmdbLogStore(sys.argv[1])
 s.save(HardState(3, "n1", 2), [Entry(3, i, 0, b"x") for i in range(1, 6)])
 s.save(HardState(3, "n1", 5), [], sync=False)
@@ -387,8 +387,9 @@ def test_a_partition_log_of_its_own_is_moved_into_the_shared_environment(tmp_pat
     """A data directory from before logs were shared: the partition's log is adopted
     (entries, confs, hard state, snapshot), its directory deleted, and a damaged
     entry stays damaged rather than being re-checksummed into a valid one."""
+    from raftkv.storage.layout import group_paths, partition_logs_path
+
     from raftkv.node.stores import open_group_storage
-    from storage.layout import group_paths, partition_logs_path
 
     data = str(tmp_path / "node")
     log_path = group_paths(data, "t.x.0")[0]
@@ -552,8 +553,9 @@ def test_storage_errors_survive_pickling() -> None:
     """Worker pools (the simulator's --jobs) return errors by pickling them."""
     import pickle
 
+    from raftkv.storage.errors import IndexMismatch
+
     from raftkv.core import LeaderStepping, NotLeader
-    from storage.errors import IndexMismatch
 
     for err in (Compacted(3, 7), Unavailable(9, 4), IndexMismatch(2, 5),
                 NotLeader("n1", "n2"), LeaderStepping("moving", "n3")):

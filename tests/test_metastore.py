@@ -17,6 +17,12 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raftkv.storage.commands import CommandError
+from raftkv.storage.errors import Compacted, IndexMismatch, StorageError
+from raftkv.storage.lmdb_state import LmdbStateStore
+from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.records import Snapshot, SnapshotMeta
+from raftkv.storage.state_store import SnapshotLoader, encode_snapshot
 
 from raftkv.core import Message, MessageType
 from raftkv.node.group_storage import GroupStorage, pack_image
@@ -58,12 +64,6 @@ from raftkv.placement.meta_commands import (
 )
 from raftkv.placement.meta_rows import COMPACTED_ROW, REVISION_ROW, Event
 from raftkv.placement.metastore import HistoryCompacted, MetaStore
-from storage.commands import CommandError
-from storage.errors import Compacted, IndexMismatch, StorageError
-from storage.lmdb_state import LmdbStateStore
-from storage.log_store import MemoryLogStore
-from storage.records import Snapshot, SnapshotMeta
-from storage.state_store import SnapshotLoader, encode_snapshot
 
 MAP = 1 << 26  # 64 MiB of address space is plenty for tests
 

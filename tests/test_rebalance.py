@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from raftkv.storage.commands import encode_put as kv_put
 
 from raftkv.core import ConfChange, ConfChangeRejected, Role
 from raftkv.placement.assignments import (
@@ -49,7 +50,6 @@ from raftkv.placement.rebalance_steps import (
 )
 from raftkv.placement.retry import Backoff, RetryPolicy
 from raftkv.testing.placement_cluster import ALL, META, Cluster, wait_for
-from storage.commands import encode_put as kv_put
 
 TABLE = "users"
 PARTS = 8

@@ -7,16 +7,15 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
-from recovery.compaction import CompactionPolicy, compact, maybe_compact
-from recovery.local import replay
-from storage.commands import encode_put
-from storage.errors import IndexMismatch, StorageError
-from storage.lmdb_log import LmdbLogStore
-from storage.lmdb_state import LmdbStateStore
-from storage.log_store import MemoryLogStore
-from storage.records import ConfState, Entry, HardState
-from storage.state_store import MemoryStateStore
+from raftkv.recovery.compaction import CompactionPolicy, compact, maybe_compact
+from raftkv.recovery.local import replay
+from raftkv.storage.commands import encode_put
+from raftkv.storage.errors import IndexMismatch, StorageError
+from raftkv.storage.lmdb_log import LmdbLogStore
+from raftkv.storage.lmdb_state import LmdbStateStore
+from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.records import ConfState, Entry, HardState
+from raftkv.storage.state_store import MemoryStateStore
 
 CONF = ConfState(frozenset({"n1"}))
 

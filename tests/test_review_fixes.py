@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 
 from conftest import MT
+from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.records import VoteFloor
+from raftkv.storage.state_store import MemoryStateStore
 
 from raftkv.core import (
     ConfChange,
@@ -21,9 +24,6 @@ from raftkv.core import (
 )
 from raftkv.node.group_storage import GroupStorage
 from raftkv.testing.cluster import Cluster
-from storage.log_store import MemoryLogStore
-from storage.records import VoteFloor
-from storage.state_store import MemoryStateStore
 
 
 def _grown_cluster() -> Cluster:
@@ -109,9 +109,8 @@ def test_truncated_tail_keeps_the_node_from_voting_until_caught_up() -> None:
 def test_the_vote_floor_survives_a_second_crash(tmp_path) -> None:
     """The damaged tail is deleted at the first open, so the floor must be stored with
     the truncation, or a second restart would forget it; it clears durably."""
+    from raftkv.storage.lmdb_log import LmdbLogStore
     from test_log_store import _flip_byte_of, _marked
-
-    from storage.lmdb_log import LmdbLogStore
 
     p = str(tmp_path / "log")
     s = LmdbLogStore(p)
@@ -130,8 +129,9 @@ def test_the_vote_floor_survives_a_second_crash(tmp_path) -> None:
 def test_entries_of_unknown_type_from_a_peer_are_refused() -> None:
     """Only NORMAL and CONF_CHANGE exist; a type-2 entry carrying a config would change
     the running membership but not the one rebuilt on restart."""
+    from raftkv.storage.records import ConfState
+
     from raftkv.core.membership import encode_conf_entry
-    from storage.records import ConfState
 
     c = Cluster(["n1", "n2", "n3"])
     c.elect("n1")

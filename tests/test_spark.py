@@ -20,13 +20,13 @@ import lmdb
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from raftkv.storage.layout import group_paths
 
 from raftkv.client import Client
 from raftkv.placement.assignments import partition_of
 from raftkv.placement.catalog import partition_group
 from raftkv.testing.procs import ProcCluster
 from raftkv.testing.spark_hooks import FailOnce, TouchAt
-from storage.layout import group_paths
 
 pyspark = pytest.importorskip("pyspark")
 

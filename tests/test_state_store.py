@@ -23,8 +23,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from storage.commands import (
+from raftkv.storage.commands import (
     BATCH_MARK_PREFIX,
     MAX_BATCH_OPS,
     MAX_COMMAND_BYTES,
@@ -44,10 +43,10 @@ from storage.commands import (
     encode_put,
     user_key,
 )
-from storage.digest import EMPTY, Digest, digest_rows
-from storage.errors import IndexMismatch, StorageError
-from storage.lmdb_state import LmdbStateStore
-from storage.state_store import CheckpointPolicy, MemoryStateStore, StateStore
+from raftkv.storage.digest import EMPTY, Digest, digest_rows
+from raftkv.storage.errors import IndexMismatch, StorageError
+from raftkv.storage.lmdb_state import LmdbStateStore
+from raftkv.storage.state_store import CheckpointPolicy, MemoryStateStore, StateStore
 
 KINDS = ["memory", "lmdb"]
 Store = MemoryStateStore | LmdbStateStore
@@ -972,7 +971,7 @@ def test_lmdb_apply_of_a_10k_batch_is_one_fast_transaction(tmp_path: Path) -> No
 def test_put_fast_path_agrees_with_decode(key: bytes, value: bytes) -> None:
     """split_put reads a put straight from its bytes; it must agree with decode on every
     put it accepts, and decline (None) rather than guess on anything else."""
-    from storage.commands import Put, decode, split_put
+    from raftkv.storage.commands import Put, decode, split_put
 
     # Packed directly: encode_put refuses reserved keys, but the log may hold any key.
     data = msgpack.packb([Op.PUT, key, value], use_bin_type=True)

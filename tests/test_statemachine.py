@@ -21,6 +21,10 @@ from typing import Any
 
 import msgpack
 import pytest
+from raftkv.recovery.compaction import compact
+from raftkv.storage.errors import IndexMismatch, StorageError
+from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.state_store import MemoryStateStore
 
 from raftkv.core import Config, Message, MessageType, Raft, Role, Snapshot, SnapshotMeta, bootstrap
 from raftkv.examples.counter import Counter
@@ -41,10 +45,6 @@ from raftkv.statemachine import (
     encode_call,
     replicated,
 )
-from recovery.compaction import compact
-from storage.errors import IndexMismatch, StorageError
-from storage.log_store import MemoryLogStore
-from storage.state_store import MemoryStateStore
 
 
 class Registry(ReplicatedObject):

@@ -26,6 +26,8 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raftkv.recovery.compaction import CompactionPolicy, compact
+from raftkv.storage.errors import StorageError
 from test_statemachine import Group
 
 import raftkv
@@ -40,8 +42,6 @@ from raftkv.statemachine import (
     replicated,
 )
 from raftkv.testing.procs import free_ports
-from recovery.compaction import CompactionPolicy, compact
-from storage.errors import StorageError
 
 SECRET = b"snapshot-test"
 REPO = Path(__file__).resolve().parents[1]

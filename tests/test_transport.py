@@ -10,13 +10,13 @@ from typing import Any
 import msgpack
 import pytest
 from pysyncobj.poller import createPoller
+from raftkv.storage.records import ConfState, Entry, Snapshot, SnapshotMeta
 
 from raftkv.core import Message, MessageType
 from raftkv.transport import codec
 from raftkv.transport import handshake as hs
 from raftkv.transport.frames import HEADER, FrameDecoder, FrameError, encode_frame
 from raftkv.transport.tcp import Transport
-from storage.records import ConfState, Entry, Snapshot, SnapshotMeta
 
 
 def test_frames_decode_across_arbitrary_splits() -> None:

@@ -4,7 +4,7 @@ survivors are forced into a new configuration of their own, over real LMDB files
 restarted cores elect a leader and commit again.
 
 Each test is named after the rule it checks; the module docstring of
-``recovery.unsafe_reset`` argues why each rule holds."""
+``raftkv.recovery.unsafe_reset`` argues why each rule holds."""
 
 from __future__ import annotations
 
@@ -18,18 +18,24 @@ from pathlib import Path
 
 import msgpack
 import pytest
+import raftkv.recovery.unsafe_reset as unsafe_reset_module
+from raftkv.recovery.unsafe_reset import (
+    CONFIRM_FLAG,
+    UnsafeResetError,
+    group_paths,
+    main,
+    unsafe_reset,
+)
+from raftkv.storage.commands import encode_put
+from raftkv.storage.layout import partition_logs_path
+from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
+from raftkv.storage.lmdb_state import LmdbStateStore
 
-import recovery.unsafe_reset as unsafe_reset_module
 from raftkv.core import Config, ConfState, Entry, EntryType, HardState, Message, Raft, Role
 from raftkv.core import bootstrap as bootstrap_log
 from raftkv.core.errors import NotLeader
 from raftkv.core.membership import encode_conf_entry
 from raftkv.node.group_storage import GroupStorage
-from recovery.unsafe_reset import CONFIRM_FLAG, UnsafeResetError, group_paths, main, unsafe_reset
-from storage.commands import encode_put
-from storage.layout import partition_logs_path
-from storage.lmdb_log import LmdbLogStore, LogEnv
-from storage.lmdb_state import LmdbStateStore
 
 FIVE = ["n1", "n2", "n3", "n4", "n5"]
 

@@ -16,7 +16,7 @@ from raftkv.core.errors import (
 from raftkv.core.membership import ConfChange, ConfChangeOp, decode_conf_entry
 from raftkv.core.raft import Config, Raft, bootstrap
 from raftkv.core.types import Message, MessageType, ReadState, Ready, Role, SoftState, Status
-from storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
+from raftkv.storage.records import ConfState, Entry, EntryType, HardState, Snapshot, SnapshotMeta
 
 __all__ = [
     "CampaignRejected", "ConfChange", "ConfChangeOp", "ConfChangeRejected", "ConfState",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.errors import Rebuildable
+from raftkv.storage.errors import Rebuildable
 
 
 class RaftError(Exception):

@@ -12,9 +12,9 @@ Invariants: ``applied <= committed <= last_index()``; ``committed`` never moves 
 
 from __future__ import annotations
 
-from storage.errors import Compacted, Unavailable
-from storage.log_store import LogStorage, limit_size
-from storage.records import Entry, Snapshot
+from raftkv.storage.errors import Compacted, Unavailable
+from raftkv.storage.log_store import LogStorage, limit_size
+from raftkv.storage.records import Entry, Snapshot
 
 
 class RaftLog:

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import msgpack
 
 from raftkv.core.errors import ConfChangeRejected
-from storage.records import ConfState
+from raftkv.storage.records import ConfState
 
 # A membership record lists node ids; nothing legitimate comes near this size.
 MAX_CONF_BYTES = 1 << 20

@@ -320,9 +320,9 @@ from raftkv.core.types import (
     SoftState,
     Status,
 )
-from storage.errors import Compacted, SnapshotUnavailable, Unavailable
-from storage.log_store import LogStorage
-from storage.records import (
+from raftkv.storage.errors import Compacted, SnapshotUnavailable, Unavailable
+from raftkv.storage.log_store import LogStorage
+from raftkv.storage.records import (
     ENTRY_OVERHEAD,
     ConfState,
     Entry,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from storage.records import ConfState, Entry, HardState, Snapshot
+from raftkv.storage.records import ConfState, Entry, HardState, Snapshot
 
 
 class Role(IntEnum):

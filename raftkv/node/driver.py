@@ -84,11 +84,11 @@ from raftkv.node.group_storage import (
     persist_together,
 )
 from raftkv.node.user_state import SnapshotFailed
+from raftkv.recovery.local import RecoveryReport
+from raftkv.storage.lmdb_log import LogEnv
+from raftkv.storage.state_store import StateStore
 from raftkv.transport import codec
 from raftkv.transport.tcp import Transport
-from recovery.local import RecoveryReport
-from storage.lmdb_log import LogEnv
-from storage.state_store import StateStore
 
 log = logging.getLogger(__name__)
 

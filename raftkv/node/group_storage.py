@@ -7,7 +7,7 @@ of the Ready contract:
   transaction (one fsync), after, for a received snapshot, the state store image. A
   Ready that need not sync (only the commit index moved) is left to the log store to
   write with its next batch. ``persist_together`` does the same for several groups
-  whose logs share an LMDB environment (``storage.lmdb_log.LogEnv``): one transaction.
+  whose logs share an LMDB environment (``raftkv.storage.lmdb_log.LogEnv``): one transaction.
 - ``apply(entries)``: committed entries go to the state store with their
   proposedIndex, in one transaction. An entry at or below the store's checkpoint is
   refused with ``IndexMismatch`` and skipped (IGNITE-16907): this happens after a
@@ -32,13 +32,13 @@ from collections.abc import Callable, Iterable, Sequence
 import msgpack
 
 from raftkv.core import Entry, Message, MessageType, Ready, Snapshot
-from recovery.compaction import CompactionPolicy, maybe_compact
-from recovery.local import RecoveryReport, replay
-from storage.errors import IndexMismatch, StorageError
-from storage.lmdb_log import LmdbLogStore, LogEnv
-from storage.log_store import LogStorage, payloads_of
-from storage.records import ConfState, VoteFloor
-from storage.state_store import SnapshotLoader, StateStore
+from raftkv.recovery.compaction import CompactionPolicy, maybe_compact
+from raftkv.recovery.local import RecoveryReport, replay
+from raftkv.storage.errors import IndexMismatch, StorageError
+from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
+from raftkv.storage.log_store import LogStorage, payloads_of
+from raftkv.storage.records import ConfState, VoteFloor
+from raftkv.storage.state_store import SnapshotLoader, StateStore
 
 log = logging.getLogger(__name__)
 

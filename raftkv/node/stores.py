@@ -1,4 +1,4 @@
-"""Opening a group's stores: LMDB files in the data directory (``storage.layout``), or memory."""
+"""Opening a group's stores: LMDB files in the data directory (``raftkv.storage.layout``), or memory."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import os
 import shutil
 
 from raftkv.node.group_storage import GroupStorage
-from recovery.compaction import CompactionPolicy
-from storage.errors import StorageError
-from storage.identity import new_incarnation
-from storage.layout import NODE_ID_FILE, group_paths, read_node_id
-from storage.lmdb_log import LmdbLogStore, LogEnv
-from storage.lmdb_state import LmdbStateStore
-from storage.log_store import MemoryLogStore
-from storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateStore, StateStore
+from raftkv.recovery.compaction import CompactionPolicy
+from raftkv.storage.errors import StorageError
+from raftkv.storage.identity import new_incarnation
+from raftkv.storage.layout import NODE_ID_FILE, group_paths, read_node_id
+from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
+from raftkv.storage.lmdb_state import LmdbStateStore
+from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateStore, StateStore
 
 
 def claim_data_dir(data_dir: str, node_id: str) -> None:

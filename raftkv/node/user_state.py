@@ -1,4 +1,4 @@
-"""``UserStateStore``: the ``StateStore`` contract (``storage.state_store``) over a user's
+"""``UserStateStore``: the ``StateStore`` contract (``raftkv.storage.state_store``) over a user's
 ``StateMachine`` (``raftkv.statemachine``), so a custom state machine runs on the same driver,
 recovery, compaction and snapshot path as the KV stores.
 
@@ -70,10 +70,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from hashlib import blake2b
 
 from raftkv.statemachine import StateMachine
-from storage.commands import MAX_VALUE_BYTES
-from storage.digest import Digest, DigestBuilder
-from storage.errors import StorageError
-from storage.state_store import (
+from raftkv.storage.commands import MAX_VALUE_BYTES
+from raftkv.storage.digest import Digest, DigestBuilder
+from raftkv.storage.errors import StorageError
+from raftkv.storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
@@ -129,7 +129,7 @@ def _piece_count(data: bytes) -> int:
 
 
 class UserStateStore(Checkpointing):
-    """A ``StateStore`` over ``sm`` (contract: storage.state_store; theory: this module).
+    """A ``StateStore`` over ``sm`` (contract: raftkv.storage.state_store; theory: this module).
 
     ``path`` is a directory, created if missing, for the checkpoint file. ``None`` keeps
     everything in memory. ``checkpoint_entries`` and ``checkpoint_seconds`` configure

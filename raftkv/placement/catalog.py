@@ -19,7 +19,7 @@ the identical entry 1 from them, and a node that is not a founder must join empt
 different entry 1 on a joiner would conflict with the leader's committed entry 1).
 
 Table names are ``[A-Za-z0-9_-]{1,64}``: they appear in metastore keys (split on ".") and
-in group ids, which become directory names (``storage.layout.group_paths``).
+in group ids, which become directory names (``raftkv.storage.layout.group_paths``).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ from typing import NamedTuple, TypeAlias
 
 import msgpack
 
-from storage.commands import (
+from raftkv.storage.commands import (
     MAX_BATCH_OPS,
     MAX_COMMAND_BYTES,
     MAX_KEY_BYTES,

@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 A metastore snapshot must carry more than key -> value: a follower that installs one has to
 answer ``get`` with the same revisions and serve watches from the same history as the
-leader. The shared snapshot format (``storage.state_store``) is a strictly increasing list of
+leader. The shared snapshot format (``raftkv.storage.state_store``) is a strictly increasing list of
 ``[row key, row value]`` pairs with values of at most 1 MiB, so the whole state is flattened
 into rows whose key prefixes sort in this order:
 
@@ -39,8 +39,8 @@ from raftkv.placement.meta_commands import (
     check_meta_key,
     check_meta_value,
 )
-from storage.commands import UNPACK_ERRORS, CommandError
-from storage.errors import StorageError
+from raftkv.storage.commands import UNPACK_ERRORS, CommandError
+from raftkv.storage.errors import StorageError
 
 META_PREFIX = b"c/"
 EVENT_PREFIX = b"e/"

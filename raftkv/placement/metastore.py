@@ -6,7 +6,7 @@ Theory of operation
 The placement layer (seed 004, IGNITE-16668) keeps each partition's ``assignments.*`` keys
 in a metastore hosted by one Raft group, and drives rebalance with atomic conditional
 writes and watches. This module is that group's state machine. It keeps the ``StateStore``
-contract (``storage.state_store``): applied index, checkpoint index, ``IndexMismatch``,
+contract (``raftkv.storage.state_store``): applied index, checkpoint index, ``IndexMismatch``,
 chunked snapshots. The Raft log is its WAL, exactly as for ``LmdbStateStore``: LMDB without
 a per-commit sync, one write transaction per apply batch that also writes the applied
 index, ``checkpoint()`` = ``env.sync``.
@@ -96,12 +96,12 @@ from raftkv.placement.meta_rows import (
     unpack_event,
     unpack_record,
 )
-from storage.commands import CommandError
-from storage.digest import Digest, DigestBuilder
-from storage.errors import Compacted, StorageError
-from storage.lmdb_files import check_lmdb_file
-from storage.lmdb_state import DEFAULT_MAP_SIZE, LmdbBacked, _ReadIterator
-from storage.state_store import (
+from raftkv.storage.commands import CommandError
+from raftkv.storage.digest import Digest, DigestBuilder
+from raftkv.storage.errors import Compacted, StorageError
+from raftkv.storage.lmdb_files import check_lmdb_file
+from raftkv.storage.lmdb_state import DEFAULT_MAP_SIZE, LmdbBacked, _ReadIterator
+from raftkv.storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
@@ -238,7 +238,7 @@ class _Writer:
 
 
 class MetaStore(LmdbBacked):
-    """The metastore ``StateStore`` (contract: storage.state_store; theory: this module).
+    """The metastore ``StateStore`` (contract: raftkv.storage.state_store; theory: this module).
 
     ``path`` is the LMDB env directory, created if missing. ``history`` is how many
     revisions of events to keep (>= 1; the same on every replica). ``map_size``,

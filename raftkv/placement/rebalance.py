@@ -354,10 +354,10 @@ from raftkv.placement.meta_commands import (
 from raftkv.placement.metastore import EventBatch, HistoryCompacted, RangeResult
 from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
 from raftkv.placement.service import MetaService
+from raftkv.storage.errors import StorageError
+from raftkv.storage.layout import group_paths, partition_logs_path
+from raftkv.storage.lmdb_log import LogEnv
 from raftkv.transport import codec
-from storage.errors import StorageError
-from storage.layout import group_paths, partition_logs_path
-from storage.lmdb_log import LogEnv
 
 log = logging.getLogger(__name__)
 
@@ -466,7 +466,7 @@ class PlacementManager:
         admin_timeout: float = 10.0, checkpoint_seconds: float = PARTITION_CHECKPOINT_SECONDS,
     ) -> None:
         """``data_dir`` holds persistent partitions (state stores in ``groups/t.<table>.<p>``,
-        logs in ``partition-logs``, see ``storage.layout``); None keeps
+        logs in ``partition-logs``, see ``raftkv.storage.layout``); None keeps
         every partition in memory. ``checkpoint_seconds``: see PARTITION_CHECKPOINT_SECONDS.
         Call ``start`` once the node runs (or before)."""
         self.meta = meta
@@ -476,7 +476,7 @@ class PlacementManager:
         self.durable = durable
         self.checkpoint_seconds = checkpoint_seconds
         # The logs of the persistent partitions hosted here, in one LMDB environment, so
-        # a driver turn writing into many partitions pays one fsync (storage.lmdb_log).
+        # a driver turn writing into many partitions pays one fsync (raftkv.storage.lmdb_log).
         self._logs = (LogEnv(partition_logs_path(data_dir), durable=durable, shared=True)
                       if data_dir is not None else None)
         self.retry = retry or RetryPolicy()

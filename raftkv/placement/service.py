@@ -30,8 +30,8 @@ from raftkv.node.errors import NodeStopped
 from raftkv.node.group_storage import GroupStorage
 from raftkv.placement import meta_commands as mc
 from raftkv.placement.metastore import EventBatch, HistoryCompacted, MetaStore, RangeResult
-from storage.layout import group_paths
-from storage.lmdb_log import LmdbLogStore
+from raftkv.storage.layout import group_paths
+from raftkv.storage.lmdb_log import LmdbLogStore
 
 META_GROUP = "meta"
 

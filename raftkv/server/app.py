@@ -54,8 +54,8 @@ from raftkv.server.requests import (
     wait,
 )
 from raftkv.server.tables import Placement, TablesApi
+from raftkv.storage.commands import MAX_COMMAND_BYTES, CommandError
 from raftkv.transport.tcp import parse_addr
-from storage.commands import MAX_COMMAND_BYTES, CommandError
 
 log = logging.getLogger(__name__)
 

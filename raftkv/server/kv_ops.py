@@ -30,7 +30,7 @@ from aiohttp import web
 from raftkv.client import KEY_NOT_FOUND
 from raftkv.node.driver import Node
 from raftkv.server.requests import check_query, error, flag, path_key, query_bytes, wait
-from storage.commands import (
+from raftkv.storage.commands import (
     MAX_VALUE_BYTES,
     CommandError,
     encode_cas,

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from raftkv.core import ConfChangeRejected, NotLeader, ProposalDropped, TransferRejected
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
-from storage.commands import CommandError, check_key
+from raftkv.storage.commands import CommandError, check_key
 
 log = logging.getLogger(__name__)
 

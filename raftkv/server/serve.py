@@ -17,11 +17,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from raftkv.kv import RaftKV
+from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.server.app import Api, QuietBadRequests
 from raftkv.server.metrics import PrometheusMetrics
 from raftkv.server.tables import Placement
 from raftkv.transport.tcp import parse_addr
-from recovery.compaction import CompactionPolicy
 
 log = logging.getLogger("raftkv.serve")
 

@@ -97,8 +97,8 @@ from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
 from raftkv.server.kv_ops import KvRequest, parse_kv, serve_kv
 from raftkv.server.requests import decode_batch_body, error, json_body, wait
-from storage.commands import MAX_BATCH_OPS, CommandError, encode_batch, user_key
-from storage.digest import DigestBuilder, row_hash
+from raftkv.storage.commands import MAX_BATCH_OPS, CommandError, encode_batch, user_key
+from raftkv.storage.digest import DigestBuilder, row_hash
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from storage.commands import check_key, check_value
+from raftkv.storage.commands import check_key, check_value
 
 Pair = tuple[bytes, bytes]
 ValueFn = Callable[[Any], bytes | str]

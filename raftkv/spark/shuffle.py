@@ -42,7 +42,7 @@ from raftkv.spark.rows import (
     key_bytes,
     value_encoder,
 )
-from storage.commands import MAX_KEY_BYTES, MAX_VALUE_BYTES, RESERVED_PREFIX
+from raftkv.storage.commands import MAX_KEY_BYTES, MAX_VALUE_BYTES, RESERVED_PREFIX
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The digest of a set of rows (``storage.digest``) is the count and the sum, modulo 2**64, of
+The digest of a set of rows (``raftkv.storage.digest``) is the count and the sum, modulo 2**64, of
 one 64-bit hash per row. It does not depend on order, so Spark can compute it per Raft
 partition with no sort, and a replica can compute it with one scan of its LMDB.
 
@@ -15,7 +15,7 @@ partition with no sort, and a replica can compute it with one scan of its LMDB.
    then every other replica (stable members and any node hosting the group) is asked for
    its own local digest once it has applied A, waiting up to ``timeout`` for a replica
    that is catching up. Each replica hashes its own copy: nothing is trusted second-hand.
-   Batch markers (``storage.commands.user_key``) are not user rows and are left out.
+   Batch markers (``raftkv.storage.commands.user_key``) are not user rows and are left out.
 3. **Compare**: a replica matches when its count and digest equal Spark's. For a mismatch
    on a small partition, the two key lists name the missing, extra and altered keys. A
    replica that does not answer is a mismatch too (``error``), because "could not check"
@@ -39,7 +39,7 @@ from raftkv.spark.cluster import PartitionInfo, SparkJobError, TableView, table_
 from raftkv.spark.progress import Progress
 from raftkv.spark.rows import ValueFn
 from raftkv.spark.shuffle import check_columns, job_error, routed, task_partitions
-from storage.digest import EMPTY, DigestBuilder, row_hash
+from raftkv.storage.digest import EMPTY, DigestBuilder, row_hash
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from raftkv.core import Message, Role, bootstrap
+from raftkv.storage.log_store import MemoryLogStore
 from raftkv.testing.node import Applied, SimNode
-from storage.log_store import MemoryLogStore
 
 MessageFilter = Callable[[Message], bool]  # return False to drop
 

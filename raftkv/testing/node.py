@@ -19,10 +19,10 @@ import msgpack
 
 from raftkv.core import Config, Entry, EntryType, Message, Raft, ReadState, Ready
 from raftkv.node.group_storage import ALREADY_APPLIED, GroupStorage
-from recovery.compaction import compact
-from storage.commands import Put, decode, encode_cas, encode_put
-from storage.log_store import MemoryLogStore
-from storage.state_store import MemoryStateStore
+from raftkv.recovery.compaction import compact
+from raftkv.storage.commands import Put, decode, encode_cas, encode_put
+from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.state_store import MemoryStateStore
 
 
 def encode_command(client: int, op_id: int, kind: str, key: str, value: Any = None) -> bytes:

@@ -44,9 +44,9 @@ from raftkv.placement.assignments import calc_assignments, partition_keys, parti
 from raftkv.placement.catalog import MEMORY, PERSISTENT, partition_group
 from raftkv.placement.rebalance import PlacementManager
 from raftkv.placement.rebalance_steps import switch_keys
+from raftkv.storage.commands import encode_cas, encode_put
 from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.placement_cluster import Cluster, wait_for
-from storage.commands import encode_cas, encode_put
 
 TABLE = "chaos"
 POOL = ["n1", "n2", "n3", "n4", "n5"]

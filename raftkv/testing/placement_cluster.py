@@ -30,8 +30,8 @@ from raftkv.placement.rebalance import (
 )
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
+from raftkv.storage.commands import encode_put as kv_put
 from raftkv.testing.procs import free_ports
-from storage.commands import encode_put as kv_put
 
 SECRET = b"rebalance-secret"
 META = ["n1", "n2", "n3"]

@@ -94,9 +94,9 @@ from raftkv.core import (
     bootstrap,
     decode_conf_entry,
 )
+from raftkv.storage.log_store import MemoryLogStore
 from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.node import ReadyOutcome, SimNode, StoreSimNode
-from storage.log_store import MemoryLogStore
 
 ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact", "idle",
               "wipe")

@@ -24,8 +24,8 @@ from typing import Any
 
 from raftkv.core.membership import decode_records, encode_records
 from raftkv.core.types import Message, MessageType
+from raftkv.storage.records import ConfState, Entry, Snapshot, SnapshotMeta
 from raftkv.transport.frames import FrameError
-from storage.records import ConfState, Entry, Snapshot, SnapshotMeta
 
 RAFT = 0
 FORWARD = 1

@@ -19,11 +19,11 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from recovery.local import replay
-from storage.commands import encode_batch, encode_cas
-from storage.lmdb_log import LmdbLogStore
-from storage.lmdb_state import LmdbStateStore
-from storage.records import Entry, HardState
+from raftkv.recovery.local import replay
+from raftkv.storage.commands import encode_batch, encode_cas
+from raftkv.storage.lmdb_log import LmdbLogStore
+from raftkv.storage.lmdb_state import LmdbStateStore
+from raftkv.storage.records import Entry, HardState
 
 
 def command(i: int) -> bytes:

@@ -96,8 +96,8 @@ from raftkv.embedded import EmbeddedNode
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout
 from raftkv.node.user_state import UserStateStore
 from raftkv.statemachine import decode_value, encode_value
-from storage.commands import MAX_COMMAND_BYTES
-from storage.layout import DEFAULT_GROUP, group_paths
+from raftkv.storage.commands import MAX_COMMAND_BYTES
+from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 
 __all__ = [
     "VERSION",
