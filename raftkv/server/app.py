@@ -12,7 +12,9 @@ Endpoints (JSON bodies and errors; values travel raw as the body):
   gives the body formats); ``{"index", "ops"}``.
 - ``GET /v1/digest``: ``{"count", "digest", "applied"}`` of this replica (``?stale=true``
   for the local state as is), for comparing replicas.
-- ``GET /v1/cluster``; ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
+- ``GET /v1/cluster``: this node's status of every group it hosts, and ``"http"``: the
+  HTTP address each node published in the metastore.
+- ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
   ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}`` (202
   with the new leader when the leader removes itself: its successor completes it);
   ``POST /v1/cluster/transfer`` ``{"to"}``.
@@ -126,7 +128,10 @@ class Api:
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
-        return web.json_response(await wait(self.kv.node.status()))
+        st = await wait(self.kv.node.status())
+        if self.tables is not None:  # every node's HTTP address, for `raftkv cluster status`
+            st["http"] = await self._admin(self.tables.p.http_addrs)
+        return web.json_response(st)
 
     async def _admin(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
