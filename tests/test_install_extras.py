@@ -49,5 +49,5 @@ def test_raftkv_spark_without_the_extra_is_one_line_naming_it() -> None:
                "'--table', 't', '--input', 'nowhere.parquet', '--key', 'id']))\n")
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert res.stderr.strip().splitlines() == [
-        "error: raftkv spark needs the spark extra (pyspark is not installed): "
-        "pip install 'raftkv[spark]'"]
+        ("error: raftkv spark needs the spark extra (pyspark is not installed): "
+        "pip install 'raftkv[spark]'")]
