@@ -353,7 +353,8 @@ def parser() -> argparse.ArgumentParser:
     cas.add_argument("--prev-absent", action="store_true", help="the key must be absent")
     cas.add_argument("--table", help=table_help)
 
-    cl = _sub(sub, "cluster", "the default group's membership and every node's status")
+    cl = _sub(sub, "cluster", "membership (of the default group, of the placement topology) "
+                                 "and every node's status")
     cla = cl.add_subparsers(dest="action", required=True, metavar="ACTION")
     status = _sub(cla, "status", "one row per node and group, from each node's own view; "
                                  "every member is found from any one endpoint")

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace, endpoints: str) -> int:
             check_columns(columns, args.key,
                           chosen if chosen is not None else
                           [c for c in columns if c != args.key])
-        table_view(eps, args.table)
+        table_view(eps, args.table, timeout=args.timeout, connect_timeout=args.connect_timeout)
     except SparkJobError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
