@@ -108,12 +108,15 @@ def issue(ca: CertFiles, directory: str, name: str,
     _require()
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     with open(ca.cert, "rb") as f:
         ca_cert = x509.load_pem_x509_certificate(f.read())
     with open(ca.key, "rb") as f:
         ca_key = serialization.load_pem_private_key(f.read(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{ca.key} is not an EC key (make the CA with make_ca)")
     sans: list[x509.GeneralName] = []
     for h in hosts:
         try:
@@ -135,8 +138,8 @@ def issue(ca: CertFiles, directory: str, name: str,
                                               ExtendedKeyUsageOID.CLIENT_AUTH]),
                        critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-            ca_cert.public_key()), critical=False)  # type: ignore[arg-type]
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+            ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
     )
     files = CertFiles(os.path.join(directory, f"{name}.pem"),
                       os.path.join(directory, f"{name}-key.pem"), ca.cert)

@@ -12,8 +12,10 @@
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
     raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
 
-Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``. Errors print one line on
-stderr and exit 1; a failed compare-and-set exits 2.
+Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``; with TLS, ``--cacert``,
+``--cert`` and ``--key`` (or ``RAFTKV_CACERT``, ``RAFTKV_CERT``, ``RAFTKV_KEY``), as
+etcdctl names them. Errors print one line on stderr and exit 1; a failed
+compare-and-set exits 2.
 """
 
 from __future__ import annotations
@@ -136,6 +138,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoints", default=os.environ.get("RAFTKV_ENDPOINTS", DEFAULT_ENDPOINTS),
                    help="comma-separated HTTP endpoints")
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--cacert", help="verify HTTPS endpoints with this CA file "
+                                    "(default $RAFTKV_CACERT; endpoints without a scheme "
+                                    "are then https)")
+    p.add_argument("--cert", help="client certificate for mutual TLS (default $RAFTKV_CERT)")
+    p.add_argument("--key", help="its private key (default $RAFTKV_KEY)")
     sub = p.add_subparsers(dest="cmd", required=True)
     serve.add_arguments(sub.add_parser("serve", help="run a node"))
     put = sub.add_parser("put")
@@ -217,8 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "spark":
             from raftkv.spark.cli import run as spark_job  # pyspark only when asked for
 
+            # The jobs' clients (in Spark's workers too) read the TLS files from here.
+            for var, value in (("RAFTKV_CACERT", args.cacert), ("RAFTKV_CERT", args.cert),
+                               ("RAFTKV_KEY", args.key)):
+                if value:
+                    os.environ[var] = value
             return spark_job(args, args.endpoints)
-        client = Client(args.endpoints, timeout=args.timeout)
+        client = Client(args.endpoints, timeout=args.timeout, cacert=args.cacert,
+                        cert=args.cert, key=args.key)
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)

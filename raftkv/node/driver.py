@@ -87,6 +87,7 @@ from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import StateStore
+from raftkv.tls import TlsConfig
 from raftkv.transport import codec
 from raftkv.transport.tcp import Transport
 
@@ -180,6 +181,7 @@ class NodeConfig:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     data_dir: str | None = None  # None: addresses learned at runtime are not kept
     faults: bool = False  # enable the transport's test fault switch
+    peer_tls: TlsConfig | None = None  # TLS on the peer port (raftkv.transport.tcp)
     # Let idle groups stop heartbeating and ticking (Config.quiesce); the driver then
     # pings peers and reports their liveness to the cores. RAFTKV_QUIESCE=0 in the
     # environment turns it off (A/B benchmarks, or an operator's escape hatch).
@@ -219,7 +221,7 @@ class Node:
         self.transport = Transport(
             self.id, config.raft_addr, config.secret, self.poller, self._on_items,
             addresses=addresses, on_address=self._on_address,
-            on_undelivered=self._on_undelivered, faults=config.faults,
+            on_undelivered=self._on_undelivered, faults=config.faults, tls=config.peer_tls,
         )
         # Random start: a restarted node must not reuse request ids a leader may still answer.
         self._seq = itertools.count(random.getrandbits(62))

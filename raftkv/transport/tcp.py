@@ -169,8 +169,9 @@ class Connection:
         except ssl.SSLError as e:  # before OSError, its base: a refused peer is news
             self.t.stats["rejected"] += 1
             self._send_alert()
-            self.close(f"TLS: {e.reason or e}" + (f" ({e.verify_message})" if getattr(
-                e, "verify_message", None) else ""))
+            detail = (f" ({e.verify_message})"
+                      if isinstance(e, ssl.SSLCertVerificationError) else "")
+            self.close(f"TLS: {e.reason or e}{detail}")
         except OSError as e:
             self.close(f"socket error: {e}", quiet=True)
 
