@@ -139,6 +139,11 @@ class Client:
             endpoint = self.endpoints[self._current]
             try:
                 status, data, ctype = self._once(endpoint, method, path, body, headers)
+            except ssl.SSLCertVerificationError as e:
+                # Not a passing fault: retrying until the deadline would only hide it.
+                raise Unavailable(f"{endpoint}: TLS: {e.verify_message}: its certificate is "
+                                  "not signed by the trusted CA (--cacert, RAFTKV_CACERT) "
+                                  "or does not name that host") from e
             except (OSError, http.client.HTTPException) as e:
                 if once and not isinstance(e, ConnectionRefusedError):
                     raise OutcomeUnknown(f"{endpoint}: {e} after the request may have "

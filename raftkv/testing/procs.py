@@ -7,7 +7,8 @@ come from the kernel (bind to port 0), so parallel runs do not collide.
 
 ``tls=True`` makes a throw-away CA and a certificate per node in ``<base_dir>/tls``
 (``raftkv.certs``) and runs HTTPS and mutual TLS between peers; endpoints are then
-``https://`` and ``client``/``http_json`` verify them against that CA.
+``https://``, and ``client`` and the harness's own requests verify them against that CA
+and present the ``client`` certificate (so ``--client-cert-auth`` may be added).
 """
 
 from __future__ import annotations
@@ -144,9 +145,15 @@ class ProcCluster:
         with open(self.secret_file, "wb") as f:
             f.write(self.secret)
         self.tls_dir = os.path.join(self.base_dir, "tls")
-        self.ca: CertFiles | None = make_ca(self.tls_dir) if self.tls else None
+        self.ca: CertFiles | None = None
+        self.client_cert: CertFiles | None = None
         # What this harness's own HTTP calls verify the nodes with (None: plain HTTP).
-        self.ssl_context = client_context(self.ca.cert) if self.ca else None
+        self.ssl_context: ssl.SSLContext | None = None
+        if self.tls:
+            self.ca = make_ca(self.tls_dir)
+            self.client_cert = issue(self.ca, self.tls_dir, "client")
+            self.ssl_context = client_context(self.ca.cert, self.client_cert.cert,
+                                              self.client_cert.key)
         for i in range(1, self.size + 1):
             self._new_node(f"n{i}")
         self.founders = dict(self.peers())
@@ -307,8 +314,10 @@ class ProcCluster:
         self.wait_until(same, timeout, "replicas applying the same index")
 
     def client(self, ids: list[str] | None = None, timeout: float = 10.0) -> Client:
+        cc = self.client_cert
         return Client([self.nodes[i].endpoint for i in (ids or list(self.nodes))], timeout,
-                      cacert=self.ca.cert if self.ca else None)
+                      cacert=cc.ca if cc else None, cert=cc.cert if cc else None,
+                      key=cc.key if cc else None)
 
     def partition(self, *sides: list[str]) -> None:
         """Cut traffic between the given sides (each node blocks everyone not on its side)."""

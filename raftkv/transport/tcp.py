@@ -456,6 +456,15 @@ class Transport:
             if self.on_address is not None:
                 self.on_address(peer, addr)
 
+    def forget(self, peer_id: str) -> None:
+        """Drop a peer for good: its connections, queue and address. It is known again
+        only if it dials in (it must still pass the handshake) or is given an address."""
+        p = self.peers.pop(peer_id, None)
+        if p is not None:
+            for c in (p.conn, p.dialing):
+                if c is not None:
+                    c.close("no longer a member", quiet=True)
+
     def connected(self, conn: Connection) -> None:
         self.pending.discard(conn)
         assert conn.peer is not None
