@@ -274,3 +274,23 @@ def test_the_openssl_commands_in_the_docs_make_certificates_nodes_accept(
         a.close()
         b.close()
     TlsConfig(files["client"].cert, files["client"].key, files["client"].ca).client_context()
+
+
+def test_an_embedded_cluster_runs_on_mutual_tls(tmp_path: Path) -> None:
+    """``RaftKV(..., peer_tls=TlsConfig(...))``: the embedded API's TLS, end to end."""
+    from raftkv.kv import RaftKV
+    from raftkv.testing.procs import free_ports
+
+    ids = ["n1", "n2", "n3"]
+    peers = {n: f"127.0.0.1:{p}" for n, p in zip(ids, free_ports(3), strict=True)}
+    ca, files = cluster_certs(str(tmp_path / "tls"), ids)
+    kvs = [RaftKV(n, peers[n], peers, b"s", peer_tls=_tls(files[n], ca.cert)) for n in ids]
+    try:
+        kvs[0].wait_for_leader()
+        kvs[1].put("k", "v")  # forwarded to the leader if n2 is not it
+        assert kvs[2].get("k") == b"v"
+        conns = [p.conn for p in kvs[0].node.transport.peers.values() if p.conn is not None]
+        assert conns and all(c.tls is not None and c.tls.established for c in conns)
+    finally:
+        for kv in kvs:
+            kv.close()
