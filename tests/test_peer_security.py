@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -283,6 +284,12 @@ def test_tls_refuses_a_peer_or_client_with_a_certificate_from_another_ca(
                 Client(ep, timeout=2, cacert=c.ca.cert, cert=cert, key=key).get("after")
         assert Client(ep, cacert=c.ca.cert, cert=c.client_cert.cert,
                       key=c.client_cert.key).get("after") == b"1"
+        # Plain HTTP to the HTTPS port: no answer, and no traceback in the node's log.
+        plain = http.client.HTTPConnection("127.0.0.1", node.http_port, timeout=10)
+        with pytest.raises((http.client.HTTPException, OSError)):
+            plain.request("GET", "/health")
+            plain.getresponse()
+        plain.close()
         _no_traceback(c)
 
 
