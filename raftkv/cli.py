@@ -26,6 +26,9 @@ Global options come before the subcommand, as etcdctl's do:
   answer. ``json`` prints JSON for every command (``get``: ``{"key", "value"}``, with
   ``"value_base64"`` instead for a value that is not UTF-8); ``table`` prints a table
   (one row per item of a list: nodes, tables, a table's partitions; one row otherwise).
+- ``--cacert F``, ``--cert F``, ``--key F`` (or ``RAFTKV_CACERT``, ``RAFTKV_CERT``,
+  ``RAFTKV_KEY``): TLS, as etcdctl names them; with a CA file an endpoint without a scheme
+  is ``https://``.
 - ``--version``.
 
 ``cluster status`` shows every member, as ``etcdctl endpoint status --cluster`` does:
@@ -81,11 +84,13 @@ def _group_order(gid: str) -> tuple[int, str]:
     return ({DEFAULT_GROUP: 0, "meta": 1}.get(gid, 2), gid)
 
 
-def _fetch_status(endpoint: str, timeout: float, connect_timeout: float | None
-                  ) -> dict[str, Any] | str:
+def _fetch_status(endpoint: str, like: Client) -> dict[str, Any] | str:
     """One node's own ``/v1/cluster`` answer, or why there is none (no retry: a node
-    that does not answer is what the status reports)."""
-    client = Client([endpoint], timeout=timeout, connect_timeout=connect_timeout)
+    that does not answer is what the status reports). ``like``: the timeouts and TLS
+    files to use."""
+    cacert, cert, key = like.tls_files
+    client = Client([endpoint], timeout=like.timeout, connect_timeout=like.connect_timeout,
+                    cacert=cacert, cert=cert, key=key)
     try:
         return client.status(endpoint)
     except (OSError, http.client.HTTPException, ClientError, ValueError) as e:
@@ -112,7 +117,7 @@ def status_rows(client: Client, discover: bool = True,
             return
         with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
             answers = pool.map(
-                lambda e: _fetch_status(e, client.timeout, client.connect_timeout), todo)
+                lambda e: _fetch_status(e, client), todo)
             for e, got in zip(todo, answers):
                 if isinstance(got, str):
                     failed[e] = got
@@ -129,7 +134,7 @@ def status_rows(client: Client, discover: bool = True,
                 break
         if views:
             seed = next(iter(views.values()))
-            published = {n: a if "://" in a else f"http://{a}"
+            published = {n: a if "://" in a else f"{client.scheme}://{a}"
                          for n, a in (seed.get("http") or {}).items()}
             members = {m for g in seed["groups"].values() for m in g["members"]}
             silent = sorted(members - published.keys() - views.keys())
@@ -329,6 +334,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-w", "--write-out", choices=("table", "json"), default=None,
                    help="print answers as a table or as JSON (default: a table for "
                         "cluster status, the raw value for get, JSON otherwise)")
+    p.add_argument("--cacert", help="verify HTTPS endpoints with this CA file "
+                                    "(default $RAFTKV_CACERT; endpoints without a scheme "
+                                    "are then https)")
+    p.add_argument("--cert", help="client certificate for mutual TLS (default $RAFTKV_CERT)")
+    p.add_argument("--key", help="its private key (default $RAFTKV_KEY)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     serve.add_arguments(_sub(sub, "serve", "run a node: Raft on --raft-addr, the HTTP API "
                                            "on --http-addr"))
@@ -428,9 +438,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "spark":
             from raftkv.spark.cli import run as spark_job
 
+            # The jobs' clients (in Spark's workers too) read the TLS files from here.
+            for var, value in (("RAFTKV_CACERT", args.cacert), ("RAFTKV_CERT", args.cert),
+                               ("RAFTKV_KEY", args.key)):
+                if value:
+                    os.environ[var] = value
             return spark_job(args, args.endpoints)
         client = Client(args.endpoints, timeout=args.timeout,
-                        connect_timeout=args.connect_timeout)
+                        connect_timeout=args.connect_timeout, cacert=args.cacert,
+                        cert=args.cert, key=args.key)
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)
