@@ -136,6 +136,8 @@ class Client:
             if c.sock is None:
                 try:
                     c.connect()  # within connect_timeout, then reads within timeout
+                except ssl.SSLCertVerificationError:
+                    raise  # not a passing fault: request() reports it at once
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
                 c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]
