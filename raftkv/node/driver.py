@@ -36,7 +36,9 @@ campaign one randomized election timeout later, as before quiescence.
 Callers live on other threads and get ``concurrent.futures.Future`` objects. A write's
 future resolves to ``(index, result)`` once applied here, a read's to whatever the read
 function returns, evaluated on the loop thread once ``applied >= read index`` (§6.4). A
-follower forwards writes to the leader over the peer connection and relays the answer;
+follower forwards writes to the leader over the peer connection and relays the answer
+(a state store with ``encode_result``/``decode_result``, a user's state machine, has its
+results travel through them, so they arrive as what the leader's caller would get);
 with no leader known, futures fail with ``NotLeader`` carrying the best hint.
 """
 
@@ -828,7 +830,7 @@ class Node:
             if term != e.term:
                 # Another leader's entry took this index: ours was never committed.
                 _fail(fut, NotLeader(self.id, g.leader))
-            elif isinstance(result, Exception):
+            elif isinstance(result, Exception) and type(fut) is not _Answer:
                 _fail(fut, result)
             elif result is ALREADY_APPLIED:
                 # It arrived inside a snapshot image: applied, but its result is unknown.
@@ -924,10 +926,20 @@ class Node:
         return lambda: self._propose_or_forward(g, data, fut)
 
     def _answer_forward(self, peer: str, rid: int, group: str, data: bytes) -> None:
+        g = self.groups.get(group)
+        # A state store that knows its results' codec (UserStateStore) encodes them to
+        # bytes for the follower, which decodes them with its own store (_on_reply).
+        encode = getattr(g.state, "encode_result", None) if g is not None else None
+
         def reply(f: Future[Any]) -> None:
             exc = f.exception()
             if exc is None:
                 index, value = f.result()
+                if encode is not None:
+                    value = encode(value)  # an exception the state machine returned too
+                elif isinstance(value, Exception):
+                    exc = value
+            if exc is None:
                 try:
                     msgpack.packb(value)
                 except (TypeError, ValueError, OverflowError):
@@ -940,9 +952,8 @@ class Node:
                 rid, False, [type(exc).__name__, str(exc), hint if isinstance(hint, str) else None]
             ))
 
-        fut: Future[Any] = Future()
+        fut: Future[Any] = _Answer()
         fut.add_done_callback(reply)
-        g = self.groups.get(group)
         if g is None:
             _fail(fut, UnknownGroup(f"{self.id} does not host group {group!r}"))
         elif g.raft.role != Role.LEADER:
@@ -957,7 +968,18 @@ class Node:
         del self._forwarded[rid]
         fut, deadline, group, data, _ = waiter
         if ok and len(result) == 2 and type(result[0]) is int:
-            _resolve(fut, result[0], result[1])
+            g = self.groups.get(group)
+            decode = getattr(g.state, "decode_result", None) if g is not None else None
+            if decode is None:
+                _resolve(fut, result[0], result[1])
+                return
+            try:
+                value = decode(result[1])
+            except ValueError as e:
+                _fail(fut, RemoteError("WireError", f"applied at index {result[0]}, but the "
+                                       f"leader's result does not decode: {e}"))
+                return
+            _resolve(fut, result[0], value)
         elif not ok and len(result) == 3:
             kind, message, _ = result
             if kind == "NotLeader":
@@ -1111,6 +1133,11 @@ class Proposal(Future[Any]):
     def __init__(self, shape: Callable[[int, Any], Any] | None = None) -> None:
         super().__init__()
         self.shape = shape
+
+
+class _Answer(Future[Any]):
+    """A write a follower forwarded, on the leader: it resolves to ``(index, result)``
+    even when the result is an exception, which ``_answer_forward`` then sends back."""
 
 
 def _resolve(fut: Future[Any], index: int, result: Any) -> None:

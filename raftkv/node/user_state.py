@@ -52,6 +52,11 @@ for the KV stores (IGNITE-16907). What differs is what is durable:
   contiguous piece keys) before it touches the state machine. It then restores and, with a
   path, writes the checkpoint file. If either step fails, the previous state is restored
   from a copy taken first. Images are rare, so the extra ``sm.snapshot()`` is affordable.
+- **results**: what ``apply`` returns answers the caller on this replica as it is. For a
+  call forwarded by a follower, the leader sends it back through ``encode_result`` and
+  the follower reads it with ``decode_result`` (the driver calls both when a state store
+  has them): ``raftkv.statemachine``'s result codec, so a tuple, a set or the exception
+  a method raised reaches the follower's caller as what the leader's caller would get.
 - **reads**: ``get``, ``scan`` and ``digest`` see those same rows, computed from
   ``sm.snapshot()`` when called. ``digest()`` compares replicas as it does for the KV
   stores, provided ``snapshot()`` is deterministic (``ReplicatedObject``'s default is).
@@ -69,7 +74,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from hashlib import blake2b
 
-from raftkv.statemachine import StateMachine
+from raftkv.statemachine import StateMachine, decode_result, encode_result
 from raftkv.storage.commands import MAX_VALUE_BYTES
 from raftkv.storage.digest import Digest, DigestBuilder
 from raftkv.storage.errors import StorageError
@@ -257,6 +262,19 @@ class UserStateStore(Checkpointing):
                     results.append(e)
             self._applied = index
         return results
+
+    @staticmethod
+    def encode_result(result: object) -> bytes:
+        """An apply result, as the leader sends it to the follower that forwarded the call."""
+        return encode_result(result)
+
+    @staticmethod
+    def decode_result(data: object) -> object:
+        """The inverse of ``encode_result`` (an exception comes back as an instance);
+        ``ValueError`` if ``data`` is not such bytes."""
+        if type(data) is not bytes:
+            raise ValueError(f"a result is bytes, not {type(data).__name__}")
+        return decode_result(data)
 
     def _make_durable(self, applied: int) -> bool:
         if self.path is None:
