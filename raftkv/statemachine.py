@@ -75,8 +75,8 @@ applies it first and answers with its result (``encode_result``/``decode_result`
 by ``raftkv.node.user_state.UserStateStore``). The result travels with the codec the
 arguments use, so a follower's call returns what the same call on the leader returns,
 type for type: a tuple stays a tuple, a set a set. An exception the method raised
-travels as its class's module and qualified name, its constructor arguments and its
-attributes (what pickle would take from its ``__reduce__``, here as plain data), and
+travels as its class's module and qualified name, its ``args`` and its attributes (a
+builtin exception: what pickle takes from its ``__reduce__``), as plain data, and
 comes back as that class only if the class is already loaded in this
 process (a module in ``sys.modules``, never imported on the network's word: this
 replica ran the same method, so its module is loaded) and is an ``Exception``
@@ -344,19 +344,15 @@ def encode_result(result: object) -> bytes:
 
 
 def _reduced(e: BaseException) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """What rebuilds ``e``: its constructor's arguments and its attributes, as pickle
-    takes them from ``__reduce__`` (``OSError``'s carry its filename, which ``args``
-    lacks), or ``args`` and ``__dict__`` when ``__reduce__`` says something else."""
-    try:
+    """What rebuilds ``e`` (``_rebuild``): a builtin exception's constructor arguments and
+    attributes as pickle takes them from ``__reduce__`` (``OSError``'s carry its filename,
+    which ``args`` lacks); any other's ``args`` and ``__dict__``, set without running its
+    ``__init__``."""
+    if type(e).__module__ == "builtins":
         reduced = e.__reduce__()
-    except Exception:  # noqa: BLE001 - a user's __reduce__ that fails
-        reduced = None
-    if (
-        isinstance(reduced, tuple) and 2 <= len(reduced) <= 3 and reduced[0] is type(e)
-        and type(reduced[1]) is tuple
-        and (len(reduced) == 2 or reduced[2] is None or type(reduced[2]) is dict)
-    ):
-        return reduced[1], dict(reduced[2] or {}) if len(reduced) == 3 else {}
+        if (isinstance(reduced, tuple) and len(reduced) >= 2 and type(reduced[1]) is tuple
+                and (len(reduced) == 2 or type(reduced[2]) in (dict, type(None)))):
+            return reduced[1], dict(reduced[2] or {}) if len(reduced) > 2 else {}
     return tuple(e.args), dict(vars(e))
 
 

@@ -29,7 +29,7 @@ from raftkv.statemachine import (
 from raftkv.testing.procs import free_ports
 
 SECRET = b"results-test"
-INITS = []  # the __init__ calls of Refused: a rebuilt exception must not add one
+INITS: list[int] = []  # Refused.__init__ calls: a rebuilt exception must not add one
 
 
 class Refused(Exception):
@@ -107,6 +107,16 @@ def test_a_loaded_exception_class_is_rebuilt_without_running_its_init() -> None:
     assert back.args == original.args and str(back) == str(original)
     assert (back.code, back.detail, back.extra) == (7, "busy", [1, (2, 3)])  # type: ignore[attr-defined]
     assert len(INITS) == before + 1, "only the original ran __init__"
+
+
+def test_an_exception_pickled_by_its_fields_keeps_its_message() -> None:
+    """raftkv's own errors reduce to their constructor's fields (``Rebuildable``); rebuilt
+    without ``__init__``, they keep their args, message and fields all the same."""
+    from raftkv.core.errors import NotLeader
+
+    back = roundtrip(NotLeader("n1", "n2"))
+    assert type(back) is NotLeader and str(back) == "node n1 is not the leader (leader is n2)"
+    assert (back.node, back.leader) == ("n1", "n2")  # type: ignore[attr-defined]
 
 
 def test_builtin_exceptions_come_back_as_themselves() -> None:

@@ -44,6 +44,7 @@ with no leader known, futures fail with ``NotLeader`` carrying the best hint.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -90,7 +91,7 @@ from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import StateStore
 from raftkv.transport import codec
-from raftkv.transport.tcp import Transport
+from raftkv.transport.tcp import Connection, Transport
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,9 @@ COMPACT_EVERY = 1.0
 SNAPSHOT_TIMEOUT_ELECTIONS = 20
 
 ReadFn = Callable[[StateStore], Any]
+# An admin tool's request (``raftkv.admin``): ``handler(command, args)`` runs on the loop
+# thread, must not block, and returns a Future of the plain-data answer.
+AdminHandler = Callable[[str, list[Any]], "Future[Any]"]
 
 
 class Metrics(Protocol):
@@ -221,8 +225,11 @@ class Node:
         self.transport = Transport(
             self.id, config.raft_addr, config.secret, self.poller, self._on_items,
             addresses=addresses, on_address=self._on_address,
-            on_undelivered=self._on_undelivered, faults=config.faults,
+            on_undelivered=self._on_undelivered, on_admin=self._on_admin,
+            faults=config.faults,
         )
+        # Serves admin tools' requests (raftkv.admin); None: they are refused.
+        self.admin_handler: AdminHandler | None = None
         # Random start: a restarted node must not reuse request ids a leader may still answer.
         self._seq = itertools.count(random.getrandbits(62))
         # request id -> (future, deadline, group, command, the leader it went to)
@@ -994,6 +1001,52 @@ class Node:
                 _fail(fut, RemoteError(str(kind), str(message)))
         else:
             _fail(fut, RemoteError("WireError", "malformed reply from the leader"))
+
+    # ========================================================== admin tools ==========
+    def _on_admin(self, conn: Connection, items: list[Any]) -> None:
+        """An admin tool's requests (loop thread): each goes to ``admin_handler``, and
+        its future's outcome goes back on the tool's connection."""
+        for item in items:
+            if codec.item_kind(item) != codec.ADMIN:
+                raise codec.WireError("an admin connection sent something else")
+            rid, command, args = codec.decode_admin(item)
+            handler = self.admin_handler
+            if handler is None:
+                fut: Future[Any] = Future()
+                fut.set_exception(UnknownGroup(
+                    f"node {self.id} serves no admin requests (a `raftkv serve` node: use "
+                    "`raftkv cluster` and its HTTP API)"))
+            else:
+                try:
+                    fut = handler(command, args)
+                except Exception as e:  # noqa: BLE001 - the tool's error, not the loop's
+                    fut = Future()
+                    fut.set_exception(e)
+            fut.add_done_callback(functools.partial(self._admin_done, conn, rid))
+
+    def _admin_done(self, conn: Connection, rid: int, f: Future[Any]) -> None:
+        """Any thread: send the outcome from the loop thread."""
+        exc = f.exception()
+        value = None if exc is not None else f.result()
+
+        def send() -> None:
+            err = exc
+            if err is None:
+                try:
+                    msgpack.packb(value)
+                except (TypeError, ValueError, OverflowError):
+                    err = TypeError(f"the answer, a {type(value).__name__}, is not msgpack")
+                else:
+                    conn.send_items([codec.encode_admin_reply(rid, True, value)])
+                    return
+            lead = getattr(err, "leader", None)
+            lead = lead if isinstance(lead, str) else None
+            peer = self.transport.peers.get(lead) if lead is not None else None
+            conn.send_items([codec.encode_admin_reply(
+                rid, False, [type(err).__name__, str(err), lead,
+                             peer.addr if peer is not None else None])])
+
+        self.call(send)
 
     # ========================================================== network input ========
     def _on_items(self, peer: str, items: list[Any]) -> None:

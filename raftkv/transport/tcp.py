@@ -28,6 +28,13 @@ Theory of operation
   a dropped connection shows at once, a silent one (a partition, a hung process, the
   fault switch) within the timeout. The driver reports it to the core, whose quiesced
   groups rely on it instead of heartbeats (see ``raftkv.core.raft``, "Quiescence").
+- **Admin tools** (``raftkv.admin``) dial the same port and pass the same handshake,
+  announcing an empty node id and no address: no node can have that id, so such a
+  connection is a tool's, never a peer's. It is not entered in the peer table (no
+  address is learned, nothing is dialed back, liveness ignores it); its frames go to
+  ``on_admin`` and the answers go back on it (``Connection.send_items``). At most
+  ``MAX_ADMIN`` are open at once, and one idle for ``ADMIN_IDLE`` seconds is closed.
+  A node without ``on_admin`` refuses them at the handshake.
 - **Test fault switch.** When built with ``faults=True``, ``block`` silently drops
   traffic to and from chosen peers, which is how real-process tests cut the network.
 """
@@ -59,8 +66,11 @@ BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 RECV_CHUNK = 1 << 18
 # Bytes read from one connection per poll event, so one busy peer cannot starve the loop.
 RECV_PER_EVENT = 8 << 20
+MAX_ADMIN = 8  # admin tools' connections open at once
+ADMIN_IDLE = 300.0  # seconds an admin connection may stay silent
 
 ItemsHandler = Callable[[str, list[Any]], None]
+AdminHandler = Callable[["Connection", list[Any]], None]
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -93,6 +103,7 @@ class Connection:
         self.deadline = monotonic() + HANDSHAKE_TIMEOUT
         self.nonce_a = b""
         self.nonce_d = b""
+        self.admin = False  # an admin tool's connection (module docstring)
         self._mask = 0
         if dialed_to:
             self.state = _State.CONNECTING
@@ -109,6 +120,8 @@ class Connection:
             self.t.poller.subscribe(self.fd, self._on_event, mask)
 
     def describe(self) -> str:
+        if self.admin:
+            return "an admin tool"
         return self.peer or self.dialed_to or "an unauthenticated peer"
 
     # -- events ---------------------------------------------------------------------------
@@ -164,6 +177,13 @@ class Connection:
         for payload in self.decoder.feed(data):
             if type(payload) is not list:
                 raise FrameError("a frame must hold a list of items")
+            if self.admin:
+                assert self.t.on_admin is not None
+                self.deadline = monotonic() + ADMIN_IDLE
+                self.t.on_admin(self, payload)
+                if self.state == _State.CLOSED:
+                    return
+                continue
             assert self.peer is not None
             if self.peer in self.t.blocked:
                 continue
@@ -198,12 +218,37 @@ class Connection:
                 return
             peer, addr, self.nonce_d, used = got_hello
             del buf[:used]
+            if not peer:
+                self._admin_ready()
+                return
             if peer == t.node_id:
                 raise hs.HandshakeError("a peer claims this node's own id")
             self.dialer_id = peer
             self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id))
             t.learn_address(peer, addr)
             self._ready(peer)
+
+    def _admin_ready(self) -> None:
+        """The dialer proved the secret and announced no node id: an admin tool."""
+        t = self.t
+        if t.on_admin is None:
+            raise hs.HandshakeError("an admin tool connected, but this node serves none")
+        if len(t.admins) >= MAX_ADMIN:
+            raise hs.HandshakeError(f"more than {MAX_ADMIN} admin connections at once")
+        self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id))
+        self.admin = True
+        self.state = _State.READY
+        self.deadline = monotonic() + ADMIN_IDLE
+        t.pending.discard(self)
+        t.admins.add(self)
+        rest, self.inbuf = bytes(self.inbuf), bytearray()
+        if rest:
+            self._frames(rest)
+
+    def send_items(self, items: list[Any]) -> None:
+        """One frame of ``items`` to an admin tool (loop thread); nothing once closed."""
+        if self.state == _State.READY:
+            self.send_frame(encode_frame(items))
 
     def _ready(self, peer: str) -> None:
         self.peer = peer
@@ -277,6 +322,7 @@ class Transport:
         addresses: dict[str, str] | None = None,
         on_address: Callable[[str, str], None] | None = None,
         on_undelivered: ItemsHandler | None = None,
+        on_admin: AdminHandler | None = None,
         max_send_buffer: int = 64 << 20,
         max_frame: int = DEFAULT_MAX_FRAME,
         faults: bool = False,
@@ -290,6 +336,8 @@ class Transport:
         self.on_items = on_items
         self.on_address = on_address
         self.on_undelivered = on_undelivered
+        self.on_admin = on_admin
+        self.admins: set[Connection] = set()  # admin tools' connections
         self.max_send_buffer = max_send_buffer
         self.max_frame = max_frame
         self.faults = faults
@@ -331,7 +379,7 @@ class Transport:
             for c in (p.conn, p.dialing):
                 if c is not None:
                     c.close("transport closed", quiet=True)
-        for c in list(self.pending):
+        for c in list(self.pending) + list(self.admins):
             c.close("transport closed", quiet=True)
 
     @staticmethod
@@ -390,6 +438,9 @@ class Transport:
 
     def disconnected(self, conn: Connection, authenticated: bool) -> None:
         self.pending.discard(conn)
+        if conn.admin:
+            self.admins.discard(conn)
+            return
         for pid, p in self.peers.items():
             if p.conn is conn:
                 p.conn = None
@@ -466,6 +517,9 @@ class Transport:
         for c in list(self.pending):
             if now > c.deadline:
                 c.close("handshake timed out")
+        for c in list(self.admins):
+            if now > c.deadline:
+                c.close(f"admin connection idle for {ADMIN_IDLE:.0f} s", quiet=True)
         for p in self.peers.values():
             d = p.dialing
             if d is not None and now > d.deadline:
