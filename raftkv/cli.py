@@ -11,6 +11,7 @@
     raftkv put|get|del --table T KEY ...   (a table's key instead of the default group's)
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
     raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
+    raftkv admin --conn H:P status | add ID [ADDR] | remove ID | ...   (embedded nodes: raftkv.admin)
 
 Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``. Errors print one line on
 stderr and exit 1; a failed compare-and-set exits 2.
@@ -184,6 +185,8 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("--allow-unsafe", action="store_true", help=unsafe)
     rec = sub.add_parser("recover").add_subparsers(dest="action", required=True)
     rec.add_parser("unsafe-reset", add_help=False)
+    sub.add_parser("admin", add_help=False,
+                   help="administer an embedded node over its raft port (raftkv admin --help)")
     sp = sub.add_parser("spark", help="bulk-load or verify a table with Spark")
     jobs = sp.add_subparsers(dest="action", required=True)
     for action in ("load", "verify"):
@@ -210,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         from raftkv.recovery.unsafe_reset import main as unsafe_reset
 
         return unsafe_reset(argv[2:])
+    if argv and argv[0] == "admin":  # so does the admin tool (and syncobj_admin's syntax)
+        from raftkv.admin import main as admin
+
+        return admin(argv[1:])
     args = parser().parse_args(argv)
     try:
         if args.cmd == "serve":

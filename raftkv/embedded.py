@@ -1,7 +1,8 @@
 """What every embedded node offers, whatever it replicates: setup, membership, status.
 
 ``EmbeddedNode`` starts a ``raftkv.node.driver.Node`` hosting one group, and wraps its
-futures in synchronous calls bounded by ``request_timeout``. ``RaftKV`` (``raftkv.kv``)
+futures in synchronous calls bounded by ``request_timeout``. Its raft port also serves
+``raftkv admin`` (``raftkv.admin``), PySyncObj's ``syncobj_admin`` for embedded nodes. ``RaftKV`` (``raftkv.kv``)
 adds the key-value operations; ``ReplicatedNode`` hosts a user's ``ReplicatedObject``,
 the way a PySyncObj ``SyncObj`` does.
 """
@@ -9,14 +10,16 @@ the way a PySyncObj ``SyncObj`` does.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Self
 
 from pysyncobj.monotonic import monotonic
 
+from raftkv.admin import NodeAdmin
 from raftkv.core import ConfChangeOp, LeaderStepping, RaftError
 from raftkv.futures import then
-from raftkv.node.driver import Metrics, Node, NodeConfig, conf_change
+from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import RequestTimeout
 from raftkv.node.stores import claim_data_dir, open_group_storage
 from raftkv.node.user_state import UserStateStore
@@ -45,13 +48,15 @@ class EmbeddedNode:
         group: str = DEFAULT_GROUP,
         compaction: CompactionPolicy | None = None,
         state: StateStore | None = None,
+        admin: Callable[[EmbeddedNode], AdminHandler] = NodeAdmin,
     ) -> None:
         """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
         group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
         a machine crash may then lose acknowledged writes on this replica). ``join``
         starts with an empty log and waits to be added with ``add_learner``; otherwise
         the voters in ``peers`` bootstrap the group on first start. ``state`` replaces
-        the KV state store (a custom state machine, see ``ReplicatedNode``)."""
+        the KV state store (a custom state machine, see ``ReplicatedNode``). ``admin(self)``
+        answers ``raftkv admin`` on the raft port (default: ``raftkv.admin.NodeAdmin``)."""
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
         self.node_id = node_id
@@ -65,6 +70,7 @@ class EmbeddedNode:
             peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
             request_timeout=request_timeout, data_dir=data_dir, faults=faults,
         ), metrics)
+        self.node.admin_handler = admin(self)
         storage = open_group_storage(data_dir, group, durable, compaction, state)
         try:
             self.node.add_group(group, storage, None if join else sorted(peers))
@@ -140,14 +146,20 @@ class EmbeddedNode:
                 pass  # best effort: stopping matters more
         self.node.stop()
 
-    def _hand_over(self) -> None:
+    def most_up_to_date_voter(self) -> str | None:
+        """On the leader, the active voter (itself aside) with the highest match index:
+        the one a leadership transfer reaches soonest. None elsewhere, or if none."""
         g = self.status()["groups"][self.group]
         if g["role"] != "leader":
-            return
+            return None
         voters = [(p["match"], n) for n, p in g["peers"].items()
                   if g["members"].get(n) == "voter" and p["active"]]
-        if voters:
-            self.node.transfer_leadership(self.group, max(voters)[1]).result(
+        return max(voters)[1] if voters else None
+
+    def _hand_over(self) -> None:
+        to = self.most_up_to_date_voter()
+        if to is not None:
+            self.node.transfer_leadership(self.group, to).result(
                 timeout=2 * self.node.cfg.election_tick * self.node.cfg.tick_seconds
             )
 

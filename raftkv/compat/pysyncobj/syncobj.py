@@ -75,6 +75,7 @@ from typing import Any
 
 from pysyncobj.monotonic import monotonic
 
+from raftkv.compat.pysyncobj.admin import SyncObjAdmin
 from raftkv.compat.pysyncobj.config import (
     FAIL_REASON,
     TICK_SECONDS,
@@ -596,6 +597,7 @@ class _Engine:
                 data_dir=None if self.readonly else s.data_dir, durable=True,
                 join=self.readonly, tick_seconds=TICK_SECONDS,
                 election_tick=s.election_tick, request_timeout=REQUEST_TIMEOUT, state=store,
+                admin=lambda _: SyncObjAdmin(self.owner),
             )
         except OSError:
             log.exception("cannot start the node at %s", self.bind)
@@ -1224,13 +1226,11 @@ class SyncObj:
             return
         assert e.embedded is not None
         if node is None:
-            g = e.embedded.status()["groups"][e.group]
-            voters = [(p["match"], n) for n, p in g["peers"].items()
-                      if g["members"].get(n) == "voter" and p["active"]]
-            if not voters:
+            best = e.embedded.most_up_to_date_voter()
+            if best is None:
                 e.event(callback, None, FAIL_REASON.REQUEST_DENIED)
                 return
-            target = max(voters)[1]
+            target = best
         else:
             target = node_id(node)
         fut = e.embedded.node.transfer_leadership(e.group, target)
