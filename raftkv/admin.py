@@ -68,8 +68,6 @@ __all__ = ["AdminClient", "AdminError", "CommandFailed", "NodeAdmin", "in_thread
 
 DEFAULT_TIMEOUT = 30.0
 MAX_REDIRECTS = 3
-# The commands, as the CLI and syncobj_admin print them (SUCCESS ADD ...).
-COMMANDS = ("status", "add", "remove", "promote", "transfer", "set_version")
 
 
 class AdminError(Exception):
