@@ -566,9 +566,12 @@ class _Engine:
             if self._start_error is not None:
                 raise self._start_error
         else:
-            while not self._try_start():
-                if self.bind_failed:
-                    raise SyncObjException("BindError")
+            try:
+                while not self._try_start():
+                    if self.bind_failed:
+                        raise SyncObjException("BindError")
+            finally:
+                self._initialised.set()  # what waitBinded waits for, on any path
 
     def _try_start(self) -> bool:
         """One bind attempt; True once the node runs."""
