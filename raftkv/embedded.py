@@ -197,7 +197,7 @@ class ReplicatedNode(EmbeddedNode):
         data_dir = kwargs.get("data_dir")
         path = group_paths(data_dir, kwargs.get("group", DEFAULT_GROUP))[1] if data_dir else None
         super().__init__(node_id, raft_addr, peers, secret,
-                         state=UserStateStore(obj, path), **kwargs)
+                         state=UserStateStore(obj, path, volatile=path is None), **kwargs)
         self.obj = obj
         obj._attach(self._propose)
 

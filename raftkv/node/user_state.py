@@ -44,6 +44,12 @@ for the KV stores (IGNITE-16907). What differs is what is durable:
   and short-lived or in-memory groups, and give a path otherwise. After an install the
   log starts at the snapshot, so a restarted path=None replica on a durable log cannot
   replay. Recovery then refuses it with "needs a snapshot from the leader", not silently.
+  With ``volatile=True`` the caller says the log is in memory too (an in-memory node:
+  PySyncObj's default, or ``ReplicatedNode`` without a ``data_dir``): nothing is replayed
+  after a restart, so the state is its own checkpoint, as ``MemoryStateStore``'s is.
+  ``checkpoint()`` then advances the index once ``sm.snapshot()`` succeeds, writing
+  nothing, and the log is compacted by its policy instead of growing for as long as the
+  process runs; a snapshot that fails keeps the log, as below.
 - **snapshots** travel in the KV stores' chunk format, because ``GroupStorage.accept`` and
   the receiving store validate images with ``SnapshotLoader``. The bytes of ``sm.snapshot()``
   are cut into pieces of at most ``MAX_VALUE_BYTES`` (1 MiB), stored as the rows
@@ -140,7 +146,8 @@ class UserStateStore(Checkpointing):
     everything in memory. ``checkpoint_entries`` and ``checkpoint_seconds`` configure
     ``maybe_checkpoint`` (see ``CheckpointPolicy``). If ``path`` holds a checkpoint, ``sm``
     is restored from it. A corrupt file, or a ``restore`` that fails, raises
-    ``StorageError`` naming the file.
+    ``StorageError`` naming the file. ``volatile``: with ``path=None``, the group's log is
+    in memory too (module docstring, "path=None").
     """
 
     def __init__(
@@ -150,9 +157,13 @@ class UserStateStore(Checkpointing):
         *,
         checkpoint_entries: int = DEFAULT_CHECKPOINT_ENTRIES,
         checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
+        volatile: bool = False,
     ) -> None:
+        if volatile and path is not None:
+            raise ValueError("a state machine with a checkpoint file is not volatile")
         self.sm = sm
         self.path = None if path is None else os.fspath(path)
+        self.volatile = volatile
         self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
         self._applied = self._checkpoint = 0
         self._failed_at = 0  # the applied index of the last checkpoint whose snapshot failed
@@ -278,7 +289,12 @@ class UserStateStore(Checkpointing):
 
     def _make_durable(self, applied: int) -> bool:
         if self.path is None:
-            return False  # nothing can be made durable (module docstring)
+            # Nothing can be made durable; in a volatile group nothing needs to be, but
+            # the state must still snapshot, or a follower that the compacted log no
+            # longer reaches could never catch up (module docstring, "path=None").
+            if self.volatile:
+                self._image()
+            return self.volatile
         self._write(applied, self._image())
         return True
 
@@ -296,7 +312,7 @@ class UserStateStore(Checkpointing):
         return self._policy.due(self._applied - since, now)
 
     def maybe_checkpoint(self, now: float) -> bool:
-        return self.path is not None and super().maybe_checkpoint(now)
+        return (self.path is not None or self.volatile) and super().maybe_checkpoint(now)
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:

@@ -593,7 +593,9 @@ class _Engine:
             kw["checkpoint_entries"] = s.checkpoint_entries
         if s.checkpoint_seconds is not None:
             kw["checkpoint_seconds"] = s.checkpoint_seconds
-        store = UserStateStore(self.machine, path, **kw)  # type: ignore[arg-type]
+        # In memory (no journalFile, or a read-only node): the log is in memory too.
+        store = UserStateStore(self.machine, path, volatile=path is None,
+                               **kw)  # type: ignore[arg-type]
         try:
             self.embedded = EmbeddedNode(
                 self.id, self.bind, self.peers, s.secret,
