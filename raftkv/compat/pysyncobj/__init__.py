@@ -100,6 +100,17 @@ What is different underneath
   call's ``timeout`` (forever without one), retried every 5 s (raftkv's request
   deadline); without it, a call made while no leader is known fails at once with
   ``MISSING_LEADER``.
+- A new cluster elects its first leader once every founder (every node of a 3-node
+  ``selfNode`` + ``otherNodes`` set, 4 of 5) has started, not as soon as a majority has:
+  a node on empty files cannot otherwise tell the cluster's birth from its own lost
+  data (raftkv's incarnations, ``docs/wiped-nodes.md``). Later elections need a majority.
+- A data directory belongs to the node (the address) that created it: reusing a
+  ``journalFile`` under another ``selfNode`` address is refused with ``StorageError``
+  (PySyncObj would load it as the new node's).
+- One call encodes to at most 16 MiB (one log entry); a larger one raises ``ValueError``
+  before anything is proposed.
+- An in-memory node (no ``journalFile``) compacts its log as PySyncObj's does: its state
+  is its own checkpoint, and a new or lagging node gets a snapshot.
 
 SyncObjConf options
 -------------------
