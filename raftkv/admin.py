@@ -30,10 +30,11 @@ Theory of operation
   holding the secret could join the cluster as a peer anyway, so the admin commands give
   them nothing new.
 - **Who answers.** ``EmbeddedNode`` serves ``NodeAdmin`` (raftkv's own view and
-  membership commands on its group); a compat ``SyncObj`` serves
-  ``raftkv.compat.pysyncobj.admin.SyncObjAdmin`` (PySyncObj's ``getStatus()`` keys and
-  semantics). ``raftkv serve`` nodes answer that they serve none: use ``raftkv
-  cluster``, over HTTP.
+  membership commands on its group), and so does a ``raftkv serve`` node, for its
+  default group (tables and the placement topology are ``raftkv cluster``'s, over
+  HTTP); a compat ``SyncObj`` serves ``raftkv.compat.pysyncobj.admin.SyncObjAdmin``
+  (PySyncObj's ``getStatus()`` keys and semantics). A node built on the driver alone
+  (``admin_handler`` None) answers that it serves none.
 - **The leader.** Membership changes and transfers run on the leader. A follower answers
   ``NotLeader`` with the leader's id and address, and the client asks the leader
   instead (at most ``MAX_REDIRECTS`` times), as ``raftkv.client.Client`` follows 421s.

@@ -1013,9 +1013,7 @@ class Node:
             handler = self.admin_handler
             if handler is None:
                 fut: Future[Any] = Future()
-                fut.set_exception(UnknownGroup(
-                    f"node {self.id} serves no admin requests (a `raftkv serve` node: use "
-                    "`raftkv cluster` and its HTTP API)"))
+                fut.set_exception(UnknownGroup(f"node {self.id} serves no admin requests"))
             else:
                 try:
                     fut = handler(command, args)
