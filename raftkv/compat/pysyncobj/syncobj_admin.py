@@ -16,6 +16,7 @@ import os
 import sys
 from argparse import ArgumentParser
 
+from raftkv.admin import format_status
 from raftkv.compat.pysyncobj.utility import TcpUtility, UtilityException
 
 __all__ = ["checkCorrectAddress", "executeAdminCommand", "main"]
@@ -70,7 +71,7 @@ def _execute(args: list[str]) -> tuple[str, bool]:
     except UtilityException as e:
         return str(e), False
     if isinstance(result, dict):
-        return "\n".join(f"{k}: {v}" for k, v in sorted(result.items())), True
+        return format_status(result), True
     return str(result), str(result).startswith("SUCCESS")
 
 
