@@ -168,6 +168,9 @@ class CountingMetrics:
     def leader_change(self, group: str) -> None:
         self.leader_changes += 1
 
+    def group_removed(self, group: str) -> None:
+        pass
+
     def mark(self) -> tuple[int, int]:
         return len(self.fsyncs), len(self.proposal_batches)
 

@@ -339,7 +339,10 @@ def secret_from(args: argparse.Namespace) -> bytes:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    """The ``raftkv`` command's parser conventions: a usage error is one line, exit 1."""
+    from raftkv.cli import _Parser  # the raftkv command's own (usage errors: one line)
+
+    p = _Parser(
         prog="raftkv admin",
         description="administer an embedded raftkv node (or a raftkv.compat.pysyncobj "
                     "SyncObj) over its raft port, like PySyncObj's syncobj_admin")
@@ -395,7 +398,13 @@ def main(argv: list[str]) -> int:
         from raftkv.compat.pysyncobj.syncobj_admin import main as syncobj_admin
 
         return syncobj_admin(argv)
-    args = parser().parse_args(argv)
+    from raftkv.cli import UsageError
+
+    try:
+        args = parser().parse_args(argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 1
     command = args.command.replace("-", "_")
     rest: list[Any] = []
     if command == "add":

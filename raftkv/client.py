@@ -13,6 +13,13 @@ after an attempt that may have applied: its answer would be the retry's 412 for 
 the first attempt made. It raises ``OutcomeUnknown`` instead; it retries only after a
 refused connection or a 503 that says no leader took the request. Not thread-safe: one
 client per thread.
+
+Two timeouts, as etcdctl's ``--dial-timeout`` and ``--command-timeout``: ``timeout``
+bounds a whole request, retries included, and each read; ``connect_timeout`` bounds each
+connection attempt and, when given, how long a request keeps trying to connect: once
+every endpoint has been tried and none has accepted a connection by then, it fails with
+``Unavailable`` instead of retrying refused connections until ``timeout`` (``None``:
+until ``timeout``).
 """
 
 from __future__ import annotations
@@ -45,6 +52,10 @@ class Unavailable(Exception):
     """No endpoint gave an answer before the deadline."""
 
 
+class NotConnected(ConnectionError):
+    """No connection to the endpoint could be made: nothing was sent."""
+
+
 class OutcomeUnknown(Unavailable):
     """A request that must not be sent twice (``cas``) reached a node and got no definite
     answer (a lost connection, a 504, a 503 that may follow a proposal): it may or may
@@ -60,13 +71,15 @@ def _nothing_proposed(status: int, info: dict[str, Any]) -> bool:
 
 
 class Client:
-    def __init__(self, endpoints: list[str] | str, timeout: float = 10.0) -> None:
+    def __init__(self, endpoints: list[str] | str, timeout: float = 10.0,
+                 connect_timeout: float | None = None) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
         self.endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self._current = 0
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._ids: dict[str, str] = {}  # node id -> endpoint
@@ -77,7 +90,7 @@ class Client:
         if c is None:
             u = urlsplit(endpoint)
             c = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
-                                           timeout=self.timeout)
+                                           timeout=self.connect_timeout or self.timeout)
             self._conns[endpoint] = c
         return c
 
@@ -87,6 +100,12 @@ class Client:
     ) -> tuple[int, bytes, str]:
         c = self._conn(endpoint)
         try:
+            if c.sock is None:
+                try:
+                    c.connect()  # within connect_timeout, then reads within timeout
+                except OSError as e:
+                    raise NotConnected(f"cannot connect: {e}") from e
+                c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]
             c.request(method, path, body=body, headers=headers or {})
             r = c.getresponse()
             return r.status, r.read(), r.getheader("Content-Type", "")
@@ -102,7 +121,10 @@ class Client:
         """Send a request, retrying as the module docstring says. ``once``: the request
         must not apply twice; after an attempt that may have applied, raise
         ``OutcomeUnknown`` rather than send it again."""
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
+        connected = False
+        tried: set[str] = set()
         last = "no attempt"
         delay = 0.05
         while True:
@@ -110,12 +132,20 @@ class Client:
             try:
                 status, data, ctype = self._once(endpoint, method, path, body, headers)
             except (OSError, http.client.HTTPException) as e:
-                if once and not isinstance(e, ConnectionRefusedError):
+                if once and not isinstance(e, NotConnected):
                     raise OutcomeUnknown(f"{endpoint}: {e} after the request may have "
                                          "been sent; it may or may not have applied") from e
                 last = f"{endpoint}: {e}"
                 self._next()
+                tried.add(endpoint)
+                if (isinstance(e, NotConnected) and not connected
+                        and len(tried) == len(self.endpoints)
+                        and self.connect_timeout is not None
+                        and time.monotonic() + delay - start > self.connect_timeout):
+                    raise Unavailable(f"could not connect to any endpoint within "
+                                      f"{self.connect_timeout}s (last: {last})") from None
             else:
+                connected = True
                 if status in ok:
                     return status, data
                 info = _json(data, ctype)

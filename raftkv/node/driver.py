@@ -120,6 +120,9 @@ class Metrics(Protocol):
 
     def leader_change(self, group: str) -> None: ...
 
+    def group_removed(self, group: str) -> None:
+        """The node stopped hosting ``group``: forget its series."""
+
 
 class NoMetrics:
     def fsync(self, group: str, seconds: float) -> None:
@@ -129,6 +132,9 @@ class NoMetrics:
         pass
 
     def leader_change(self, group: str) -> None:
+        pass
+
+    def group_removed(self, group: str) -> None:
         pass
 
 
@@ -291,6 +297,7 @@ class Node:
         g = self.groups.pop(group_id, None)
         if g is not None:
             self._close_group(g, NodeStopped(f"group {group_id} is no longer hosted here"))
+            self.metrics.group_removed(group_id)
 
     def _close_group(self, g: Group, err: Exception) -> None:
         for hook in g.on_close:

@@ -12,7 +12,9 @@ Endpoints (JSON bodies and errors; values travel raw as the body):
   gives the body formats); ``{"index", "ops"}``.
 - ``GET /v1/digest``: ``{"count", "digest", "applied"}`` of this replica (``?stale=true``
   for the local state as is), for comparing replicas.
-- ``GET /v1/cluster``; ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
+- ``GET /v1/cluster``: this node's status of every group it hosts, and ``"http"``: the
+  HTTP address each node published in the metastore.
+- ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
   ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}`` (202
   with the new leader when the leader removes itself: its successor completes it);
   ``POST /v1/cluster/transfer`` ``{"to"}``.
@@ -38,11 +40,11 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
 
 from raftkv.kv import RaftKV
 from raftkv.server.kv_ops import parse_kv, serve_kv
-from raftkv.server.metrics import StatusCollector
+from raftkv.server.metrics import HttpMetrics, StatusCollector, exposition
 from raftkv.server.requests import (
     check_query,
     decode_batch_body,
@@ -82,6 +84,8 @@ class Api:
         self.faults = faults
         self.tables = TablesApi(placement) if placement is not None else None
         registry.register(StatusCollector(self._status_sync))
+        ProcessCollector(registry=registry)
+        self.http_metrics = HttpMetrics(registry)
 
     def _status_sync(self) -> dict[str, Any]:
         return self.kv.node.status().result(timeout=5)
@@ -89,7 +93,8 @@ class Api:
     def app(self) -> web.Application:
         # The body limit lets a maximal value through and refuses more with a 413.
         app = web.Application(
-            client_max_size=MAX_COMMAND_BYTES + 4096, middlewares=[errors_middleware]
+            client_max_size=MAX_COMMAND_BYTES + 4096,
+            middlewares=[self.http_metrics.middleware, errors_middleware],
         )
         r = app.router
         # ".*" so an empty key reaches check_key and gets a 400, not a 404.
@@ -126,7 +131,10 @@ class Api:
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
-        return web.json_response(await wait(self.kv.node.status()))
+        st = await wait(self.kv.node.status())
+        if self.tables is not None:  # every node's HTTP address, for `raftkv cluster status`
+            st["http"] = await self._admin(self.tables.p.http_addrs)
+        return web.json_response(st)
 
     async def _admin(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
@@ -182,6 +190,6 @@ class Api:
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(
-            None, generate_latest, self.registry
+            None, exposition, self.registry
         )
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

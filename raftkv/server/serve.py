@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="entries kept after compaction for slightly-behind followers")
     p.add_argument("--enable-test-faults", action="store_true",
                    help="expose POST /v1/test/partition (tests only)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO",
+                   help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,9 +52,10 @@ def endpoints_of(cluster: str | list[str]) -> list[str]:
     return eps
 
 
-def table_view(cluster: str | list[str], table: str, timeout: float = 10.0) -> TableView:
+def table_view(cluster: str | list[str], table: str, timeout: float = 10.0,
+               connect_timeout: float | None = None) -> TableView:
     eps = endpoints_of(cluster)
-    client = Client(eps, timeout=timeout)
+    client = Client(eps, timeout=timeout, connect_timeout=connect_timeout)
     try:
         d: dict[str, Any] = client.describe_table(table)
     except ClientError as e:

@@ -31,7 +31,9 @@ def checkCorrectAddress(address: object) -> bool:
 
 
 def _parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="syncobj_admin")
+    from raftkv.cli import _Parser  # a usage error is one line, exit 1, as raftkv's
+
+    parser = _Parser(prog="syncobj_admin")
     parser.add_argument("-conn", action="store", dest="connection", help="address to connect")
     parser.add_argument("-pass", action="store", dest="password", help="cluster's password")
     parser.add_argument("-status", action="store_true", help="send command 'status'")
@@ -81,7 +83,13 @@ def executeAdminCommand(args: list[str]) -> str:
 
 
 def main(args: list[str] | None = None) -> int:
-    out, ok = _execute(sys.argv[1:] if args is None else args)
+    from raftkv.cli import UsageError
+
+    try:
+        out, ok = _execute(sys.argv[1:] if args is None else args)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 1
     sys.stdout.write(out)
     sys.stdout.write(os.linesep)
     return 0 if ok else 1
