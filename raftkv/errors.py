@@ -76,10 +76,9 @@ from raftkv.storage.commands import CommandError
 from raftkv.storage.errors import CorruptLog, StorageError
 
 __all__ = [
-    "AdminError", "ClientError", "CommandError", "ConfChangeRejected", "CorruptLog", "LeaderStepping",
-    "MalformedCommand", "NodeError", "NodeStopped", "NotAttachedError", "NotLeader",
-    "OutcomeUnknown", "ProposalDropped", "RaftError", "RemoteError", "RequestTimeout",
-    "ResultNotSent",
-    "SparkJobError", "StorageError", "TransferRejected", "Unavailable", "UnknownMethod",
-    "UnsafeResetError",
+    "AdminError", "ClientError", "CommandError", "ConfChangeRejected", "CorruptLog",
+    "LeaderStepping", "MalformedCommand", "NodeError", "NodeStopped", "NotAttachedError",
+    "NotLeader", "OutcomeUnknown", "ProposalDropped", "RaftError", "RemoteError",
+    "RequestTimeout", "ResultNotSent", "SparkJobError", "StorageError", "TransferRejected",
+    "Unavailable", "UnknownMethod", "UnsafeResetError",
 ]
