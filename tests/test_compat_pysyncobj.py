@@ -487,8 +487,10 @@ def test_auto_tick_off_runs_callbacks_inside_do_tick(destroy_later: list[Any]) -
         node.doTick(0.05)
     assert got.calls == [(2, FAIL_REASON.SUCCESS)]
     assert got.threads == [threading.current_thread().name]
+    ticking = MyCounter(addresses(1)[0], [], conf())
+    destroy_later.append(ticking)
     with pytest.raises(RuntimeError):
-        MyCounter(addresses(1)[0], [], conf()).doTick()
+        ticking.doTick()
 
 
 class Versioned(SyncObj):
