@@ -10,25 +10,39 @@ node there, as PySyncObj's ``syncobj_admin`` does::
     raftkv admin --conn 127.0.0.1:7001 --secret-file secret transfer [n2]
     raftkv admin --conn 127.0.0.1:4321 --password PW set-version 2    (a compat SyncObj)
     raftkv admin -conn 127.0.0.1:4321 -pass PW -status                (syncobj_admin's syntax)
+    raftkv admin --conn 127.0.0.1:7001 --secret-file secret --cacert ca.pem status  (TLS)
 
 The secret is ``--secret-file``, ``--password`` (a compat ``SyncObjConf.password``) or
 ``RAFTKV_SECRET``; with none of them, the compat layer's public no-password secret.
-``status`` prints ``key: value`` lines as ``syncobj_admin`` does, the other commands
+``--cacert``/``--cert``/``--key`` are for a raft port under TLS (below). ``status``
+prints ``key: value`` lines as ``syncobj_admin`` does, the other commands
 ``SUCCESS ADD n4`` (or ``FAIL ADD n4`` with the reason on stderr and exit status 1:
 PySyncObj's tool exits 0 either way). ``--json`` prints the answer as JSON instead.
 
 Theory of operation
 -------------------
-- **The channel is the peer port's.** The tool dials the node's Raft address and passes
-  the same HMAC challenge a peer does (``raftkv.transport.handshake``), announcing an
-  empty node id: the transport then treats the connection as a tool's, never as a
-  peer's (``raftkv.transport.tcp``), and hands its frames to the driver's
-  ``admin_handler``. Requests and answers are msgpack items in the node's ordinary
-  frames (``[ADMIN, id, command, args]``, ``[ADMIN_REPLY, id, ok, result]``,
-  ``raftkv.transport.codec``). Nothing is ever unpickled, and without the secret a tool
-  gets no further than a peer would: the handshake, then a closed connection. Anyone
-  holding the secret could join the cluster as a peer anyway, so the admin commands give
+- **The channel is the peer port's.** The tool dials the node's Raft address and
+  does exactly what a dialing peer does, with the transport's own code
+  (``raftkv.transport.blocking.PeerLink``): TLS first if the port runs it, the
+  cluster-secret handshake (``raftkv.transport.handshake``) announcing an empty node
+  id, then frames tagged under the connection's keys both ways (or carried by TLS). The
+  empty id makes the transport treat the connection as a tool's, never as a peer's
+  (``raftkv.transport.tcp``), and hand its frames to the driver's ``admin_handler``.
+  Requests and answers are msgpack items in the node's ordinary frames (``[ADMIN, id,
+  command, args]``, ``[ADMIN_REPLY, id, ok, result]``, ``raftkv.transport.codec``).
+  Nothing is ever unpickled, and without the secret (and, under
+  ``--peer-client-cert-auth``, a certificate signed by the peers' CA) a tool gets no
+  further than a peer would: the handshake, then a closed connection. Anyone holding
+  what it takes could join the cluster as a peer anyway, so the admin commands give
   them nothing new.
+- **TLS.** A node whose raft port runs TLS (``raftkv serve --peer-cert-file ...``,
+  ``EmbeddedNode(peer_tls=...)``) is administered with ``--cacert`` (the CA that signs
+  the nodes' certificates; the node's certificate must name the host in ``--conn``), and
+  ``--cert``/``--key`` when it requires client certificates. The flags are the
+  ``raftkv`` command's; the node's own names (``--peer-trusted-ca-file``,
+  ``--peer-cert-file``, ``--peer-key-file``) work too, so a node's files do. They are
+  not read from ``$RAFTKV_CACERT`` and the like, which are the HTTP API's: a node may
+  serve HTTPS on a plain raft port. A compat ``SyncObj`` has no TLS.
 - **Who answers.** ``EmbeddedNode`` serves ``NodeAdmin`` (raftkv's own view and
   membership commands on its group), and so does a ``raftkv serve`` node, for its
   default group (tables and the placement topology are ``raftkv cluster``'s, over
@@ -49,17 +63,16 @@ import argparse
 import json
 import os
 import random
-import socket
+import ssl
 import sys
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from raftkv.tls import client_context
 from raftkv.transport import codec
-from raftkv.transport import handshake as hs
-from raftkv.transport.frames import FrameDecoder, FrameError, encode_frame
+from raftkv.transport.blocking import LinkError, PeerLink
 from raftkv.transport.tcp import parse_addr
 
 if TYPE_CHECKING:
@@ -96,15 +109,20 @@ class CommandFailed(Exception):
 # -- the client ----------------------------------------------------------------------------
 class AdminClient:
     """Sends one command at a time to the node at ``address`` ("host:port"), proving
-    ``secret`` first; follows a follower's redirection to the leader."""
+    ``secret`` first; follows a follower's redirection to the leader. ``tls``: for a
+    node whose raft port runs TLS, a client context that trusts its CA (and presents a
+    certificate, if the node requires one): ``raftkv.tls.client_context(ca, cert, key)``.
+    """
 
-    def __init__(self, address: str, secret: bytes, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, address: str, secret: bytes, timeout: float = DEFAULT_TIMEOUT,
+                 tls: ssl.SSLContext | None = None) -> None:
         parse_addr(address)  # ValueError now, not at the first request
         if not secret:
             raise ValueError("the cluster secret must not be empty")
         self.address = address
         self.secret = secret
         self.timeout = timeout
+        self.tls = tls  # a client context (raftkv.tls.client_context): the port runs TLS
         self.answered_by = address  # the node that answered the last request
 
     def request(self, command: str, args: list[Any] | None = None) -> Any:
@@ -124,95 +142,37 @@ class AdminClient:
         raise AdminError("NotLeader", f"no leader answered after {MAX_REDIRECTS} redirections")
 
     def _exchange(self, address: str, command: str, args: list[Any]) -> Any:
-        host, port = parse_addr(address)
-        deadline = time.monotonic() + self.timeout
         try:
-            sock = socket.create_connection((host, port), timeout=self.timeout)
-        except OSError as e:
-            raise AdminError("Unreachable", f"cannot connect to {address}: {e}") from None
-        with sock:
-            conn = _Conn(sock, address, deadline)
-            try:
-                nonce_a, used = conn.parse(hs.parse_challenge, "its challenge")
-                conn.consume(used)
-                nonce_d = hs.new_nonce()
-                conn.send(hs.hello(self.secret, nonce_a, nonce_d, "", ""))
-                _, used = conn.parse(
-                    lambda b: hs.parse_welcome(b, self.secret, nonce_a, nonce_d),
-                    "its welcome: a wrong secret (a node closes the connection on one)?")
-                conn.consume(used)
-            except hs.HandshakeError as e:
-                raise AdminError("Unreachable", f"{address}: {e}") from None
-            rid = random.getrandbits(62)
-            conn.send(encode_frame([codec.encode_admin(rid, command, args)]))
-            return conn.reply(rid)
+            with PeerLink(address, self.secret, "", "", timeout=self.timeout,
+                          tls=self.tls) as link:
+                rid = random.getrandbits(62)
+                link.send_items([codec.encode_admin(rid, command, args)])
+                while True:
+                    for frame in link.read_frames("an answer"):
+                        got = _answer(frame, rid, address)
+                        if got is not None:
+                            return got[0]
+        except LinkError as e:
+            raise AdminError("Unreachable", str(e)) from None
 
 
-class _Conn:
-    """A blocking socket, read into a buffer against one deadline."""
-
-    def __init__(self, sock: socket.socket, address: str, deadline: float) -> None:
-        self.sock, self.address, self.deadline = sock, address, deadline
-        self.buf = bytearray()
-
-    def _recv(self, waiting_for: str) -> None:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise AdminError("Unreachable", f"{self.address} sent no {waiting_for} in time")
-        self.sock.settimeout(left)
+def _answer(frame: object, rid: int, address: str) -> tuple[Any] | None:
+    """The answer to request ``rid`` in ``frame``, if it holds it (``AdminError`` if it
+    is a refusal)."""
+    for item in frame if type(frame) is list else []:
         try:
-            data = self.sock.recv(1 << 16)
-        except TimeoutError:
-            raise AdminError("Unreachable",
-                             f"{self.address} sent no {waiting_for} in time") from None
-        except OSError as e:
-            raise AdminError("Unreachable", f"{self.address}: {e}") from None
-        if not data:
-            raise AdminError("Unreachable",
-                             f"{self.address} closed the connection instead of sending "
-                             f"{waiting_for}")
-        self.buf += data
-
-    def parse(self, parser: Callable[[bytearray], Any], waiting_for: str) -> Any:
-        while True:
-            got = parser(self.buf)
-            if got is not None:
-                return got
-            self._recv(waiting_for)
-
-    def consume(self, n: int) -> None:
-        del self.buf[:n]
-
-    def send(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except OSError as e:
-            raise AdminError("Unreachable", f"{self.address}: {e}") from None
-
-    def reply(self, rid: int) -> Any:
-        decoder = FrameDecoder()
-        pending, self.buf = bytes(self.buf), bytearray()
-        while True:
-            try:
-                frames = decoder.feed(pending)
-            except FrameError as e:
-                raise AdminError("Unreachable", f"{self.address}: {e}") from None
-            for frame in frames:
-                for item in frame if type(frame) is list else []:
-                    try:
-                        got, ok, result = codec.decode_admin_reply(item)
-                    except codec.WireError:
-                        continue
-                    if got != rid:
-                        continue
-                    if ok:
-                        return result
-                    if not (type(result) is list and len(result) == 4):
-                        raise AdminError("WireError", f"{self.address}: malformed error answer")
-                    kind, message, leader, leader_addr = result
-                    raise AdminError(str(kind), str(message), leader, leader_addr)
-            self._recv("an answer")
-            pending, self.buf = bytes(self.buf), bytearray()
+            got, ok, result = codec.decode_admin_reply(item)
+        except codec.WireError:
+            continue
+        if got != rid:
+            continue
+        if ok:
+            return (result,)
+        if not (type(result) is list and len(result) == 4):
+            raise AdminError("WireError", f"{address}: malformed error answer")
+        kind, message, leader, leader_addr = result
+        raise AdminError(str(kind), str(message), leader, leader_addr)
+    return None
 
 
 # -- the service for an EmbeddedNode ------------------------------------------------------
@@ -352,6 +312,16 @@ def parser() -> argparse.ArgumentParser:
     secret.add_argument("--password", help="a compat SyncObj's SyncObjConf.password")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds (default 30)")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    # The raft port's TLS (a node's --peer-* flags): the raftkv command's names, or the
+    # node's own. Not read from $RAFTKV_CACERT etc.: those are the HTTP API's, and a node
+    # may serve HTTPS with a plain raft port.
+    p.add_argument("--cacert", "--peer-trusted-ca-file", dest="cacert", metavar="FILE",
+                   help="the raft port runs TLS: verify the node against this CA file")
+    p.add_argument("--cert", "--peer-cert-file", dest="cert", metavar="FILE",
+                   help="the raft port runs TLS: present this certificate (a node with "
+                        "--peer-client-cert-auth requires one signed by its CA)")
+    p.add_argument("--key", "--peer-key-file", dest="key", metavar="FILE",
+                   help="the certificate's private key")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="the node's view of its cluster")
     add = sub.add_parser("add", help="add a node (a learner, promoted once caught up)")
@@ -416,7 +386,10 @@ def main(argv: list[str]) -> int:
     elif command == "set_version":
         rest = [args.version]
     try:
-        client = AdminClient(args.conn, secret_from(args), args.timeout)
+        tls = None
+        if args.cacert or args.cert or args.key:
+            tls = client_context(args.cacert, args.cert, args.key)
+        client = AdminClient(args.conn, secret_from(args), args.timeout, tls)
         return run(client, command, rest, args.json)
     except (AdminError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

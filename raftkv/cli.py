@@ -27,6 +27,10 @@ Global options come before the subcommand, as etcdctl's do:
   answer. ``json`` prints JSON for every command (``get``: ``{"key", "value"}``, with
   ``"value_base64"`` instead for a value that is not UTF-8); ``table`` prints a table
   (one row per item of a list: nodes, tables, a table's partitions; one row otherwise).
+- ``--cacert F``, ``--cert F``, ``--key F`` (or ``RAFTKV_CACERT``, ``RAFTKV_CERT``,
+  ``RAFTKV_KEY``): TLS, as etcdctl names them; with a CA file an endpoint without a scheme
+  is ``https://``. ``raftkv admin`` takes them too (before or after ``admin``), for the
+  raft port's TLS, but not from the environment (``raftkv.admin``).
 - ``--version``.
 
 ``cluster status`` shows every member, as ``etcdctl endpoint status --cluster`` does:
@@ -82,11 +86,13 @@ def _group_order(gid: str) -> tuple[int, str]:
     return ({DEFAULT_GROUP: 0, "meta": 1}.get(gid, 2), gid)
 
 
-def _fetch_status(endpoint: str, timeout: float, connect_timeout: float | None
-                  ) -> dict[str, Any] | str:
+def _fetch_status(endpoint: str, like: Client) -> dict[str, Any] | str:
     """One node's own ``/v1/cluster`` answer, or why there is none (no retry: a node
-    that does not answer is what the status reports)."""
-    client = Client([endpoint], timeout=timeout, connect_timeout=connect_timeout)
+    that does not answer is what the status reports). ``like``: the timeouts and TLS
+    files to use."""
+    cacert, cert, key = like.tls_files
+    client = Client([endpoint], timeout=like.timeout, connect_timeout=like.connect_timeout,
+                    cacert=cacert, cert=cert, key=key)
     try:
         return client.status(endpoint)
     except (OSError, http.client.HTTPException, ClientError, ValueError) as e:
@@ -113,7 +119,7 @@ def status_rows(client: Client, discover: bool = True,
             return
         with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
             answers = pool.map(
-                lambda e: _fetch_status(e, client.timeout, client.connect_timeout), todo)
+                lambda e: _fetch_status(e, client), todo)
             for e, got in zip(todo, answers):
                 if isinstance(got, str):
                     failed[e] = got
@@ -130,7 +136,7 @@ def status_rows(client: Client, discover: bool = True,
                 break
         if views:
             seed = next(iter(views.values()))
-            published = {n: a if "://" in a else f"http://{a}"
+            published = {n: a if "://" in a else f"{client.scheme}://{a}"
                          for n, a in (seed.get("http") or {}).items()}
             members = {m for g in seed["groups"].values() for m in g["members"]}
             silent = sorted(members - published.keys() - views.keys())
@@ -330,6 +336,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-w", "--write-out", choices=("table", "json"), default=None,
                    help="print answers as a table or as JSON (default: a table for "
                         "cluster status, the raw value for get, JSON otherwise)")
+    p.add_argument("--cacert", help="verify HTTPS endpoints with this CA file "
+                                    "(default $RAFTKV_CACERT; endpoints without a scheme "
+                                    "are then https)")
+    p.add_argument("--cert", help="client certificate for mutual TLS (default $RAFTKV_CERT)")
+    p.add_argument("--key", help="its private key (default $RAFTKV_KEY)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     serve.add_arguments(_sub(sub, "serve", "run a node: Raft on --raft-addr, the HTTP API "
                                            "on --http-addr"))
@@ -417,6 +428,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _leading_tls_options(argv: list[str]) -> int:
+    """How many leading arguments are --cacert/--cert/--key options with their values."""
+    i = 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name not in ("--cacert", "--cert", "--key"):
+            break
+        i += 1 if "=" in argv[i] else 2
+    return min(i, len(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The recovery tool owns its own arguments (and its own refusals).
@@ -424,10 +446,13 @@ def main(argv: list[str] | None = None) -> int:
         from raftkv.recovery.unsafe_reset import main as unsafe_reset
 
         return unsafe_reset(argv[2:])
-    if argv and argv[0] == "admin":  # so does the admin tool (and syncobj_admin's syntax)
+    tls_first = _leading_tls_options(argv)
+    if len(argv) > tls_first and argv[tls_first] == "admin":
+        # So does the admin tool (and syncobj_admin's syntax); the global TLS options,
+        # if they come first, are its own (the raft port's TLS).
         from raftkv.admin import main as admin
 
-        return admin(argv[1:])
+        return admin(argv[:tls_first] + argv[tls_first + 1:])
     try:
         args = parser().parse_args(argv)
         if args.cmd == "serve":
@@ -435,9 +460,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "spark":
             from raftkv.spark.cli import run as spark_job
 
+            # The jobs' clients (in Spark's workers too) read the TLS files from here.
+            for var, value in (("RAFTKV_CACERT", args.cacert), ("RAFTKV_CERT", args.cert),
+                               ("RAFTKV_KEY", args.key)):
+                if value:
+                    os.environ[var] = value
             return spark_job(args, args.endpoints)
         client = Client(args.endpoints, timeout=args.timeout,
-                        connect_timeout=args.connect_timeout)
+                        connect_timeout=args.connect_timeout, cacert=args.cacert,
+                        cert=args.cert, key=args.key)
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)

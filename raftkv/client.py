@@ -20,18 +20,30 @@ connection attempt and, when given, how long a request keeps trying to connect: 
 every endpoint has been tried and none has accepted a connection by then, it fails with
 ``Unavailable`` instead of retrying refused connections until ``timeout`` (``None``:
 until ``timeout``).
+
+TLS: ``https://`` endpoints are verified against ``cacert`` (a PEM CA file; default
+``$RAFTKV_CACERT``, else the system's CAs), host name included; ``cert`` and ``key``
+(default ``$RAFTKV_CERT``, ``$RAFTKV_KEY``) are presented to a server that asks for a
+client certificate (``raftkv serve --client-cert-auth``). An endpoint without a scheme
+is ``https://`` when a CA file is given, else ``http://``. The names are etcdctl's
+(``--cacert``, ``--cert``, ``--key``), so the Spark jobs and the CLI pick them up from
+the environment too.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import msgpack
+
+from raftkv.tls import client_context
 
 RETRYABLE = {503, 504}
 
@@ -72,12 +84,28 @@ def _nothing_proposed(status: int, info: dict[str, Any]) -> bool:
 
 class Client:
     def __init__(self, endpoints: list[str] | str, timeout: float = 10.0,
-                 connect_timeout: float | None = None) -> None:
+                 connect_timeout: float | None = None, *,
+                 cacert: str | None = None, cert: str | None = None,
+                 key: str | None = None) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
-        self.endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
+        cacert = cacert or os.environ.get("RAFTKV_CACERT") or None
+        cert = cert or os.environ.get("RAFTKV_CERT") or None
+        key = key or os.environ.get("RAFTKV_KEY") or None
+        scheme = "https" if cacert else "http"
+        self.endpoints = [e if "://" in e else f"{scheme}://{e}" for e in endpoints]
+        for e in self.endpoints:
+            if urlsplit(e).scheme not in ("http", "https"):
+                raise ValueError(f"bad endpoint {e!r}: expected http:// or https://")
+        # Made once, up front: a missing CA or key file is a clear error now, and every
+        # connection shares one context (and its TLS session cache).
+        self.tls_files = (cacert, cert, key)  # for clients of other endpoints (discovery)
+        self.scheme = scheme
+        self.ssl: ssl.SSLContext | None = None
+        if any(e.startswith("https://") for e in self.endpoints):
+            self.ssl = client_context(cacert, cert, key)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._current = 0
@@ -89,8 +117,13 @@ class Client:
         c = self._conns.get(endpoint)
         if c is None:
             u = urlsplit(endpoint)
-            c = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
-                                           timeout=self.connect_timeout or self.timeout)
+            host = u.hostname or "127.0.0.1"
+            timeout = self.connect_timeout or self.timeout
+            if u.scheme == "https":
+                c = http.client.HTTPSConnection(host, u.port or 443, timeout=timeout,
+                                                context=self.ssl)
+            else:
+                c = http.client.HTTPConnection(host, u.port or 80, timeout=timeout)
             self._conns[endpoint] = c
         return c
 
@@ -103,6 +136,8 @@ class Client:
             if c.sock is None:
                 try:
                     c.connect()  # within connect_timeout, then reads within timeout
+                except ssl.SSLCertVerificationError:
+                    raise  # not a connection that may come up later (request() says why)
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
                 c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]
@@ -131,6 +166,11 @@ class Client:
             endpoint = self.endpoints[self._current]
             try:
                 status, data, ctype = self._once(endpoint, method, path, body, headers)
+            except ssl.SSLCertVerificationError as e:
+                # Not a passing fault: retrying until the deadline would only hide it.
+                raise Unavailable(f"{endpoint}: TLS: {e.verify_message}: its certificate is "
+                                  "not signed by the trusted CA (--cacert, RAFTKV_CACERT) "
+                                  "or does not name that host") from e
             except (OSError, http.client.HTTPException) as e:
                 if once and not isinstance(e, NotConnected):
                     raise OutcomeUnknown(f"{endpoint}: {e} after the request may have "

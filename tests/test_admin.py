@@ -10,7 +10,6 @@ tool is never a peer, bad input closes only its own connection).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -26,13 +25,16 @@ from raftkv.compat.pysyncobj.syncobj_admin import executeAdminCommand
 from raftkv.compat.pysyncobj.utility import TcpUtility, UtilityException
 from raftkv.kv import RaftKV
 from raftkv.testing.procs import free_ports
-from raftkv.transport import handshake as hs
+from raftkv.transport import codec
+from raftkv.transport.blocking import PeerLink
+from raftkv.transport.frames import HEADER, TAG, VERSION, FrameMac, encode_frame
 from raftkv.transport.tcp import MAX_ADMIN
 
 
-def admin(*args: str, timeout: float = 60) -> tuple[int, str, str]:
-    """``raftkv admin ARGS`` as a process: (exit status, stdout, stderr)."""
-    p = subprocess.run([sys.executable, "-m", "raftkv.cli", "admin", *args],
+def admin(*args: str, timeout: float = 60, before: tuple[str, ...] = ()
+          ) -> tuple[int, str, str]:
+    """``raftkv [BEFORE] admin ARGS`` as a process: (exit status, stdout, stderr)."""
+    p = subprocess.run([sys.executable, "-m", "raftkv.cli", *before, "admin", *args],
                        capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
     return p.returncode, p.stdout.strip(), p.stderr.strip()
 
@@ -200,23 +202,21 @@ def lone() -> Iterator[RaftKV]:
     kv.close()
 
 
-def handshake(addr: str, secret: bytes) -> socket.socket:
-    """A tool's side of the handshake, by hand; the socket is ready for frames."""
-    host, port = addr.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=10)
-    buf = b""
-    while (got := hs.parse_challenge(buf)) is None:
-        buf += s.recv(4096)
-    nonce_a, used = got
-    nonce_d = hs.new_nonce()
-    s.sendall(hs.hello(secret, nonce_a, nonce_d, "", ""))
-    buf = buf[used:]
-    while hs.parse_welcome(buf, secret, nonce_a, nonce_d) is None:
-        buf += s.recv(4096)
-    return s
+def handshake(addr: str, secret: bytes) -> PeerLink:
+    """A tool's side of the handshake (an empty id), ready for frames."""
+    return PeerLink(addr, secret, timeout=10)
 
 
-def closed(s: socket.socket) -> bool:
+def tagged(link: PeerLink, body: bytes) -> bytes:
+    """A frame holding ``body`` as it is (msgpack or not), under the link's next tag: it
+    passes the node's check, so what the node does next is about the body."""
+    assert link.mac is not None
+    header = HEADER.pack(len(body) + 1 + TAG, VERSION)
+    return header + body + link.mac.tag(header, body)
+
+
+def closed(link: PeerLink) -> bool:
+    s = link.sock
     s.settimeout(10)
     try:
         return s.recv(4096) == b""
@@ -239,12 +239,21 @@ def test_a_tool_is_never_a_peer_and_bad_input_closes_only_its_connection(lone: R
     no_tools_left(lone)
     assert "" not in t.peers
 
-    s = handshake(addr, b"lone secret")
-    s.sendall(b"\x00\x00\x00\x05\x01garb")  # a frame that is not msgpack
-    assert closed(s)
-    s = handshake(addr, b"lone secret")
-    s.sendall(b"\x00\x00\x00\x03\x01\x91\x90")  # [[]]: an item that is not a request
-    assert closed(s)
+    link = handshake(addr, b"lone secret")
+    link.sock.sendall(tagged(link, b"\xc1garb"))  # a frame that is not msgpack
+    assert closed(link)
+    link = handshake(addr, b"lone secret")
+    link.send_items([[]])  # an item that is not a request
+    assert closed(link)
+    link = handshake(addr, b"lone secret")
+    forged = FrameMac(bytes(32))  # a key not derived from this handshake
+    link.sock.sendall(encode_frame([codec.encode_admin(1, "status", [])], forged))
+    assert closed(link)  # "frame authentication failed": never decoded, never answered
+    link = handshake(addr, b"lone secret")
+    link.send_items([codec.encode_admin(7, "status", [])])  # tagged: it is answered
+    (frame,) = link.read_frames()
+    assert type(frame) is list and codec.decode_admin_reply(frame[0])[:2] == (7, True)
+    link.close()
     with pytest.raises(AdminError) as e:
         AdminClient(addr, b"lone secret").request("status", ["unexpected"])
     assert e.value.kind == "ValueError"
@@ -255,8 +264,8 @@ def test_a_tool_is_never_a_peer_and_bad_input_closes_only_its_connection(lone: R
     tools = [handshake(addr, b"lone secret") for _ in range(MAX_ADMIN)]
     with pytest.raises(AdminError):  # one too many: refused at the handshake
         AdminClient(addr, b"lone secret", timeout=10).request("status")
-    for s in tools:
-        s.close()
+    for link in tools:
+        link.close()
     no_tools_left(lone)
     assert lone.put("k", "v") > 0 and lone.get("k") == b"v"
     assert "" not in t.peers
@@ -278,3 +287,78 @@ def test_syncobj_admin_refuses_bad_arguments_before_connecting() -> None:
         TcpUtility("pw", timeout=5).executeCommand("127.0.0.1:1", ["status"])
     code, _, err = admin("--conn", "127.0.0.1:1", "status", timeout=30)
     assert code == 1 and err.startswith("error: cannot connect")
+
+
+def test_raftkv_admin_on_a_raft_port_under_mutual_tls(tmp_path: Path) -> None:
+    """Nodes whose raft port runs mutual TLS (``peer_tls``): the tool dials with TLS as a
+    peer does, given the CA and a certificate it signs (the ``raftkv`` command's
+    --cacert/--cert/--key, or the node's own --peer-* names), follows a follower to the
+    leader under TLS, and is refused without TLS, without a certificate, or with one from
+    another CA."""
+    from raftkv.certs import cluster_certs, issue, make_ca
+    from raftkv.tls import TlsConfig, client_context
+
+    ids = ["n1", "n2", "n3"]
+    addrs = {n: f"127.0.0.1:{p}" for n, p in zip(ids, free_ports(3), strict=True)}
+    ca, files = cluster_certs(str(tmp_path / "tls"), [*ids, "admin"])
+    rogue_ca = make_ca(str(tmp_path / "rogue"))
+    rogue = issue(rogue_ca, str(tmp_path / "rogue"), "admin")
+    secret = tmp_path / "secret"
+    secret.write_text("a tls secret\n")
+    kvs = [RaftKV(n, addrs[n], addrs, b"a tls secret",
+                  peer_tls=TlsConfig(files[n].cert, files[n].key, ca.cert, client_cert_auth=True))
+           for n in ids]
+    try:
+        kvs[0].wait_for_leader()
+        lead = kvs[0].leader()
+        follower = next(n for n in ids if n != lead)
+        mine = ["--cacert", ca.cert, "--cert", files["admin"].cert, "--key", files["admin"].key]
+
+        code, out, err = admin("--conn", addrs[follower], "--secret-file", str(secret), *mine,
+                               "--json", "status")
+        assert code == 0, err
+        st = json.loads(out)["result"]
+        assert (st["id"], st["leader"], st["leader_addr"]) == (follower, lead, addrs[lead])
+        # The raftkv command's global options may come first, as for its other commands.
+        code, out, err = admin("--conn", addrs[follower], "--secret-file", str(secret),
+                               "status", before=tuple(mine))
+        assert code == 0 and status_lines(out)["leader"] == lead, err
+        # The node's own flag names, and its own certificate, do as well.
+        code, out, err = admin(
+            "--conn", addrs[follower], "--secret-file", str(secret),
+            "--peer-trusted-ca-file", ca.cert, "--peer-cert-file", files[follower].cert,
+            "--peer-key-file", files[follower].key, "transfer", follower)
+        assert (code, out) == (0, f"SUCCESS TRANSFER {follower}"), err
+        deadline = time.monotonic() + 20
+        while any(kv.leader() != follower for kv in kvs):
+            assert time.monotonic() < deadline, "the transfer did not happen"
+            time.sleep(0.1)
+
+        # A follower (the old leader now) names the leader and the tool asks it, under
+        # TLS too (the leader's certificate is checked against its own address).
+        tool = AdminClient(addrs[lead], b"a tls secret", timeout=15,
+                           tls=client_context(ca.cert, files["admin"].cert, files["admin"].key))
+        absent = f"127.0.0.1:{free_ports(1)[0]}"
+        assert "index" in tool.request("add", ["n4", absent])
+        assert tool.answered_by == addrs[follower]
+        tool.request("remove", ["n4"])
+        assert tool.request("status")["members"] == dict.fromkeys(ids, "voter")
+        conns = [c for kv in kvs for c in kv.node.transport.admins]
+        assert all(c.tls is not None and c.send_mac is None for c in conns)
+
+        refusals = {
+            "no TLS": None,
+            "no certificate": client_context(ca.cert),
+            "another CA's certificate": client_context(ca.cert, rogue.cert, rogue.key),
+            "a node from another CA": client_context(rogue_ca.cert),
+        }
+        for what, ctx in refusals.items():
+            with pytest.raises(AdminError) as e:
+                AdminClient(addrs[follower], b"a tls secret", timeout=15,
+                            tls=ctx).request("status")
+            assert e.value.kind == "Unreachable", what
+            assert "TLS" in str(e.value), (what, str(e.value))
+        assert kvs[1].put("k", "v") > 0 and kvs[2].get("k") == b"v"
+    finally:
+        for kv in kvs:
+            kv.close()

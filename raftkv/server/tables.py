@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -115,9 +116,13 @@ class Placement:
     """The metastore replica and placement manager of one ``raftkv serve`` node."""
 
     def __init__(self, kv: RaftKV, data_dir: str | None, meta_dir: str, http_addr: str,
-                 founders: list[str] | None, durable: bool) -> None:
-        """``founders``: the metastore's voters (None: this node joins as a learner)."""
+                 founders: list[str] | None, durable: bool,
+                 http_ssl: ssl.SSLContext | None = None) -> None:
+        """``founders``: the metastore's voters (None: this node joins as a learner).
+        ``http_ssl``: the other nodes serve HTTPS; proxy to them with this context."""
         self.kv = kv
+        self.http_ssl = http_ssl
+        self.scheme = "https" if http_ssl is not None else "http"
         self.node = kv.node
         self.id = kv.node_id
         self.http_addr = http_addr
@@ -243,7 +248,9 @@ class TablesApi:
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+            self.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=15),
+                connector=aiohttp.TCPConnector(ssl=self.p.http_ssl or True))
             # aiohttp sends a PUT or DELETE a second time when the connection breaks
             # after it went out (RFC 9110 calls them idempotent). A compare-and-set is
             # not: the second copy compares against what the first one wrote. Whether a
@@ -406,7 +413,7 @@ class TablesApi:
 
     async def _fetch(self, addr: str, path: str) -> Any:
         try:
-            async with self._session().get(f"http://{addr}{path}",
+            async with self._session().get(f"{self.p.scheme}://{addr}{path}",
                                            timeout=aiohttp.ClientTimeout(total=3)) as r:
                 if r.status == 200:
                     return await r.json()
@@ -572,7 +579,7 @@ class TablesApi:
         for n in dict.fromkeys(self._hosts(name, ops[0][0])):
             if n not in addrs:
                 continue
-            url = f"http://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
+            url = f"{self.p.scheme}://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
             try:
                 async with self._session().post(
                         url, data=body, headers={FORWARDED: self.p.id,
@@ -666,7 +673,7 @@ class TablesApi:
                                   "applied": applied, **out})
 
     async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:
-        url = f"http://{addr}{request.rel_url.raw_path_qs}"
+        url = f"{self.p.scheme}://{addr}{request.rel_url.raw_path_qs}"
         headers = {FORWARDED: self.p.id}
         if request.content_type:
             headers["Content-Type"] = request.content_type
