@@ -14,15 +14,20 @@ on 127.0.0.1.
    compat layer fsyncs every batch of log entries before acknowledging it (raftkv's
    durable log); PySyncObj never fsyncs (its journal is an mmap).
 2. **Restart time**: one node (no partners) is filled with ``--entries`` keys the same
-   way, destroyed, and started again in a fresh process: the time from just before
-   the constructor until the dict holds every key and the last one reads back.
-   PySyncObj restarts from its last full dump plus its journal; raftkv from its last
-   checkpoint plus the log after it. The fill is timed too.
+   way and destroyed (once its full dump, if one is being written, is done: see
+   ``_compat_peer.DUMP_SETTLE_S``), then started again in a fresh process: the time
+   from just before the constructor until the dict holds every key and the last one
+   reads back. PySyncObj restarts from its last full dump plus its journal; raftkv from
+   its last checkpoint plus the log after it. Each implementation restarts
+   ``--restarts`` times, each time from a fresh copy of its filled directory, the two
+   implementations taking turns (so a busy machine slows both alike); the median is
+   reported, and every sample is in the JSON. The fill is timed too.
 
 Usage::
 
     python -m benchmarks.compat_pysyncobj [--ops 20000] [--entries 1000000]
-        [--window 1000] [--value-size 100] [--impls pysyncobj,compat] [--json FILE]
+        [--window 1000] [--value-size 100] [--restarts 3] [--impls pysyncobj,compat]
+        [--skip write|restart] [--json FILE]
 
 Results: a table on stdout with the compat/PySyncObj ratios, and ``--json`` (default
 ``benchmarks/results/compat_pysyncobj.json``).
@@ -33,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,18 +97,44 @@ def write(impl: str, tmp: str, ops: int, size: int, window: int) -> dict[str, An
                 p.kill()
 
 
-def restart(impl: str, tmp: str, entries: int, size: int, window: int) -> dict[str, Any]:
+def fill(impl: str, tmp: str, entries: int, size: int, window: int) -> dict[str, Any]:
+    """Fill one node's directory; where it is, its address (the compat layer's node id)
+    and the fill's figures."""
     addr = f"127.0.0.1:{free_ports(1)[0]}"
     directory = os.path.join(tmp, f"{impl}-r")
-    fill = peer(impl, "fill", directory, entries, size, window, addr, [])
-    filled = last_json(fill, 7200)
-    fill.wait(60)
+    proc = peer(impl, "fill", directory, entries, size, window, addr, [])
+    filled = last_json(proc, 7200)
+    proc.wait(60)
     print(f"{impl:10s} fill    {filled['ops_s']:10.0f} ops/s ({filled['keys']} keys)",
           flush=True)
-    again = peer(impl, "restart", directory, entries, size, window, addr, [])
-    out = last_json(again, 1800)
-    again.wait(60)
-    return {"fill": filled, **out}
+    return {"dir": directory, "addr": addr, "fill": filled}
+
+
+def restart(impl: str, filled: dict[str, Any], entries: int, size: int, window: int,
+            n: int) -> dict[str, Any]:
+    """One restart from a fresh copy of the filled directory."""
+    copy = f"{filled['dir']}-{n}"
+    shutil.copytree(filled["dir"], copy)
+    try:
+        proc = peer(impl, "restart", copy, entries, size, window, filled["addr"], [])
+        out = last_json(proc, 1800)
+        proc.wait(60)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    if out["restart_s"] is None:
+        print(f"{impl:10s} restart    stalled: {out['keys']} of {entries} keys back after "
+              f"{out['partial_s']:.3f} s", flush=True)
+    else:
+        print(f"{impl:10s} restart {out['restart_s']:10.3f} s ({out['keys']} keys back)",
+              flush=True)
+    return out
+
+
+def summary(filled: dict[str, Any], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    complete = [s["restart_s"] for s in samples if s["restart_s"] is not None]
+    return {"fill": filled["fill"], "samples": samples,
+            "restart_s": statistics.median(complete) if complete else None,
+            "complete": len(complete), "keys": min(s["keys"] for s in samples)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--entries", type=int, default=1_000_000)
     p.add_argument("--window", type=int, default=1000)
     p.add_argument("--value-size", type=int, default=100)
+    p.add_argument("--restarts", type=int, default=3, help="restarts per implementation")
     p.add_argument("--impls", default="pysyncobj,compat")
     p.add_argument("--skip", default="", help="write and/or restart, comma-separated")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
@@ -119,19 +153,25 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"args": vars(args) | {"json": str(args.json)}}
     with tempfile.TemporaryDirectory(prefix="compat-bench-") as tmp:
         for impl in impls:
-            r: dict[str, Any] = {}
+            results[impl] = {}
             if "write" not in skip:
-                r["write"] = write(impl, tmp, args.ops, args.value_size, args.window)
-                print(f"{impl:10s} write   {r['write']['ops_s']:10.0f} ops/s "
-                      f"(ok {r['write']['ok']}/{r['write']['ops']}, "
-                      f"failures {r['write']['failures']})", flush=True)
-            if "restart" not in skip:
-                r["restart"] = restart(impl, tmp, args.entries, args.value_size, args.window)
-                rs = r["restart"]["restart_s"]
-                took = "   stalled" if rs is None else f"{rs:10.3f}"
-                print(f"{impl:10s} restart {took} s ({r['restart']['keys']} keys back)",
-                      flush=True)
-            results[impl] = r
+                w = results[impl]["write"] = write(impl, tmp, args.ops, args.value_size,
+                                                   args.window)
+                print(f"{impl:10s} write   {w['ops_s']:10.0f} ops/s (ok {w['ok']}/{w['ops']}, "
+                      f"failures {w['failures']})", flush=True)
+        if "restart" not in skip:
+            filled = {impl: fill(impl, tmp, args.entries, args.value_size, args.window)
+                      for impl in impls}
+            samples: dict[str, list[dict[str, Any]]] = {impl: [] for impl in impls}
+            for n in range(args.restarts):
+                for impl in impls:
+                    samples[impl].append(restart(impl, filled[impl], args.entries,
+                                                 args.value_size, args.window, n))
+            for impl in impls:
+                r = results[impl]["restart"] = summary(filled[impl], samples[impl])
+                took = "stalled" if r["restart_s"] is None else f"{r['restart_s']:.3f} s"
+                print(f"{impl:10s} restart median {took} ({r['complete']}/{args.restarts} "
+                      f"complete)", flush=True)
     if {"pysyncobj", "compat"} <= results.keys():
         a, b = results["pysyncobj"], results["compat"]
         ratios: dict[str, float] = {}

@@ -11,6 +11,7 @@
     raftkv table list | describe NAME | drop NAME | set-replicas NAME N [--allow-unsafe]
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
     raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
+    raftkv admin --conn H:P status | add ID [ADDR] | remove ID | ...   (embedded nodes: raftkv.admin)
 
 Global options come before the subcommand, as etcdctl's do:
 
@@ -28,7 +29,8 @@ Global options come before the subcommand, as etcdctl's do:
   (one row per item of a list: nodes, tables, a table's partitions; one row otherwise).
 - ``--cacert F``, ``--cert F``, ``--key F`` (or ``RAFTKV_CACERT``, ``RAFTKV_CERT``,
   ``RAFTKV_KEY``): TLS, as etcdctl names them; with a CA file an endpoint without a scheme
-  is ``https://``.
+  is ``https://``. ``raftkv admin`` takes them too (before or after ``admin``), for the
+  raft port's TLS, but not from the environment (``raftkv.admin``).
 - ``--version``.
 
 ``cluster status`` shows every member, as ``etcdctl endpoint status --cluster`` does:
@@ -419,9 +421,22 @@ def parser() -> argparse.ArgumentParser:
     reca = rec.add_subparsers(dest="action", required=True, metavar="ACTION")
     _sub(reca, "unsafe-reset", "make the stopped survivors of a lost majority the group's "
                                "only voters (may lose data; see its --help)", add_help=False)
+    _sub(sub, "admin", "administer an embedded node over its raft port, like PySyncObj's "
+                       "syncobj_admin (see its --help)", add_help=False)
     add_spark_arguments(_sub(sub, "spark", "bulk-load or verify a table with Spark (the "
                                            "spark extra)"))
     return p
+
+
+def _leading_tls_options(argv: list[str]) -> int:
+    """How many leading arguments are --cacert/--cert/--key options with their values."""
+    i = 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name not in ("--cacert", "--cert", "--key"):
+            break
+        i += 1 if "=" in argv[i] else 2
+    return min(i, len(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,6 +446,13 @@ def main(argv: list[str] | None = None) -> int:
         from raftkv.recovery.unsafe_reset import main as unsafe_reset
 
         return unsafe_reset(argv[2:])
+    tls_first = _leading_tls_options(argv)
+    if len(argv) > tls_first and argv[tls_first] == "admin":
+        # So does the admin tool (and syncobj_admin's syntax); the global TLS options,
+        # if they come first, are its own (the raft port's TLS).
+        from raftkv.admin import main as admin
+
+        return admin(argv[:tls_first] + argv[tls_first + 1:])
     try:
         args = parser().parse_args(argv)
         if args.cmd == "serve":

@@ -137,7 +137,7 @@ class Client:
                 try:
                     c.connect()  # within connect_timeout, then reads within timeout
                 except ssl.SSLCertVerificationError:
-                    raise  # not a passing fault: request() reports it at once
+                    raise  # not a connection that may come up later (request() says why)
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
                 c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]

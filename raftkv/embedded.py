@@ -1,7 +1,8 @@
 """What every embedded node offers, whatever it replicates: setup, membership, status.
 
 ``EmbeddedNode`` starts a ``raftkv.node.driver.Node`` hosting one group, and wraps its
-futures in synchronous calls bounded by ``request_timeout``. ``RaftKV`` (``raftkv.kv``)
+futures in synchronous calls bounded by ``request_timeout``. Its raft port also serves
+``raftkv admin`` (``raftkv.admin``), PySyncObj's ``syncobj_admin`` for embedded nodes. ``RaftKV`` (``raftkv.kv``)
 adds the key-value operations; ``ReplicatedNode`` hosts a user's ``ReplicatedObject``,
 the way a PySyncObj ``SyncObj`` does.
 """
@@ -9,14 +10,16 @@ the way a PySyncObj ``SyncObj`` does.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Self
 
 from pysyncobj.monotonic import monotonic
 
+from raftkv.admin import NodeAdmin
 from raftkv.core import ConfChangeOp, LeaderStepping, RaftError
 from raftkv.futures import then
-from raftkv.node.driver import Metrics, Node, NodeConfig, conf_change
+from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import RequestTimeout
 from raftkv.node.stores import claim_data_dir, open_group_storage
 from raftkv.node.user_state import UserStateStore
@@ -47,6 +50,7 @@ class EmbeddedNode:
         compaction: CompactionPolicy | None = None,
         state: StateStore | None = None,
         peer_tls: TlsConfig | None = None,
+        admin: Callable[[EmbeddedNode], AdminHandler] = NodeAdmin,
     ) -> None:
         """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
         group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
@@ -57,7 +61,8 @@ class EmbeddedNode:
         runs the peer port under TLS (``raftkv.tls.TlsConfig``: this node's certificate,
         its key, the CA that signs every peer's, and whether to require one from peers
         that dial in); without it frames are authenticated but not encrypted
-        (docs/security.md)."""
+        (docs/security.md). ``admin(self)`` answers ``raftkv admin`` on the raft port
+        (default: ``raftkv.admin.NodeAdmin``)."""
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
         self.node_id = node_id
@@ -72,6 +77,7 @@ class EmbeddedNode:
             request_timeout=request_timeout, data_dir=data_dir, faults=faults,
             peer_tls=peer_tls,
         ), metrics)
+        self.node.admin_handler = admin(self)
         storage = open_group_storage(data_dir, group, durable, compaction, state)
         try:
             self.node.add_group(group, storage, None if join else sorted(peers))
@@ -147,14 +153,20 @@ class EmbeddedNode:
                 pass  # best effort: stopping matters more
         self.node.stop()
 
-    def _hand_over(self) -> None:
+    def most_up_to_date_voter(self) -> str | None:
+        """On the leader, the active voter (itself aside) with the highest match index:
+        the one a leadership transfer reaches soonest. None elsewhere, or if none."""
         g = self.status()["groups"][self.group]
         if g["role"] != "leader":
-            return
+            return None
         voters = [(p["match"], n) for n, p in g["peers"].items()
                   if g["members"].get(n) == "voter" and p["active"]]
-        if voters:
-            self.node.transfer_leadership(self.group, max(voters)[1]).result(
+        return max(voters)[1] if voters else None
+
+    def _hand_over(self) -> None:
+        to = self.most_up_to_date_voter()
+        if to is not None:
+            self.node.transfer_leadership(self.group, to).result(
                 timeout=2 * self.node.cfg.election_tick * self.node.cfg.tick_seconds
             )
 
@@ -192,7 +204,7 @@ class ReplicatedNode(EmbeddedNode):
         data_dir = kwargs.get("data_dir")
         path = group_paths(data_dir, kwargs.get("group", DEFAULT_GROUP))[1] if data_dir else None
         super().__init__(node_id, raft_addr, peers, secret,
-                         state=UserStateStore(obj, path), **kwargs)
+                         state=UserStateStore(obj, path, volatile=path is None), **kwargs)
         self.obj = obj
         obj._attach(self._propose)
 

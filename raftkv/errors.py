@@ -19,7 +19,8 @@ The embedded API (``RaftKV``, ``ReplicatedNode``): the synchronous calls raise, 
   case where the change removes the leader, which hands leadership over first.
 - ``TransferRejected``: a leadership transfer named the leader itself or a non-voter.
 - ``RemoteError``: the leader refused a write a follower forwarded; ``kind`` names
-  the leader-side error.
+  the leader-side error. Also what a follower's replicated call raises when the
+  method's exception cannot be rebuilt here (``kind`` is its class's qualified name).
 - ``CommandError`` (a ``ValueError``): a key, value or batch breaks a limit (``limit`` and
   ``size`` say which) or is malformed. Raised before anything is proposed.
 - ``RaftError`` and ``NodeError``: the bases of the above.
@@ -29,6 +30,8 @@ A replicated object (``raftkv.statemachine``):
 - ``NotAttachedError``: a ``@replicated`` method was called on an object no node hosts.
 - ``MalformedCommand``, ``UnknownMethod``: the result of an entry that does not decode
   or names no replicated method (a log written by another version of the class).
+- ``ResultNotSent`` (a ``TypeError``): a follower's call was applied, but its result is
+  not plain data and could not come back from the leader.
 
 Storage, when a node opens its data directory:
 
@@ -48,10 +51,14 @@ Tools:
 - ``SparkJobError``: a Spark load or verify cannot run (bad input, unknown table,
   unreachable cluster, the ``spark`` extra not installed); raised before any write.
 - ``UnsafeResetError``: ``raftkv recover unsafe-reset`` refused; nothing was written.
+- ``AdminError``: a ``raftkv admin`` command (``raftkv.admin.AdminClient``) failed:
+  ``kind`` is the node's error, or ``Unreachable`` when the node could not be reached or
+  refused the secret.
 """
 
 from __future__ import annotations
 
+from raftkv.admin import AdminError
 from raftkv.client import ClientError, OutcomeUnknown, Unavailable
 from raftkv.core.errors import (
     ConfChangeRejected,
@@ -64,14 +71,14 @@ from raftkv.core.errors import (
 from raftkv.node.errors import NodeError, NodeStopped, RemoteError, RequestTimeout
 from raftkv.recovery.unsafe_reset import UnsafeResetError
 from raftkv.spark.cluster import SparkJobError
-from raftkv.statemachine import MalformedCommand, NotAttachedError, UnknownMethod
+from raftkv.statemachine import MalformedCommand, NotAttachedError, ResultNotSent, UnknownMethod
 from raftkv.storage.commands import CommandError
 from raftkv.storage.errors import CorruptLog, StorageError
 
 __all__ = [
-    "ClientError", "CommandError", "ConfChangeRejected", "CorruptLog", "LeaderStepping",
-    "MalformedCommand", "NodeError", "NodeStopped", "NotAttachedError", "NotLeader",
-    "OutcomeUnknown", "ProposalDropped", "RaftError", "RemoteError", "RequestTimeout",
-    "SparkJobError", "StorageError", "TransferRejected", "Unavailable", "UnknownMethod",
-    "UnsafeResetError",
+    "AdminError", "ClientError", "CommandError", "ConfChangeRejected", "CorruptLog",
+    "LeaderStepping", "MalformedCommand", "NodeError", "NodeStopped", "NotAttachedError",
+    "NotLeader", "OutcomeUnknown", "ProposalDropped", "RaftError", "RemoteError",
+    "RequestTimeout", "ResultNotSent", "SparkJobError", "StorageError", "TransferRejected",
+    "Unavailable", "UnknownMethod", "UnsafeResetError",
 ]

@@ -70,6 +70,24 @@ Rules for replicated methods:
 - **Reads are local.** A plain method such as ``get()`` reads this replica's state, which
   may lag the leader's.
 
+Results from the leader: a call made on a follower is forwarded to the leader, which
+applies it first and answers with its result (``encode_result``/``decode_result``, used
+by ``raftkv.node.user_state.UserStateStore``). The result travels with the codec the
+arguments use, so a follower's call returns what the same call on the leader returns,
+type for type: a tuple stays a tuple, a set a set. An exception the method raised
+travels as its class's module and qualified name, its ``args`` and its attributes (a
+builtin exception: what pickle takes from its ``__reduce__``), as plain data, and
+comes back as that class only if the class is already loaded in this
+process (a module in ``sys.modules``, never imported on the network's word: this
+replica ran the same method, so its module is loaded) and is an ``Exception``
+subclass. It is rebuilt without running its ``__init__`` (``cls.__new__(cls, *args)``,
+then its attributes; builtin exceptions are called as ``cls(*args)``), so no code the
+network names runs. Otherwise, or when its args or attributes are not plain data, the
+caller gets a ``raftkv.node.errors.RemoteError`` whose ``kind`` is the class's qualified
+name and whose message is the exception's. A result that is not plain data (an
+instance of your own class) cannot travel: the follower's call raises
+``ResultNotSent``, although the call was applied. Return plain data.
+
 Snapshots: a snapshot captures everything a replicated method can change, PySyncObj's rule:
 every attribute of the object, public, ``_private`` and name-mangled (``self.__counter`` is
 ``_Counter__counter``) alike, and the values of ``__slots__`` that subclasses declare. The
@@ -94,6 +112,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import types
 from collections import deque
@@ -104,6 +123,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import msgpack
 
 from raftkv.futures import then
+from raftkv.node.errors import RemoteError
 from raftkv.storage.commands import MAX_COMMAND_BYTES, UNPACK_ERRORS
 
 __all__ = [
@@ -111,10 +131,13 @@ __all__ = [
     "NotAttachedError",
     "Propose",
     "ReplicatedObject",
+    "ResultNotSent",
     "StateMachine",
     "UnknownMethod",
+    "decode_result",
     "decode_value",
     "encode_call",
+    "encode_result",
     "encode_value",
     "replicated",
 ]
@@ -153,6 +176,11 @@ class UnknownMethod(AttributeError):
 
 class NotAttachedError(RuntimeError):
     """A replicated method was called on an object that no node hosts."""
+
+
+class ResultNotSent(TypeError):
+    """A follower's call was applied, but the leader could not send its result: it is not
+    plain data (module docstring, "Results from the leader")."""
 
 
 # -- the value codec ---------------------------------------------------------------------------
@@ -283,6 +311,119 @@ def decode_value(data: bytes) -> object:
         return _unpack(data)
     except UNPACK_ERRORS as e:
         raise ValueError(f"{type(e).__name__}: {e}") from None
+
+
+# -- results, from the leader to a follower ---------------------------------------------------
+# [_RESULT_VALUE, value] | [_RESULT_EXCEPTION, module, qualname, args, attributes, message]
+# | [_RESULT_UNSENDABLE, type name]. An exception's args (an array) and attributes (a map)
+# are encoded apart, each nil when it is not plain data. Never renumber.
+_RESULT_VALUE, _RESULT_EXCEPTION, _RESULT_UNSENDABLE = 0, 1, 2
+
+
+def encode_result(result: object) -> bytes:
+    """``result`` (what ``apply`` returned: a value or the exception a method raised) as
+    bytes for a follower; never raises. See the module docstring."""
+    if isinstance(result, BaseException):
+        kind = type(result)
+        args, state = _reduced(result)
+        try:
+            packed_args: bytes | None = _pack(list(args))
+        except _PACK_ERRORS:
+            packed_args = None
+        try:
+            attrs: bytes | None = _pack(state)
+        except _PACK_ERRORS:
+            attrs = None
+        return _pack([_RESULT_EXCEPTION, kind.__module__, kind.__qualname__, packed_args,
+                      attrs, _message(result)])
+    try:
+        return _pack([_RESULT_VALUE, result])
+    except _PACK_ERRORS:
+        what = type(result)
+        return _pack([_RESULT_UNSENDABLE, f"{what.__module__}.{what.__qualname__}"])
+
+
+def _reduced(e: BaseException) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What rebuilds ``e`` (``_rebuild``): a builtin exception's constructor arguments and
+    attributes as pickle takes them from ``__reduce__`` (``OSError``'s carry its filename,
+    which ``args`` lacks); any other's ``args`` and ``__dict__``, set without running its
+    ``__init__``."""
+    if type(e).__module__ == "builtins":
+        reduced = e.__reduce__()
+        if (isinstance(reduced, tuple) and len(reduced) >= 2 and type(reduced[1]) is tuple
+                and (len(reduced) == 2 or type(reduced[2]) in (dict, type(None)))):
+            return reduced[1], dict(reduced[2] or {}) if len(reduced) > 2 else {}
+    return tuple(e.args), dict(vars(e))
+
+
+def _message(e: BaseException) -> str:
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the result
+        return repr(e.args)
+
+
+def decode_result(data: bytes) -> object:
+    """The inverse of ``encode_result``: the value, or an exception *instance* (the
+    caller raises it). ``ValueError`` on bytes ``encode_result`` did not produce."""
+    result = decode_value(data)
+    if type(result) is list and len(result) == 2 and result[0] == _RESULT_VALUE:
+        return result[1]
+    if type(result) is list and len(result) == 2 and result[0] == _RESULT_UNSENDABLE:
+        return ResultNotSent(
+            f"the call was applied, but its result, a {result[1]}, is not plain data and "
+            f"cannot be sent from the leader to this node (return {_ALLOWED})"
+        )
+    if (
+        type(result) is list and len(result) == 6 and result[0] == _RESULT_EXCEPTION
+        and type(result[1]) is str and type(result[2]) is str
+        and type(result[3]) in (bytes, type(None)) and type(result[4]) in (bytes, type(None))
+        and type(result[5]) is str
+    ):
+        _, module, qualname, args, attrs, message = result
+        return _rebuild(module, qualname, args, attrs, message)
+    raise ValueError("not a result encoded by raftkv.statemachine.encode_result")
+
+
+def _exception_class(module: str, qualname: str) -> type[Exception] | None:
+    """The ``Exception`` subclass ``module.qualname`` if this process has loaded it, else
+    None. Looks only: no import, no ``getattr`` (a module's ``__getattr__`` is code)."""
+    found: object = sys.modules.get(module)
+    for part in qualname.split("."):
+        if not isinstance(found, types.ModuleType | type) or not part.isidentifier():
+            return None  # a class local to a function ("<locals>") is not reachable
+        found = vars(found).get(part)
+    if (
+        isinstance(found, type) and issubclass(found, Exception)
+        and found.__module__ == module and found.__qualname__ == qualname
+    ):
+        return found
+    return None
+
+
+def _rebuild(module: str, qualname: str, args: bytes | None, attrs: bytes | None,
+             message: str) -> BaseException:
+    cls = _exception_class(module, qualname)
+    name = qualname if module == "builtins" else f"{module}.{qualname}"
+    if cls is None or args is None or attrs is None:
+        return RemoteError(name, message)
+    try:
+        arg_list = decode_value(args)
+        state = decode_value(attrs)
+        if type(arg_list) is not list or type(state) is not dict:
+            raise ValueError("exception args or attributes of the wrong type")
+        if module == "builtins":  # cls.__module__, checked by _exception_class
+            exc = cls(*arg_list)  # builtin code, as pickle does: OSError's errno, filename
+        else:
+            exc = cls.__new__(cls, *arg_list)  # BaseException.__new__ sets args; no __init__
+            exc.args = tuple(arg_list)
+        if state:
+            if not all(type(k) is str for k in state):
+                raise ValueError("exception attribute names must be str")
+            vars(exc).update(state)
+    except Exception:  # noqa: BLE001 - not faithfully rebuildable: say what it was
+        return RemoteError(name, message)
+    return exc
 
 
 def encode_call(name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> bytes:

@@ -473,6 +473,10 @@ def test_auto_tick_off_runs_callbacks_inside_do_tick(destroy_later: list[Any]) -
     addrs = addresses(1)
     node = MyCounter(addrs[0], [], conf(autoTick=False))
     destroy_later.append(node)
+    waiter = threading.Thread(target=node.waitBinded, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive(), "waitBinded() hung with autoTick=False"
     got = Collect()
     assert node.incCounter(sync=True, timeout=15) == 1  # the node runs without doTick
     node.incCounter(callback=got)
@@ -483,8 +487,10 @@ def test_auto_tick_off_runs_callbacks_inside_do_tick(destroy_later: list[Any]) -
         node.doTick(0.05)
     assert got.calls == [(2, FAIL_REASON.SUCCESS)]
     assert got.threads == [threading.current_thread().name]
+    ticking = MyCounter(addresses(1)[0], [], conf())
+    destroy_later.append(ticking)
     with pytest.raises(RuntimeError):
-        MyCounter(addresses(1)[0], [], conf()).doTick()
+        ticking.doTick()
 
 
 class Versioned(SyncObj):

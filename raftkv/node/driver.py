@@ -42,12 +42,15 @@ members only, so nothing dials a removed node again, unless a core sends it a me
 Callers live on other threads and get ``concurrent.futures.Future`` objects. A write's
 future resolves to ``(index, result)`` once applied here, a read's to whatever the read
 function returns, evaluated on the loop thread once ``applied >= read index`` (§6.4). A
-follower forwards writes to the leader over the peer connection and relays the answer;
+follower forwards writes to the leader over the peer connection and relays the answer
+(a state store with ``encode_result``/``decode_result``, a user's state machine, has its
+results travel through them, so they arrive as what the leader's caller would get);
 with no leader known, futures fail with ``NotLeader`` carrying the best hint.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import json
@@ -95,7 +98,7 @@ from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import StateStore
 from raftkv.tls import TlsConfig
 from raftkv.transport import codec
-from raftkv.transport.tcp import Transport
+from raftkv.transport.tcp import Connection, Transport
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,9 @@ COMPACT_EVERY = 1.0
 SNAPSHOT_TIMEOUT_ELECTIONS = 20
 
 ReadFn = Callable[[StateStore], Any]
+# An admin tool's request (``raftkv.admin``): ``handler(command, args)`` runs on the loop
+# thread, must not block, and returns a Future of the plain-data answer.
+AdminHandler = Callable[[str, list[Any]], "Future[Any]"]
 
 
 class Metrics(Protocol):
@@ -233,8 +239,11 @@ class Node:
         self.transport = Transport(
             self.id, config.raft_addr, config.secret, self.poller, self._on_items,
             addresses=addresses, on_address=self._on_address,
-            on_undelivered=self._on_undelivered, faults=config.faults, tls=config.peer_tls,
+            on_undelivered=self._on_undelivered, on_admin=self._on_admin,
+            faults=config.faults, tls=config.peer_tls,
         )
+        # Serves admin tools' requests (raftkv.admin); None: they are refused.
+        self.admin_handler: AdminHandler | None = None
         # Random start: a restarted node must not reuse request ids a leader may still answer.
         self._seq = itertools.count(random.getrandbits(62))
         # request id -> (future, deadline, group, command, the leader it went to)
@@ -844,7 +853,7 @@ class Node:
             if term != e.term:
                 # Another leader's entry took this index: ours was never committed.
                 _fail(fut, NotLeader(self.id, g.leader))
-            elif isinstance(result, Exception):
+            elif isinstance(result, Exception) and type(fut) is not _Answer:
                 _fail(fut, result)
             elif result is ALREADY_APPLIED:
                 # It arrived inside a snapshot image: applied, but its result is unknown.
@@ -940,10 +949,20 @@ class Node:
         return lambda: self._propose_or_forward(g, data, fut)
 
     def _answer_forward(self, peer: str, rid: int, group: str, data: bytes) -> None:
+        g = self.groups.get(group)
+        # A state store that knows its results' codec (UserStateStore) encodes them to
+        # bytes for the follower, which decodes them with its own store (_on_reply).
+        encode = getattr(g.state, "encode_result", None) if g is not None else None
+
         def reply(f: Future[Any]) -> None:
             exc = f.exception()
             if exc is None:
                 index, value = f.result()
+                if encode is not None:
+                    value = encode(value)  # an exception the state machine returned too
+                elif isinstance(value, Exception):
+                    exc = value
+            if exc is None:
                 try:
                     msgpack.packb(value)
                 except (TypeError, ValueError, OverflowError):
@@ -956,9 +975,8 @@ class Node:
                 rid, False, [type(exc).__name__, str(exc), hint if isinstance(hint, str) else None]
             ))
 
-        fut: Future[Any] = Future()
+        fut: Future[Any] = _Answer()
         fut.add_done_callback(reply)
-        g = self.groups.get(group)
         if g is None:
             _fail(fut, UnknownGroup(f"{self.id} does not host group {group!r}"))
         elif g.raft.role != Role.LEADER:
@@ -973,7 +991,18 @@ class Node:
         del self._forwarded[rid]
         fut, deadline, group, data, _ = waiter
         if ok and len(result) == 2 and type(result[0]) is int:
-            _resolve(fut, result[0], result[1])
+            g = self.groups.get(group)
+            decode = getattr(g.state, "decode_result", None) if g is not None else None
+            if decode is None:
+                _resolve(fut, result[0], result[1])
+                return
+            try:
+                value = decode(result[1])
+            except ValueError as e:
+                _fail(fut, RemoteError("WireError", f"applied at index {result[0]}, but the "
+                                       f"leader's result does not decode: {e}"))
+                return
+            _resolve(fut, result[0], value)
         elif not ok and len(result) == 3:
             kind, message, _ = result
             if kind == "NotLeader":
@@ -988,6 +1017,50 @@ class Node:
                 _fail(fut, RemoteError(str(kind), str(message)))
         else:
             _fail(fut, RemoteError("WireError", "malformed reply from the leader"))
+
+    # ========================================================== admin tools ==========
+    def _on_admin(self, conn: Connection, items: list[Any]) -> None:
+        """An admin tool's requests (loop thread): each goes to ``admin_handler``, and
+        its future's outcome goes back on the tool's connection."""
+        for item in items:
+            if codec.item_kind(item) != codec.ADMIN:
+                raise codec.WireError("an admin connection sent something else")
+            rid, command, args = codec.decode_admin(item)
+            handler = self.admin_handler
+            if handler is None:
+                fut: Future[Any] = Future()
+                fut.set_exception(UnknownGroup(f"node {self.id} serves no admin requests"))
+            else:
+                try:
+                    fut = handler(command, args)
+                except Exception as e:  # noqa: BLE001 - the tool's error, not the loop's
+                    fut = Future()
+                    fut.set_exception(e)
+            fut.add_done_callback(functools.partial(self._admin_done, conn, rid))
+
+    def _admin_done(self, conn: Connection, rid: int, f: Future[Any]) -> None:
+        """Any thread: send the outcome from the loop thread."""
+        exc = f.exception()
+        value = None if exc is not None else f.result()
+
+        def send() -> None:
+            err = exc
+            if err is None:
+                try:
+                    msgpack.packb(value)
+                except (TypeError, ValueError, OverflowError):
+                    err = TypeError(f"the answer, a {type(value).__name__}, is not msgpack")
+                else:
+                    conn.send_items([codec.encode_admin_reply(rid, True, value)])
+                    return
+            lead = getattr(err, "leader", None)
+            lead = lead if isinstance(lead, str) else None
+            peer = self.transport.peers.get(lead) if lead is not None else None
+            conn.send_items([codec.encode_admin_reply(
+                rid, False, [type(err).__name__, str(err), lead,
+                             peer.addr if peer is not None else None])])
+
+        self.call(send)
 
     # ========================================================== network input ========
     def _on_items(self, peer: str, items: list[Any]) -> None:
@@ -1148,6 +1221,11 @@ class Proposal(Future[Any]):
     def __init__(self, shape: Callable[[int, Any], Any] | None = None) -> None:
         super().__init__()
         self.shape = shape
+
+
+class _Answer(Future[Any]):
+    """A write a follower forwarded, on the leader: it resolves to ``(index, result)``
+    even when the result is an exception, which ``_answer_forward`` then sends back."""
 
 
 def _resolve(fut: Future[Any], index: int, result: Any) -> None:

@@ -44,6 +44,12 @@ for the KV stores (IGNITE-16907). What differs is what is durable:
   and short-lived or in-memory groups, and give a path otherwise. After an install the
   log starts at the snapshot, so a restarted path=None replica on a durable log cannot
   replay. Recovery then refuses it with "needs a snapshot from the leader", not silently.
+  With ``volatile=True`` the caller says the log is in memory too (an in-memory node:
+  PySyncObj's default, or ``ReplicatedNode`` without a ``data_dir``): nothing is replayed
+  after a restart, so the state is its own checkpoint, as ``MemoryStateStore``'s is.
+  ``checkpoint()`` then advances the index once ``sm.snapshot()`` succeeds, writing
+  nothing, and the log is compacted by its policy instead of growing for as long as the
+  process runs; a snapshot that fails keeps the log, as below.
 - **snapshots** travel in the KV stores' chunk format, because ``GroupStorage.accept`` and
   the receiving store validate images with ``SnapshotLoader``. The bytes of ``sm.snapshot()``
   are cut into pieces of at most ``MAX_VALUE_BYTES`` (1 MiB), stored as the rows
@@ -52,6 +58,11 @@ for the KV stores (IGNITE-16907). What differs is what is durable:
   contiguous piece keys) before it touches the state machine. It then restores and, with a
   path, writes the checkpoint file. If either step fails, the previous state is restored
   from a copy taken first. Images are rare, so the extra ``sm.snapshot()`` is affordable.
+- **results**: what ``apply`` returns answers the caller on this replica as it is. For a
+  call forwarded by a follower, the leader sends it back through ``encode_result`` and
+  the follower reads it with ``decode_result`` (the driver calls both when a state store
+  has them): ``raftkv.statemachine``'s result codec, so a tuple, a set or the exception
+  a method raised reaches the follower's caller as what the leader's caller would get.
 - **reads**: ``get``, ``scan`` and ``digest`` see those same rows, computed from
   ``sm.snapshot()`` when called. ``digest()`` compares replicas as it does for the KV
   stores, provided ``snapshot()`` is deterministic (``ReplicatedObject``'s default is).
@@ -69,7 +80,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from hashlib import blake2b
 
-from raftkv.statemachine import StateMachine
+from raftkv.statemachine import StateMachine, decode_result, encode_result
 from raftkv.storage.commands import MAX_VALUE_BYTES
 from raftkv.storage.digest import Digest, DigestBuilder
 from raftkv.storage.errors import StorageError
@@ -135,7 +146,8 @@ class UserStateStore(Checkpointing):
     everything in memory. ``checkpoint_entries`` and ``checkpoint_seconds`` configure
     ``maybe_checkpoint`` (see ``CheckpointPolicy``). If ``path`` holds a checkpoint, ``sm``
     is restored from it. A corrupt file, or a ``restore`` that fails, raises
-    ``StorageError`` naming the file.
+    ``StorageError`` naming the file. ``volatile``: with ``path=None``, the group's log is
+    in memory too (module docstring, "path=None").
     """
 
     def __init__(
@@ -145,9 +157,13 @@ class UserStateStore(Checkpointing):
         *,
         checkpoint_entries: int = DEFAULT_CHECKPOINT_ENTRIES,
         checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
+        volatile: bool = False,
     ) -> None:
+        if volatile and path is not None:
+            raise ValueError("a state machine with a checkpoint file is not volatile")
         self.sm = sm
         self.path = None if path is None else os.fspath(path)
+        self.volatile = volatile
         self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
         self._applied = self._checkpoint = 0
         self._failed_at = 0  # the applied index of the last checkpoint whose snapshot failed
@@ -258,9 +274,27 @@ class UserStateStore(Checkpointing):
             self._applied = index
         return results
 
+    @staticmethod
+    def encode_result(result: object) -> bytes:
+        """An apply result, as the leader sends it to the follower that forwarded the call."""
+        return encode_result(result)
+
+    @staticmethod
+    def decode_result(data: object) -> object:
+        """The inverse of ``encode_result`` (an exception comes back as an instance);
+        ``ValueError`` if ``data`` is not such bytes."""
+        if type(data) is not bytes:
+            raise ValueError(f"a result is bytes, not {type(data).__name__}")
+        return decode_result(data)
+
     def _make_durable(self, applied: int) -> bool:
         if self.path is None:
-            return False  # nothing can be made durable (module docstring)
+            # Nothing can be made durable; in a volatile group nothing needs to be, but
+            # the state must still snapshot, or a follower that the compacted log no
+            # longer reaches could never catch up (module docstring, "path=None").
+            if self.volatile:
+                self._image()
+            return self.volatile
         self._write(applied, self._image())
         return True
 
@@ -278,7 +312,7 @@ class UserStateStore(Checkpointing):
         return self._policy.due(self._applied - since, now)
 
     def maybe_checkpoint(self, now: float) -> bool:
-        return self.path is not None and super().maybe_checkpoint(now)
+        return (self.path is not None or self.volatile) and super().maybe_checkpoint(now)
 
     # -- reads -------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:

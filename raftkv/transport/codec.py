@@ -13,6 +13,11 @@ heartbeats of every group it hosts with us included: that is the coalescing). It
   to the leader.
 - ``[FORWARD_REPLY, request_id, ok, result]``: the leader's answer. ``result`` is
   ``[index, value]`` on success, ``[error_kind, message, leader_hint]`` on failure.
+- ``[ADMIN, request_id, command, args]``: an admin tool's request (``raftkv.admin``),
+  only on a connection whose dialer announced no node id (see ``raftkv.transport.tcp``).
+- ``[ADMIN_REPLY, request_id, ok, result]``: the node's answer to it: ``result`` is the
+  command's on success, ``[error_kind, message, leader, leader_address]`` on failure
+  (leader and its address, when known, for a command only the leader can run).
 
 Decoding trusts nothing beyond the handshake: every field's type is checked, and any
 mismatch raises ``WireError`` (the connection is closed; the node carries on).
@@ -30,6 +35,8 @@ from raftkv.transport.frames import FrameError
 RAFT = 0
 FORWARD = 1
 FORWARD_REPLY = 2
+ADMIN = 3
+ADMIN_REPLY = 4
 
 _MT = {int(t): t for t in MessageType}
 _CONTEXT_TYPES = (type(None), int, str, bytes)
@@ -148,6 +155,26 @@ def encode_reply(request_id: int, ok: bool, result: list[Any]) -> list[Any]:
 def decode_reply(item: list[Any]) -> tuple[int, bool, list[Any]]:
     if len(item) != 4 or type(item[2]) is not bool or type(item[3]) is not list:
         raise WireError("malformed forward reply")
+    return _int(item[1], "request id"), item[2], item[3]
+
+
+def encode_admin(request_id: int, command: str, args: list[Any]) -> list[Any]:
+    return [ADMIN, request_id, command, args]
+
+
+def decode_admin(item: list[Any]) -> tuple[int, str, list[Any]]:
+    if len(item) != 4 or type(item[3]) is not list or item[0] != ADMIN:
+        raise WireError("malformed admin request")
+    return _int(item[1], "request id"), _str(item[2], "admin command"), item[3]
+
+
+def encode_admin_reply(request_id: int, ok: bool, result: Any) -> list[Any]:
+    return [ADMIN_REPLY, request_id, ok, result]
+
+
+def decode_admin_reply(item: list[Any]) -> tuple[int, bool, Any]:
+    if len(item) != 4 or item[0] != ADMIN_REPLY or type(item[2]) is not bool:
+        raise WireError("malformed admin reply")
     return _int(item[1], "request id"), item[2], item[3]
 
 

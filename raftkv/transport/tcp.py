@@ -38,6 +38,15 @@ Theory of operation
   a dropped connection shows at once, a silent one (a partition, a hung process, the
   fault switch) within the timeout. The driver reports it to the core, whose quiesced
   groups rely on it instead of heartbeats (see ``raftkv.core.raft``, "Quiescence").
+- **Admin tools** (``raftkv.admin``) dial the same port and pass the same handshake,
+  announcing an empty node id and no address: no node can have that id, so such a
+  connection is a tool's, never a peer's. It is not entered in the peer table (no
+  address is learned, nothing is dialed back, liveness ignores it); its frames go to
+  ``on_admin`` and the answers go back on it (``Connection.send_items``). Everything
+  else is a peer connection's: the TLS handshake first when the port runs TLS, the frame
+  keys derived from the handshake's nonces, every frame tagged both ways. At most
+  ``MAX_ADMIN`` are open at once, and one idle for ``ADMIN_IDLE`` seconds is closed.
+  A node without ``on_admin`` refuses them at the handshake.
 - **Test fault switch.** When built with ``faults=True``, ``block`` silently drops
   traffic to and from chosen peers, which is how real-process tests cut the network.
 """
@@ -78,8 +87,11 @@ BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 RECV_CHUNK = 1 << 18
 # Bytes read from one connection per poll event, so one busy peer cannot starve the loop.
 RECV_PER_EVENT = 8 << 20
+MAX_ADMIN = 8  # admin tools' connections open at once
+ADMIN_IDLE = 300.0  # seconds an admin connection may stay silent
 
 ItemsHandler = Callable[[str, list[Any]], None]
+AdminHandler = Callable[["Connection", list[Any]], None]
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -118,6 +130,7 @@ class Connection:
         self.deadline = monotonic() + HANDSHAKE_TIMEOUT
         self.nonce_a = b""
         self.nonce_d = b""
+        self.admin = False  # an admin tool's connection (module docstring)
         self.send_mac: FrameMac | None = None  # set once authenticated, unless under TLS
         self.tls: TlsSession | None = None
         self._mask = 0
@@ -141,6 +154,8 @@ class Connection:
             self.t.poller.subscribe(self.fd, self._on_event, mask)
 
     def describe(self) -> str:
+        if self.admin:
+            return "an admin tool"
         return self.peer or self.dialed_to or f"an unauthenticated peer ({self.remote})"
 
     # -- events ---------------------------------------------------------------------------
@@ -238,6 +253,13 @@ class Connection:
         for payload in self.decoder.feed(data):
             if type(payload) is not list:
                 raise FrameError("a frame must hold a list of items")
+            if self.admin:
+                assert self.t.on_admin is not None
+                self.deadline = monotonic() + ADMIN_IDLE
+                self.t.on_admin(self, payload)
+                if self.state == _State.CLOSED:
+                    return
+                continue
             assert self.peer is not None
             if self.peer in self.t.blocked:
                 continue
@@ -272,6 +294,9 @@ class Connection:
                 return
             peer, addr, self.nonce_d, used = got_hello
             del buf[:used]
+            if not peer:
+                self._admin_ready()
+                return
             if peer == t.node_id:
                 raise hs.HandshakeError("a peer claims this node's own id")
             self.dialer_id = peer
@@ -279,14 +304,37 @@ class Connection:
             t.learn_address(peer, addr)
             self._ready(peer)
 
-    def _ready(self, peer: str) -> None:
-        self.peer = peer
+    def _admin_ready(self) -> None:
+        """The dialer proved the secret and announced no node id: an admin tool."""
+        t = self.t
+        if t.on_admin is None:
+            raise hs.HandshakeError("an admin tool connected, but this node serves none")
+        if len(t.admins) >= MAX_ADMIN:
+            raise hs.HandshakeError(f"more than {MAX_ADMIN} admin connections at once")
+        self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id))
+        self.admin = True
         self.state = _State.READY
+        self._key_frames()  # a tool's frames are tagged as a peer's are (or go under TLS)
+        self.deadline = monotonic() + ADMIN_IDLE
+        t.pending.discard(self)
+        t.admins.add(self)
+        rest, self.inbuf = bytes(self.inbuf), bytearray()
+        if rest:
+            self._frames(rest)
+
+    def _key_frames(self) -> None:
+        """Authenticated: key this connection's frames, one key per direction (none under
+        TLS, whose records are authenticated already)."""
         if self.tls is None:
             to_acceptor, to_dialer = hs.frame_keys(self.t.secret, self.nonce_a, self.nonce_d)
             dialer = bool(self.dialed_to)
             self.send_mac = FrameMac(to_acceptor if dialer else to_dialer)
             self.decoder.mac = FrameMac(to_dialer if dialer else to_acceptor)
+
+    def _ready(self, peer: str) -> None:
+        self.peer = peer
+        self.state = _State.READY
+        self._key_frames()
         rest = bytes(self.inbuf)
         self.inbuf = bytearray()
         self.t.connected(self)
@@ -303,6 +351,10 @@ class Connection:
         self._write()
 
     def send_items(self, items: list[Any]) -> None:
+        """One frame of ``items`` (a peer's batch, or the answers to an admin tool; loop
+        thread); nothing once closed."""
+        if self.state != _State.READY:
+            return
         self.t.stats["frames_out"] += 1
         self._queue(encode_frame(items, self.send_mac))
 
@@ -360,6 +412,7 @@ class Transport:
         addresses: dict[str, str] | None = None,
         on_address: Callable[[str, str], None] | None = None,
         on_undelivered: ItemsHandler | None = None,
+        on_admin: AdminHandler | None = None,
         max_send_buffer: int = 64 << 20,
         max_frame: int = DEFAULT_MAX_FRAME,
         faults: bool = False,
@@ -377,6 +430,8 @@ class Transport:
         self.on_items = on_items
         self.on_address = on_address
         self.on_undelivered = on_undelivered
+        self.on_admin = on_admin
+        self.admins: set[Connection] = set()  # admin tools' connections
         self.max_send_buffer = max_send_buffer
         self.max_frame = max_frame
         self.faults = faults
@@ -418,7 +473,7 @@ class Transport:
             for c in (p.conn, p.dialing):
                 if c is not None:
                     c.close("transport closed", quiet=True)
-        for c in list(self.pending):
+        for c in list(self.pending) + list(self.admins):
             c.close("transport closed", quiet=True)
 
     @staticmethod
@@ -486,6 +541,9 @@ class Transport:
 
     def disconnected(self, conn: Connection, authenticated: bool) -> None:
         self.pending.discard(conn)
+        if conn.admin:
+            self.admins.discard(conn)
+            return
         for pid, p in self.peers.items():
             if p.conn is conn:
                 p.conn = None
@@ -562,6 +620,9 @@ class Transport:
         for c in list(self.pending):
             if now > c.deadline:
                 c.close("handshake timed out")
+        for c in list(self.admins):
+            if now > c.deadline:
+                c.close(f"admin connection idle for {ADMIN_IDLE:.0f} s", quiet=True)
         for p in self.peers.values():
             d = p.dialing
             if d is not None and now > d.deadline:

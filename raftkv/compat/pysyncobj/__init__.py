@@ -12,7 +12,8 @@ The layout mirrors PySyncObj's: this package exports what ``pysyncobj`` does
 (``SyncObj``, ``SyncObjConf``, ``SyncObjConsumer``, ``replicated``, ``replicated_sync``,
 ``SyncObjException``, ``FAIL_REASON``, ``SERIALIZER_STATE``, ``_RAFT_STATE``,
 ``_COMMAND_TYPE``, ``VERSION``), ``.batteries`` the batteries, ``.node`` ``Node`` and
-``TCPNode``, ``.config`` ``SyncObjConf``. How it works: ``.syncobj``'s docstring.
+``TCPNode``, ``.config`` ``SyncObjConf``, ``.utility`` ``TcpUtility`` and
+``.syncobj_admin`` the admin tool. How it works: ``.syncobj``'s docstring.
 The guide: ``docs/migrating-from-pysyncobj.md``.
 
 What a program gets
@@ -99,6 +100,17 @@ What is different underneath
   call's ``timeout`` (forever without one), retried every 5 s (raftkv's request
   deadline); without it, a call made while no leader is known fails at once with
   ``MISSING_LEADER``.
+- A new cluster elects its first leader once every founder (every node of a 3-node
+  ``selfNode`` + ``otherNodes`` set, 4 of 5) has started, not as soon as a majority has:
+  a node on empty files cannot otherwise tell the cluster's birth from its own lost
+  data (raftkv's incarnations, ``docs/wiped-nodes.md``). Later elections need a majority.
+- A data directory belongs to the node (the address) that created it: reusing a
+  ``journalFile`` under another ``selfNode`` address is refused with ``StorageError``
+  (PySyncObj would load it as the new node's).
+- One call encodes to at most 16 MiB (one log entry); a larger one raises ``ValueError``
+  before anything is proposed.
+- An in-memory node (no ``journalFile``) compacts its log as PySyncObj's does: its state
+  is its own checkpoint, and a new or lagging node gets a snapshot.
 
 SyncObjConf options
 -------------------
@@ -142,9 +154,15 @@ snapshots the objects' attributes as msgpack, and ignoring them could lose state
 ``TCPNode`` are refused too. An option name PySyncObj does not know is logged as a
 warning.
 
+``syncobj_admin`` is ``raftkv admin`` (PySyncObj's arguments work: ``raftkv admin -conn
+HOST:PORT -pass PW -status``) or ``python -m raftkv.compat.pysyncobj.syncobj_admin``, and
+``TcpUtility`` is ``.utility.TcpUtility``: the same commands (``status``, ``add``,
+``remove``, ``set_version``, ``transfer``) and answers, over the node's own
+authenticated port, never pickled (``.admin`` says what a node answers, ``raftkv.admin``
+how). The tool exits 1 when a command fails; PySyncObj's exits 0 whatever happened.
+
 Not provided: ``createJournal`` and PySyncObj's journal and dump formats (pickle),
-``HAS_CRYPTO``, ``TcpUtility`` and ``syncobj_admin``; mixed clusters of PySyncObj and
-raftkv nodes (the wire protocols differ).
+``HAS_CRYPTO``; mixed clusters of PySyncObj and raftkv nodes (the wire protocols differ).
 """
 
 from raftkv.compat.pysyncobj.config import FAIL_REASON, SERIALIZER_STATE, SyncObjConf

@@ -75,6 +75,7 @@ from typing import Any
 
 from pysyncobj.monotonic import monotonic
 
+from raftkv.compat.pysyncobj.admin import SyncObjAdmin
 from raftkv.compat.pysyncobj.config import (
     FAIL_REASON,
     TICK_SECONDS,
@@ -565,9 +566,12 @@ class _Engine:
             if self._start_error is not None:
                 raise self._start_error
         else:
-            while not self._try_start():
-                if self.bind_failed:
-                    raise SyncObjException("BindError")
+            try:
+                while not self._try_start():
+                    if self.bind_failed:
+                        raise SyncObjException("BindError")
+            finally:
+                self._initialised.set()  # what waitBinded waits for, on any path
 
     def _try_start(self) -> bool:
         """One bind attempt; True once the node runs."""
@@ -589,13 +593,16 @@ class _Engine:
             kw["checkpoint_entries"] = s.checkpoint_entries
         if s.checkpoint_seconds is not None:
             kw["checkpoint_seconds"] = s.checkpoint_seconds
-        store = UserStateStore(self.machine, path, **kw)  # type: ignore[arg-type]
+        # In memory (no journalFile, or a read-only node): the log is in memory too.
+        store = UserStateStore(self.machine, path, volatile=path is None,
+                               **kw)  # type: ignore[arg-type]
         try:
             self.embedded = EmbeddedNode(
                 self.id, self.bind, self.peers, s.secret,
                 data_dir=None if self.readonly else s.data_dir, durable=True,
                 join=self.readonly, tick_seconds=TICK_SECONDS,
                 election_tick=s.election_tick, request_timeout=REQUEST_TIMEOUT, state=store,
+                admin=lambda _: SyncObjAdmin(self.owner),
             )
         except OSError:
             log.exception("cannot start the node at %s", self.bind)
@@ -1224,13 +1231,11 @@ class SyncObj:
             return
         assert e.embedded is not None
         if node is None:
-            g = e.embedded.status()["groups"][e.group]
-            voters = [(p["match"], n) for n, p in g["peers"].items()
-                      if g["members"].get(n) == "voter" and p["active"]]
-            if not voters:
+            best = e.embedded.most_up_to_date_voter()
+            if best is None:
                 e.event(callback, None, FAIL_REASON.REQUEST_DENIED)
                 return
-            target = max(voters)[1]
+            target = best
         else:
             target = node_id(node)
         fut = e.embedded.node.transfer_leadership(e.group, target)
