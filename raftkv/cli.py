@@ -12,8 +12,11 @@
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
     raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
 
-Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``. Errors print one line on
-stderr and exit 1; a failed compare-and-set exits 2.
+Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``. A cluster that checks tokens
+gets one from ``--token-file F``, else ``RAFTKV_TOKEN``, else the file named by
+``RAFTKV_TOKEN_FILE`` (``raftkv.client.resolve_token``; there is no ``--token``: a
+command line is visible to every user of the machine). Errors print one line on stderr
+and exit 1; a failed compare-and-set exits 2.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import os
 import sys
 from typing import Any
 
-from raftkv.client import Client, ClientError, Unavailable
+from raftkv.client import Client, ClientError, Unavailable, resolve_token
 from raftkv.server import serve
 from raftkv.storage.errors import StorageError
 
@@ -136,6 +139,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoints", default=os.environ.get("RAFTKV_ENDPOINTS", DEFAULT_ENDPOINTS),
                    help="comma-separated HTTP endpoints")
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--token-file",
+                   help="file holding the bearer token to send (else RAFTKV_TOKEN, else the "
+                        "file named by RAFTKV_TOKEN_FILE)")
     sub = p.add_subparsers(dest="cmd", required=True)
     serve.add_arguments(sub.add_parser("serve", help="run a node"))
     put = sub.add_parser("put")
@@ -217,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "spark":
             from raftkv.spark.cli import run as spark_job  # pyspark only when asked for
 
-            return spark_job(args, args.endpoints)
-        client = Client(args.endpoints, timeout=args.timeout)
+            return spark_job(args, args.endpoints, resolve_token(token_file=args.token_file))
+        client = Client(args.endpoints, timeout=args.timeout, token_file=args.token_file)
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)

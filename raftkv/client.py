@@ -13,12 +13,19 @@ after an attempt that may have applied: its answer would be the retry's 412 for 
 the first attempt made. It raises ``OutcomeUnknown`` instead; it retries only after a
 refused connection or a 503 that says no leader took the request. Not thread-safe: one
 client per thread.
+
+Credentials: a cluster that checks tokens (``raftkv serve --tokens-file``) wants
+``Authorization: Bearer TOKEN`` on every request. The client sends ``token=``, else the
+contents of ``token_file=``, else ``$RAFTKV_TOKEN``, else the contents of the file named
+by ``$RAFTKV_TOKEN_FILE`` (``resolve_token``); with none of them it sends no header. A
+401 or 403 is not retried: another node would say the same.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -59,8 +66,30 @@ def _nothing_proposed(status: int, info: dict[str, Any]) -> bool:
                               or "transfer" in str(info.get("error", "")))
 
 
+def resolve_token(token: str | None = None, token_file: str | None = None) -> str | None:
+    """The bearer token to send (module docstring), or None. ``ValueError`` if a token
+    file cannot be read, or the token is not one word."""
+    where = "the token"
+    if token is None and token_file is None:
+        token = os.environ.get("RAFTKV_TOKEN") or None
+        where = "$RAFTKV_TOKEN"
+        if token is None:
+            token_file = os.environ.get("RAFTKV_TOKEN_FILE") or None
+    if token is None and token_file is not None:
+        where = f"the token file {token_file}"
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the token file {token_file}: {e}") from None
+    if token is not None and (not token or any(c.isspace() for c in token)):
+        raise ValueError(f"{where} must hold one token: one word, no spaces or line breaks")
+    return token
+
+
 class Client:
-    def __init__(self, endpoints: list[str] | str, timeout: float = 10.0) -> None:
+    def __init__(self, endpoints: list[str] | str, timeout: float = 10.0,
+                 token: str | None = None, token_file: str | None = None) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         if not endpoints:
@@ -70,6 +99,8 @@ class Client:
         self._current = 0
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._ids: dict[str, str] = {}  # node id -> endpoint
+        self.token = resolve_token(token, token_file)
+        self._auth = {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     # -- transport ----------------------------------------------------------------------
     def _conn(self, endpoint: str) -> http.client.HTTPConnection:
@@ -87,7 +118,7 @@ class Client:
     ) -> tuple[int, bytes, str]:
         c = self._conn(endpoint)
         try:
-            c.request(method, path, body=body, headers=headers or {})
+            c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
             r = c.getresponse()
             return r.status, r.read(), r.getheader("Content-Type", "")
         except (OSError, http.client.HTTPException):

@@ -23,13 +23,14 @@ from raftkv.spark.cluster import table_view
 MISMATCH_EXIT = 3
 
 
-def run(args: argparse.Namespace, endpoints: str) -> int:
+def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
+    """``token``: the bearer token to send (None: none)."""
     eps = [e.split("://", 1)[-1] for e in endpoints.split(",") if e]
     try:
         # Before starting a JVM: a missing input or an unknown table fails in a second.
         if "://" not in args.input and not os.path.exists(args.input):
             raise SparkJobError(f"input {args.input} does not exist")
-        table_view(eps, args.table)
+        table_view(eps, args.table, token=token)
     except SparkJobError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -48,10 +49,10 @@ def run(args: argparse.Namespace, endpoints: str) -> int:
                 else [c for c in df.columns if c != args.key])
         if args.action == "load":
             bulk_load(df, args.table, args.key, cols, cluster=eps, batch_rows=args.batch_rows,
-                      load_id=args.load_id, progress=True)
+                      load_id=args.load_id, progress=True, token=token)
             return 0
         report = verify(df, args.table, args.key, cols, cluster=eps,
-                        diff_limit=args.diff_limit, progress=True)
+                        diff_limit=args.diff_limit, progress=True, token=token)
         return 0 if report.ok else MISMATCH_EXIT
     except SparkJobError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -3,7 +3,10 @@
 ``ProcCluster`` starts nodes as subprocesses (``python -m raftkv.cli serve``), each with
 its own data directory and log file, and can SIGKILL, restart, add joining nodes and cut
 the network through the transport's test fault switch (``--enable-test-faults``). Ports
-come from the kernel (bind to port 0), so parallel runs do not collide.
+come from the kernel (bind to port 0), so parallel runs do not collide. With
+``auth=True`` the nodes check bearer tokens: the cluster writes a tokens file with one
+token per role (``tokens``; ``token.<role>`` files hold each alone, for the CLI's
+``--token-file``), and its own calls and clients use the admin token.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from raftkv.client import Client
+from raftkv.server.auth import Role
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -65,9 +70,11 @@ def free_ports(n: int, taken: Iterable[int] = ()) -> list[int]:
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, method: str | None = None,
-              timeout: float = 2.0) -> tuple[int, Any]:
+              timeout: float = 2.0, token: str | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"))
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -117,17 +124,41 @@ class ProcCluster:
     tick: float = 0.05
     election_ticks: int = 10
     faults: bool = True
+    auth: bool = False
     extra_args: list[str] = field(default_factory=list)
     nodes: dict[str, ProcNode] = field(default_factory=dict)
+    tokens: dict[Role, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         os.makedirs(self.base_dir, exist_ok=True)
         self.secret_file = os.path.join(self.base_dir, "secret")
         with open(self.secret_file, "wb") as f:
             f.write(self.secret)
+        self.tokens_file = os.path.join(self.base_dir, "tokens")
+        if self.auth:
+            self.tokens = {r: secrets.token_urlsafe(24) for r in Role}
+            lines = [f"{r.label} {r.label} {t}\n" for r, t in self.tokens.items()]
+            self._private(self.tokens_file, "".join(lines))
+            for r, t in self.tokens.items():
+                self._private(self.token_file(r), t + "\n")
         for i in range(1, self.size + 1):
             self._new_node(f"n{i}")
         self.founders = dict(self.peers())
+
+    @staticmethod
+    def _private(path: str, text: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+
+    def token_file(self, role: Role) -> str:
+        """The file holding the token of ``role`` alone (with ``auth``)."""
+        return os.path.join(self.base_dir, f"token.{role.label}")
+
+    @property
+    def admin_token(self) -> str | None:
+        """What the cluster's own calls send: the admin token, None without ``auth``."""
+        return self.tokens.get(Role.ADMIN)
 
     def _new_node(self, node_id: str) -> ProcNode:
         # Distinct from every port of this cluster: two independent picks could coincide
@@ -165,6 +196,8 @@ class ProcCluster:
             ]
             if join:
                 args.append("--join")
+            if self.auth:
+                args += ["--tokens-file", self.tokens_file]
             if self.faults:
                 args.append("--enable-test-faults")
             with open(n.log_path, "ab") as log:
@@ -199,9 +232,8 @@ class ProcCluster:
                 raise RuntimeError(f"{node_id} exited at start:\n{n.log_text()[-3000:]}")
             try:
                 status, body = http_json(n.endpoint + "/health", timeout=0.5)
-                # 503 "no leader" is a node that serves, waiting for an election.
-                if status == 200 or (status == 503 and isinstance(body, dict)
-                                     and body.get("status") == "no leader"):
+                # "starting": HTTP is up, the node is still replaying its log.
+                if status == 200 and isinstance(body, dict) and body.get("status") != "starting":
                     return
             except OSError:
                 pass
@@ -241,7 +273,8 @@ class ProcCluster:
 
     def status(self, node_id: str) -> dict[str, Any] | None:
         try:
-            code, body = http_json(self.nodes[node_id].endpoint + "/v1/cluster", timeout=2.0)
+            code, body = http_json(self.nodes[node_id].endpoint + "/v1/cluster", timeout=2.0,
+                                   token=self.admin_token)
         except OSError:
             return None
         return body if code == 200 else None
@@ -280,8 +313,11 @@ class ProcCluster:
             return all(gs) and len({g["applied"] for g in gs if g}) == 1
         self.wait_until(same, timeout, "replicas applying the same index")
 
-    def client(self, ids: list[str] | None = None, timeout: float = 10.0) -> Client:
-        return Client([self.nodes[i].endpoint for i in (ids or list(self.nodes))], timeout)
+    def client(self, ids: list[str] | None = None, timeout: float = 10.0,
+               role: Role = Role.ADMIN) -> Client:
+        """A client of ``ids`` (default: every node), with ``role``'s token under ``auth``."""
+        return Client([self.nodes[i].endpoint for i in (ids or list(self.nodes))], timeout,
+                      token=self.tokens.get(role))
 
     def partition(self, *sides: list[str]) -> None:
         """Cut traffic between the given sides (each node blocks everyone not on its side)."""
@@ -290,17 +326,19 @@ class ProcCluster:
             for nid in side:
                 block = sorted(everyone - set(side))
                 code, body = http_json(self.nodes[nid].endpoint + "/v1/test/partition",
-                                       {"block": block})
+                                       {"block": block}, token=self.admin_token)
                 if code != 200:
                     raise RuntimeError(f"partition on {nid} failed: {body}")
 
     def heal(self) -> None:
         for nid in self.alive_ids():
-            http_json(self.nodes[nid].endpoint + "/v1/test/partition", {"block": []})
+            http_json(self.nodes[nid].endpoint + "/v1/test/partition", {"block": []},
+                      token=self.admin_token)
 
     def digest(self, node_id: str) -> dict[str, Any]:
         """``{"count", "digest", "applied"}`` of a replica's local state."""
-        code, body = http_json(self.nodes[node_id].endpoint + "/v1/digest?stale=true")
+        code, body = http_json(self.nodes[node_id].endpoint + "/v1/digest?stale=true",
+                               token=self.admin_token)
         if code != 200:
             raise RuntimeError(f"digest of {node_id} failed: {body}")
         return dict(body)
