@@ -56,6 +56,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from raftkv.core import TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.server import auth
 from raftkv.server.auth import Role
@@ -244,6 +245,12 @@ class Api:
 
     async def transfer(self, request: web.Request) -> web.Response:
         to = str_field(await json_body(request), "to")
+        node, gid = self.kv.node, self.kv.group
+        voters = await wait(node.call(lambda: set(node.groups[gid].raft.conf.voters)))
+        if to not in voters:
+            # The leader refuses it too, but a follower that passes the request on never
+            # hears so: it would answer 504 after two election timeouts.
+            raise TransferRejected(f"{to} is not a voter")
         await self._admin(lambda: self.kv.transfer_leadership(to))
         return web.json_response({"leader": to})
 
