@@ -113,10 +113,15 @@ def run(args: argparse.Namespace) -> int:
                     args.http_addr)
     registry = CollectorRegistry()
     api = Api(args.id, registry, faults=args.enable_test_faults, tokens=tokens)
-    built: list[RaftKV | Placement | tempfile.TemporaryDirectory[str]] = []
+    closers: list[Callable[[], None]] = []  # what build made, to undo in reverse
 
     def build() -> None:
         """The node, its logs replayed; on a worker thread while HTTP serves."""
+        meta_dir = args.data_dir
+        if args.memory:
+            tmp = tempfile.TemporaryDirectory(prefix=f"raftkv-meta-{args.id}-")
+            closers.append(tmp.cleanup)
+            meta_dir = tmp.name
         kv = RaftKV(
             args.id, args.raft_addr, peers, secret,
             data_dir=None if args.memory else args.data_dir,
@@ -126,17 +131,12 @@ def run(args: argparse.Namespace) -> int:
             compaction=CompactionPolicy(max_entries=args.compact_entries,
                                         keep=args.compact_keep),
         )
-        built.append(kv)
-        meta_dir = args.data_dir
-        if args.memory:
-            tmp = tempfile.TemporaryDirectory(prefix=f"raftkv-meta-{args.id}-")
-            built.append(tmp)
-            meta_dir = tmp.name
+        closers.append(kv.close)
         placement = Placement(
             kv, None if args.memory else args.data_dir, meta_dir, args.http_addr,
             None if args.join else sorted(peers), durable=not args.no_fsync,
         )
-        built.append(placement)
+        closers.append(placement.stop)
         placement.start()
         log.info("%s", kv.node.groups[kv.group].recovery.describe())
         api.attach(kv, placement)
@@ -148,13 +148,8 @@ def run(args: argparse.Namespace) -> int:
                                on_hangup=tokens.reload if tokens is not None else None))
     finally:
         # Last built, first stopped: the placement manager uses the node.
-        for part in reversed(built):
-            if isinstance(part, Placement):
-                part.stop()
-            elif isinstance(part, RaftKV):
-                part.close()
-            else:
-                part.cleanup()
+        for close in reversed(closers):
+            close()
         log.info("stopped")
     return 0
 
