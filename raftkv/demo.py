@@ -1,8 +1,11 @@
 """``make demo``: a real 3-node cluster of ``raftkv serve`` processes on 127.0.0.1.
 
-Data lives under ``demo-data/`` (wiped at the start). The demo:
+Data lives under ``demo-data/`` (wiped at the start). The nodes check bearer tokens: the
+demo writes a tokens file there, one token per role, and uses the admin token. The
+demo:
 
-1. starts three nodes, writes sample data and prints the cluster table;
+1. starts three nodes, writes sample data and prints the cluster table; shows a request
+   without a token refused (401) and a write with the read token refused (403);
 2. SIGKILLs the leader, shows the new leader, and that writes continue;
 3. restarts the old leader, shows its recovery report (entries replayed from its
    checkpoint) and its catch-up;
@@ -24,7 +27,8 @@ from types import FrameType
 from typing import TextIO
 
 from raftkv.cli import format_table, status_rows
-from raftkv.testing.procs import ProcCluster
+from raftkv.server.auth import Role
+from raftkv.testing.procs import ProcCluster, http_json
 
 DEMO_DIR = "demo-data"
 
@@ -55,6 +59,12 @@ class Demo:
         swapped, index = client.cas("user:0001", "name-1", "renamed")
         self.say(f"wrote 200 keys; cas user:0001 -> renamed: swapped={swapped} at index {index}")
         self.say(f"get user:0001 (linearizable) = {client.get('user:0001')!r}")
+        ep = self.c.nodes[lead].endpoint + "/v1/kv/user:0001"
+        for who, token, method in (("no token", None, "GET"),
+                                   ("the read token", self.c.tokens[Role.READ], "PUT")):
+            status, body = http_json(ep, {}, method=method, token=token)
+            self.say(f"{method} /v1/kv/user:0001 with {who}: {status} {body['error']}")
+        self.say(f"(tokens, one per role: {self.c.tokens_file}; the demo uses the admin one)")
         self.table()
         return lead
 
@@ -123,7 +133,7 @@ class Demo:
 
 def run(out: TextIO = sys.stdout, base_dir: str = DEMO_DIR) -> bool:
     shutil.rmtree(base_dir, ignore_errors=True)
-    cluster = ProcCluster(os.path.abspath(base_dir), size=3, faults=False)
+    cluster = ProcCluster(os.path.abspath(base_dir), size=3, faults=False, auth=True)
     demo = Demo(cluster, out)
 
     def interrupted(signum: int, frame: FrameType | None) -> None:
