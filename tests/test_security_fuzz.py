@@ -17,10 +17,12 @@ test prints the volume: requests sent and distinct paths.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
 import socket
+import uuid
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -37,6 +39,9 @@ from raftkv.testing.procs import ProcCluster
 
 EXAMPLES = int(os.environ.get("RAFTKV_FUZZ_EXAMPLES", "300"))
 TABLE = "ft"
+# Written before the fuzz and read after it: a key no example will draw (a write token's
+# fuzzed writes may hit any short key).
+CANARY = "canary-" + uuid.uuid4().hex
 SENT: list[str] = []  # the path of every request sent, for the volume
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow,
@@ -53,7 +58,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
         admin.create_table(TABLE, 3, 1)  # one replica: a table key is often proxied
         c.wait_until(lambda: all(p["leader"] for p in admin.describe_table(TABLE)["partitions"]),
                      30, "a leader for every partition")
-        admin.put("k", "v")
+        admin.put(CANARY, "v")
         yield c
 
 
@@ -85,7 +90,7 @@ def paths(draw: st.DrawFn) -> str:
     if draw(st.booleans()):
         names = st.one_of(st.sampled_from(PARAMS), st.text(URL_CHARS, max_size=8))
         values = st.one_of(st.sampled_from(["true", "false", "1", "0", "", "maybe", "v", "-3",
-                                            "1e309", "nan"]),
+                                            "99999999", "1e309", "nan", "inf", "-inf"]),
                            st.binary(max_size=20).map(lambda b: quote(b, safe="")))
         pairs = draw(st.lists(st.tuples(names, values), max_size=4))
         path += "?" + "&".join(f"{n.replace('&', '')}={v}" for n, v in pairs)
@@ -155,7 +160,8 @@ def exchange(port: int, raw: bytes) -> bytes:
 
 
 def check_answer(method: str, raw_answer: bytes, what: Any) -> int:
-    """The status of a well-formed answer; fails on a 5xx or an error not in JSON."""
+    """The status of a well-formed answer; fails on a 5xx or an error not in JSON (a
+    failed compare-and-set's 412 is ``{"index", "swapped": false}``)."""
     head, _, body = raw_answer.partition(b"\r\n\r\n")
     m = re.match(rb"HTTP/1\.[01] (\d{3}) ", head)
     assert m, (what, raw_answer[:200])
@@ -165,7 +171,11 @@ def check_answer(method: str, raw_answer: bytes, what: Any) -> int:
         ctype = re.search(rb"(?im)^content-type: *([^\r;]+)", head)
         assert ctype and ctype.group(1) == b"application/json", (what, status, head)
         answer = json.loads(body)
-        assert isinstance(answer, dict) and isinstance(answer.get("error"), str), answer
+        assert isinstance(answer, dict), answer
+        if status == 412:
+            assert answer["swapped"] is False, answer
+        else:
+            assert isinstance(answer.get("error"), str), answer
     return status
 
 
@@ -254,6 +264,37 @@ def test_malformed_requests_get_a_json_400_or_no_answer(cluster: ProcCluster,
         check_answer("GET", answer, raw[:100])
 
 
+@pytest.mark.parametrize(("raw", "status", "why"), [
+    (b"GET /v1/kv/" + b"k" * 9000 + b" HTTP/1.1\r\n", 414, "the URL is 9007 bytes"),
+    (b"GET /v1/kv/k?stale=" + b"1" * 9000 + b" HTTP/1.1\r\n", 414, "the URL is 9015 bytes"),
+    (b"GET /" + b"k" * 70000 + b" HTTP/1.1\r\n", 400, "Got more than 65536 bytes"),
+    (b"GET /health HTTP/1.1\r\nX-Big: " + b"v" * 9000 + b"\r\n", 400,
+     "Got more than 8190 bytes"),
+])
+def test_oversized_urls_and_headers_get_a_json_error(
+        cluster: ProcCluster, raw: bytes, status: int, why: str) -> None:
+    """A 9,000-byte URL used to get aiohttp's plain-text 400."""
+    answer = exchange(cluster.nodes["n2"].http_port,
+                      raw + b"Host: x\r\nConnection: close\r\n\r\n")
+    assert check_answer("GET", answer, raw[:40]) == status
+    assert why in json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+
+
+@pytest.mark.parametrize("timeout", ["nan", "-1", "x"])
+def test_a_digest_wait_with_a_timeout_that_never_passes_is_refused(
+        cluster: ProcCluster, timeout: str) -> None:
+    """A NaN deadline never passed: the request polled its replica until the node
+    stopped (a read token was enough to leave any number of them running)."""
+    host = cluster.client().describe_table(TABLE)["partitions"][0]["hosted_on"][0]
+    conn = http.client.HTTPConnection("127.0.0.1", cluster.nodes[host].http_port, timeout=30)
+    conn.request("GET", f"/v1/tables/{TABLE}/partitions/0/digest?min_index=999999999"
+                        f"&timeout={timeout}",
+                 headers={"Authorization": f"Bearer {cluster.tokens[Role.READ]}"})
+    r = conn.getresponse()
+    assert r.status == 400 and "timeout is seconds" in json.loads(r.read())["error"]
+    conn.close()
+
+
 def test_after_the_fuzz_every_node_is_whole_and_no_log_has_a_traceback(
         cluster: ProcCluster) -> None:
     for n in cluster.nodes.values():
@@ -262,7 +303,7 @@ def test_after_the_fuzz_every_node_is_whole_and_no_log_has_a_traceback(
         for bad in ("Traceback", " ERROR ", " CRITICAL "):
             assert bad not in text, (n.id, bad, text[text.find(bad) - 2000:][:4000])
     admin = cluster.client()
-    assert admin.get("k") == b"v"
+    assert admin.get(CANARY) == b"v"
     cluster.wait_caught_up()
     digests = {n: cluster.digest(n) for n in cluster.nodes}
     assert len({(d["count"], d["digest"]) for d in digests.values()}) == 1, digests

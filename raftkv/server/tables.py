@@ -693,8 +693,11 @@ class TablesApi:
             min_index = int(q.get("min_index", "0"))
             limit = int(q.get("keys", "0"))
             timeout = min(float(q.get("timeout", "30")), 120.0)
+            if not timeout >= 0:  # NaN too: a deadline of NaN never passes
+                raise ValueError
         except ValueError:
-            raise CommandError("min_index and keys are integers, timeout is seconds") from None
+            raise CommandError("min_index and keys are integers, timeout is seconds "
+                               "(at least 0)") from None
         linearizable = q.get("linearizable", "").lower() in ("true", "1")
         if linearizable:
             require_leader(self.p.node, gid)
