@@ -122,6 +122,7 @@ ROLES: dict[tuple[str, str], Role | None] = {
 
 
 def role_of(method: str, canonical: str) -> Role | None:
+    """The role a route needs (``KeyError`` for a route ``ROLES`` does not list)."""
     return ROLES[("GET" if method == "HEAD" else method, canonical)]
 
 

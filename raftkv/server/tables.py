@@ -49,8 +49,9 @@ Endpoints (JSON; errors are ``{"error": ...}``):
 - ``POST /v1/cluster/nodes`` ``{"id", "raft_addr", "http_addr"?}``: add a node to the
   placement topology: admit it to the metastore as a learner (on the metastore leader;
   another node proxies there) and add it to ``placement.nodes``, which rebalances every
-  table. Addresses that do not parse as ``host:port`` are a 400. ``DELETE /v1/cluster/nodes/{id}`` takes it out of the topology (its partitions
-  move away; it stays a metastore learner). The default KV group is not touched: use
+  table. Addresses that do not parse as ``host:port`` are a 400.
+  ``DELETE /v1/cluster/nodes/{id}`` takes it out of the topology (its partitions move
+  away; it stays a metastore learner). The default KV group is not touched: use
   ``/v1/cluster/learners`` for that.
 
 Errors of the table KV endpoints: those of ``/v1/kv`` (``kv_ops``), plus 400 for a bad

@@ -132,8 +132,9 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
     """Load ``df`` into ``table``: the key from ``key_col``, the value from ``value_cols``
     or ``value_fn(row)`` (``raftkv.spark.rows`` gives the encodings). ``cluster``: any
     nodes' HTTP ``host:port``; ``token``: a write token, when the cluster checks them
-    (default: ``RAFTKV_TOKEN`` or ``RAFTKV_TOKEN_FILE``, see ``raftkv.spark.cluster``). ``on_batch(partition, batch_number, task_attempt)`` runs in
-    the task before each batch is sent (progress hooks, fault injection in tests).
+    (default: ``RAFTKV_TOKEN`` or ``RAFTKV_TOKEN_FILE``, see ``raftkv.spark.cluster``).
+    ``on_batch(partition, batch_number, task_attempt)`` runs in the task before each
+    batch is sent (progress hooks, fault injection in tests).
     Returns the per-partition report, which is also printed to ``out`` (stdout)."""
     out = out or sys.stdout
     if (value_cols is None) == (value_fn is None):
