@@ -99,8 +99,8 @@ class Client:
         self._current = 0
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._ids: dict[str, str] = {}  # node id -> endpoint
-        self.token = resolve_token(token, token_file)
-        self._auth = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        bearer = resolve_token(token, token_file)
+        self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
     # -- transport ----------------------------------------------------------------------
     def _conn(self, endpoint: str) -> http.client.HTTPConnection:
