@@ -25,7 +25,8 @@ test: $(STAMP)
 	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
 		raftkv/core raftkv/node raftkv/transport raftkv/server raftkv/kv.py raftkv/embedded.py \
 		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py \
-		raftkv/spark raftkv/compat raftkv/storage raftkv/recovery
+		raftkv/tls.py raftkv/certs.py raftkv/testing/raw_peer.py \
+		raftkv/spark raftkv/compat raftkv/storage raftkv/recovery raftkv/errors.py
 	$(BIN)/python -m pytest
 
 # Opt-in long mode: thousands of simulator seeds and longer soaks.

@@ -168,6 +168,9 @@ class CountingMetrics:
     def leader_change(self, group: str) -> None:
         self.leader_changes += 1
 
+    def group_removed(self, group: str) -> None:
+        pass
+
     def mark(self) -> tuple[int, int]:
         return len(self.fsyncs), len(self.proposal_batches)
 
@@ -196,11 +199,14 @@ def raftkv_node(argv: list[str]) -> int:
     p.add_argument("--no-fsync", action="store_true")
     p.add_argument("--compact-entries", type=int, default=None)
     p.add_argument("--compact-keep", type=int, default=None)
+    p.add_argument("--tls-dir", default=None,
+                   help="peer mTLS with <id>.pem, <id>-key.pem and ca.pem from this directory")
     args = p.parse_args(argv)
 
     from raftkv.recovery.compaction import CompactionPolicy
 
     from raftkv.kv import RaftKV
+    from raftkv.tls import TlsConfig
 
     policy = None
     if args.compact_entries is not None or args.compact_keep is not None:
@@ -212,9 +218,12 @@ def raftkv_node(argv: list[str]) -> int:
         )
     metrics = CountingMetrics()
     peers = json.loads(args.peers_json)
+    d = args.tls_dir
+    tls = (TlsConfig(f"{d}/{args.id}.pem", f"{d}/{args.id}-key.pem", f"{d}/ca.pem",
+                     client_cert_auth=True) if d else None)
     kv = RaftKV(args.id, args.raft_addr, peers, SECRET, data_dir=args.data_dir,
                 durable=not args.no_fsync, join=args.join, metrics=metrics,
-                compaction=policy)
+                compaction=policy, peer_tls=tls)
     answer({"ready": True, "id": args.id})
     profs: tuple[cProfile.Profile, cProfile.Profile] | None = None
     try:

@@ -63,7 +63,11 @@ Usage::
         [--window 1000] [--repeat R] [--nofsync] [--http-ops N] [--http-clients 16]
         [--http-procs 2] [--failover] [--failover-repeats 5] [--catchup-keys K]
         [--catchup-batch 1000] [--catchup-snapshot | --catchup-both] [--all]
-        [--skip embedded,pysyncobj,http,lmdb] [--profile] [--json FILE] [--dir DIR]
+        [--skip embedded,pysyncobj,http,lmdb] [--profile] [--tls] [--json FILE] [--dir DIR]
+
+``--tls`` runs 1 and 2 with TLS on every raftkv port: mutual TLS between peers (run 1),
+and HTTPS plus mutual peer TLS (run 2), with a throw-away CA (``raftkv.certs``); run it
+with and without to get the cost of TLS (docs/security.md reports it).
 
 With none of ``--failover``, ``--catchup-keys``: runs 1-5. With ``--failover`` and/or
 ``--catchup-keys``: only those. ``--all``: 1-6 (catch-up of 1,000,000 keys by default).
@@ -102,7 +106,9 @@ import lmdb
 from benchmarks._plot import pyplot
 from benchmarks._throughput_peer import percentiles
 from benchmarks.recovery import key, machine, value, verdict
+from raftkv.certs import CertFiles, issue, make_ca
 from raftkv.client import Client
+from raftkv.server.auth import Role
 from raftkv.testing.procs import ProcCluster, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,12 +179,14 @@ class Peer:
 class Group:
     """``--nodes`` peer processes of one kind (``raftkv`` or ``pysyncobj``)."""
 
-    def __init__(self, kind: str, base: str, nodes: int, extra: list[str] | None = None
-                 ) -> None:
+    def __init__(self, kind: str, base: str, nodes: int, extra: list[str] | None = None,
+                 tls: bool = False) -> None:
         os.makedirs(base, exist_ok=True)
         self.base = base
         self.kind = kind
         self.extra = extra or []
+        self.tls_dir = os.path.join(base, "tls")
+        self.ca: CertFiles | None = make_ca(self.tls_dir) if tls else None
         self.addrs = {f"n{i}": f"127.0.0.1:{p}"
                       for i, p in enumerate(free_ports(nodes), start=1)}
         self.peers: dict[str, Peer] = {}
@@ -195,6 +203,9 @@ class Group:
             peers = {nid: self.addrs[nid]} if join else self.addrs
             args = ["raftkv", nid, self.addrs[nid], os.path.join(self.base, nid),
                     json.dumps(peers), *self.extra] + (["--join"] if join else [])
+            if self.ca is not None:
+                issue(self.ca, self.tls_dir, nid)
+                args += ["--tls-dir", self.tls_dir]
         else:
             others = ",".join(a for n, a in self.addrs.items() if n != nid)
             args = ["pysyncobj", self.addrs[nid], others]
@@ -242,9 +253,9 @@ def loaded_run(group: Group, lead: Peer, n: int, window: int, size: int,
 
 
 def run_embedded(base: str, nodes: int, n: int, window: int, size: int, profile: bool,
-                 durable: bool = True) -> dict[str, Any]:
+                 durable: bool = True, tls: bool = False) -> dict[str, Any]:
     extra = [] if durable else ["--no-fsync"]
-    group = Group("raftkv", base, nodes, extra)
+    group = Group("raftkv", base, nodes, extra, tls=tls)
     try:
         lead = group.leader()
         lead.ask("load", n=100, window=window, size=size, prefix="warm")  # connections up
@@ -294,28 +305,34 @@ _FSYNC_RE = re.compile(r'^raftkv_fsync_seconds_(count|sum)\{group="default"\} (\
                        re.MULTILINE)
 
 
-def fsync_metrics(endpoint: str) -> dict[str, float]:
-    c = http.client.HTTPConnection(endpoint.split("//")[1], timeout=5)
+def fsync_metrics(cluster: ProcCluster, node: str) -> dict[str, float]:
+    """The leader's fsync count and seconds from ``/metrics`` (with the metrics token
+    when the cluster checks tokens, and its CA and client certificate under TLS)."""
+    c = cluster.client([node], role=Role.METRICS)
     try:
-        c.request("GET", "/metrics")
-        text = c.getresponse().read().decode()
+        text = c.request("GET", "/metrics")[1].decode()
     finally:
         c.close()
     return {m.group(1): float(m.group(2)) for m in _FSYNC_RE.finditer(text)}
 
 
-def run_http(base: str, nodes: int, n: int, clients: int, procs: int, size: int
-             ) -> dict[str, Any]:
-    cluster = ProcCluster(base, size=nodes, faults=False, extra_args=["--log-level", "WARNING"])
+def run_http(base: str, nodes: int, n: int, clients: int, procs: int, size: int,
+             tls: bool = False) -> dict[str, Any]:
+    cluster = ProcCluster(base, size=nodes, faults=False, extra_args=["--log-level", "WARNING"],
+                          tls=tls)
+    env = dict(os.environ)
+    if cluster.client_cert is not None:  # the client processes' Client reads these
+        env.update(RAFTKV_CACERT=cluster.client_cert.ca, RAFTKV_CERT=cluster.client_cert.cert,
+                   RAFTKV_KEY=cluster.client_cert.key)
     try:
         cluster.start()
         lead = cluster.wait_leader()
         ep = cluster.nodes[lead].endpoint
-        warm = Client([ep])
+        warm = cluster.client([lead])
         for i in range(50):
             warm.put(f"warm-{i}", value(i, size))
         warm.close()
-        before = fsync_metrics(ep)
+        before = fsync_metrics(cluster, lead)
         procs = max(1, min(procs, clients))
         threads = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
         ops = [n * t // clients for t in threads]
@@ -325,7 +342,7 @@ def run_http(base: str, nodes: int, n: int, clients: int, procs: int, size: int
             subprocess.Popen([sys.executable, "-m", PEER, "http", ep, "-", str(ops[i]),
                               str(threads[i]), str(size), f"h{i}", repr(start_at)],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, env=env)
             for i in range(procs)
         ]
         outs = []
@@ -334,7 +351,7 @@ def run_http(base: str, nodes: int, n: int, clients: int, procs: int, size: int
             if c.returncode != 0:
                 raise RuntimeError(f"HTTP client failed ({c.returncode}):\n{stderr[-3000:]}")
             outs.append(json.loads(stdout.strip().splitlines()[-1]))
-        after = fsync_metrics(ep)
+        after = fsync_metrics(cluster, lead)
         lat = [x for o in outs for x in o["lat_ms"]]
         span = max(o["t_end"] for o in outs) - min(o["t_start"] for o in outs)
         fs_count = after.get("count", 0.0) - before.get("count", 0.0)
@@ -818,6 +835,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="re-run the embedded load under cProfile and print the top functions")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON)
     p.add_argument("--dir", default=None, help="parent of the temp dir (default /tmp)")
+    p.add_argument("--tls", action="store_true",
+                   help="runs 1 and 2 with TLS on every raftkv port (peer mTLS, HTTPS)")
     args = p.parse_args(argv)
     if (args.nodes < 1 or args.ops <= 0 or args.value_size < 10 or args.window <= 0
             or args.repeat < 1):
@@ -838,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     t_all = time.perf_counter()
     doc: dict[str, Any] = {"nodes": args.nodes, "ops": args.ops, "value_size": args.value_size,
-                           "window": args.window}
+                           "window": args.window, "tls": args.tls}
     try:
         # raftkv and PySyncObj alternate, so that a change in the machine's background
         # load hits both alike; each sample is a fresh group; the median is reported.
@@ -849,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"raftkv embedded (fsync on){tag} ...", flush=True)
                 one = run_embedded(os.path.join(base, f"embedded{r}"), args.nodes, args.ops,
                                    args.window, args.value_size,
-                                   args.profile and r == args.repeat - 1)
+                                   args.profile and r == args.repeat - 1, tls=args.tls)
                 samples["embedded"].append(one)
                 print(f"  {one['ops_s']:,.0f} ops/s, p50 {one['p50_ms']:.1f} ms, p99 "
                       f"{one['p99_ms']:.1f} ms, {one['fsync']['count']:,} leader fsyncs, "
@@ -875,7 +894,8 @@ def main(argv: list[str] | None = None) -> int:
         if do_tp and "http" not in skip:
             print(f"raftkv over HTTP ({args.http_clients} clients) ...", flush=True)
             doc["http"] = run_http(os.path.join(base, "http"), args.nodes, http_ops,
-                                   args.http_clients, args.http_procs, args.value_size)
+                                   args.http_clients, args.http_procs, args.value_size,
+                                   tls=args.tls)
             print(f"  {doc['http']['ops_s']:,.0f} ops/s, p50 {doc['http']['p50_ms']:.1f} ms",
                   flush=True)
         if do_tp and "lmdb" not in skip:

@@ -1,68 +1,180 @@
 """The ``raftkv`` command: run a node, talk to a cluster, recover one.
 
     raftkv serve --id n1 --data-dir DIR --raft-addr H:P --http-addr H:P --peers ...
-    raftkv [--endpoints URL,...] put KEY VALUE | get KEY [--stale] | del KEY
+    raftkv [GLOBAL OPTIONS] put KEY VALUE | get KEY [--stale] | del KEY   [--table T]
     raftkv cas KEY NEW (--prev-value V | --prev-absent) [--table T]
-    raftkv cluster status | add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
+    raftkv cluster status [--only-endpoints] [--group G ...]
+    raftkv cluster add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
     raftkv cluster add-node ID RAFT_ADDR [--http-addr H:P] | remove-node ID   (placement topology)
     raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
                  [--allow-unsafe]   (2 in-memory replicas are refused without it)
     raftkv table list | describe NAME | drop NAME | set-replicas NAME N [--allow-unsafe]
-    raftkv put|get|del --table T KEY ...   (a table's key instead of the default group's)
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
     raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
 
-Endpoints come from ``--endpoints`` or ``RAFTKV_ENDPOINTS``. A cluster that checks tokens
-gets one from ``--token-file F``, else ``RAFTKV_TOKEN``, else the file named by
-``RAFTKV_TOKEN_FILE`` (``raftkv.client.resolve_token``; there is no ``--token``: a
-command line is visible to every user of the machine). Errors print one line on stderr
-and exit 1; a failed compare-and-set exits 2.
+Global options come before the subcommand, as etcdctl's do:
+
+- ``--endpoints URL,...`` (or ``RAFTKV_ENDPOINTS``): any nodes' HTTP addresses. Requests
+  go to the first that answers, and follow the leader when an admin call needs it.
+- ``--timeout S`` (10): a command's whole budget, retries included (etcdctl's
+  ``--command-timeout``).
+- ``--connect-timeout S`` (2): each connection attempt, and how long a command keeps
+  trying when no endpoint accepts a connection at all (etcdctl's ``--dial-timeout``), so
+  a cluster that is down fails in seconds instead of after the whole ``--timeout``.
+- ``-w/--write-out table|json``: how answers are printed. Without it, ``cluster status``
+  is a table, ``get`` prints the raw value, and every other command prints the JSON
+  answer. ``json`` prints JSON for every command (``get``: ``{"key", "value"}``, with
+  ``"value_base64"`` instead for a value that is not UTF-8); ``table`` prints a table
+  (one row per item of a list: nodes, tables, a table's partitions; one row otherwise).
+- ``--cacert F``, ``--cert F``, ``--key F`` (or ``RAFTKV_CACERT``, ``RAFTKV_CERT``,
+  ``RAFTKV_KEY``): TLS, as etcdctl names them; with a CA file an endpoint without a scheme
+  is ``https://``.
+- ``--token-file F``: the bearer token for a cluster that checks tokens; without it
+  ``RAFTKV_TOKEN``, else the file named by ``RAFTKV_TOKEN_FILE``
+  (``raftkv.client.resolve_token``). There is no ``--token``: a command line is visible
+  to every user of the machine.
+- ``--version``.
+
+``cluster status`` shows every member, as ``etcdctl endpoint status --cluster`` does:
+it asks the given endpoints in turn until one answers, takes the member lists of that
+node's groups and the HTTP addresses every node publishes in the metastore
+(``GET /v1/cluster``'s ``"http"``), and asks every node at once for its own view. A node
+that does not answer is a row saying so. ``--only-endpoints`` asks just the given ones.
+
+Exit status: 0 done; 1 an error, with one line on stderr (a usage error, an unreachable
+cluster, a refused request), or a ``cluster status`` in which some node did not answer
+(the table still shows the others); 2 a compare-and-set that did not swap; 3 a Spark
+verify that found a mismatch.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import http.client
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
+from typing import Any, NoReturn
 
 from raftkv.client import Client, ClientError, Unavailable, resolve_token
 from raftkv.server import serve
+from raftkv.spark.cli import add_arguments as add_spark_arguments
 from raftkv.storage.errors import StorageError
+from raftkv.storage.layout import DEFAULT_GROUP
 
 DEFAULT_ENDPOINTS = "http://127.0.0.1:8001"
+STATUS_COLUMNS = ["node", "group", "role", "kind", "term", "leader", "commit", "applied",
+                  "checkpoint", "last"]
 
 
-def status_rows(client: Client) -> list[dict[str, Any]]:
-    """One row per (endpoint, group), each from that node's own view."""
-    rows = []
-    for e in client.endpoints:
-        try:
-            st = client.status(e)
-        except (OSError, ClientError) as err:
-            rows.append({"node": e, "error": str(err)})
-            continue
-        for gid, g in st["groups"].items():
+class UsageError(Exception):
+    """A command line argparse refused; its message is the one line to print."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line and exit 1: exit 2 is a compare-and-set that did not
+    swap, and a script must be able to tell the two apart."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
+# -- cluster status ---------------------------------------------------------------------
+def _group_order(gid: str) -> tuple[int, str]:
+    return ({DEFAULT_GROUP: 0, "meta": 1}.get(gid, 2), gid)
+
+
+def _fetch_status(endpoint: str, like: Client) -> dict[str, Any] | str:
+    """One node's own ``/v1/cluster`` answer, or why there is none (no retry: a node
+    that does not answer is what the status reports). ``like``: the timeouts, TLS
+    files and token to use."""
+    client = like.for_endpoint(endpoint)
+    try:
+        return client.status(endpoint)
+    except ClientError as e:  # it answered: a 401 or 403 (the token), say, is no outage
+        return f"refused ({e})"
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return f"unreachable ({e})"
+    finally:
+        client.close()
+
+
+def status_rows(client: Client, discover: bool = True,
+                groups: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """One row per (node, group) from that node's own view, and one row with an
+    ``error`` per node that did not answer. ``discover``: every member and every node
+    that published an HTTP address, found from the first endpoint that answers (see the
+    module docstring); otherwise just ``client.endpoints``. ``groups``: only these."""
+    views: dict[str, dict[str, Any]] = {}  # node id -> its answer
+    endpoint_of: dict[str, str] = {}  # node id -> the endpoint that answered for it
+    failed: dict[str, str] = {}  # endpoint -> why it did not answer
+    asked: set[str] = set()
+
+    def ask(endpoints: Iterable[str]) -> None:
+        todo = [e for e in dict.fromkeys(endpoints) if e not in asked]
+        asked.update(todo)
+        if not todo:
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            answers = pool.map(
+                lambda e: _fetch_status(e, client), todo)
+            for e, got in zip(todo, answers):
+                if isinstance(got, str):
+                    failed[e] = got
+                else:
+                    views.setdefault(str(got["id"]), got)
+                    endpoint_of.setdefault(str(got["id"]), e)
+
+    published: dict[str, str] = {}  # node id -> its published HTTP endpoint
+    silent: list[str] = []  # members that published no HTTP address
+    if discover:
+        for e in client.endpoints:  # any one node's view names every member
+            ask([e])
+            if views:
+                break
+        if views:
+            seed = next(iter(views.values()))
+            published = {n: a if "://" in a else f"{client.scheme}://{a}"
+                         for n, a in (seed.get("http") or {}).items()}
+            members = {m for g in seed["groups"].values() for m in g["members"]}
+            silent = sorted(members - published.keys() - views.keys())
+            ask(published[n] for n in sorted(published) if n not in views)
+    ask(client.endpoints)
+    names = {e: n for n, e in published.items()}
+
+    rows: list[dict[str, Any]] = []
+    for nid, st in sorted(views.items()):
+        for gid, g in sorted(st["groups"].items(), key=lambda kv: _group_order(kv[0])):
+            if groups is not None and gid not in groups:
+                continue
             rows.append({
-                "node": st["id"], "group": gid, "role": g["role"],
-                "kind": g["members"].get(st["id"], "-"), "term": g["term"],
+                "node": nid, "endpoint": endpoint_of[nid], "group": gid, "role": g["role"],
+                "kind": g["members"].get(nid, "-"), "term": g["term"],
                 "leader": g["leader"] or "-", "commit": g["commit"],
                 "applied": g["applied"], "checkpoint": g["checkpoint"],
-                "last": g["last_index"], "peers": g["peers"],
-                "members": g["members"],
+                "last": g["last_index"], "peers": g["peers"], "members": g["members"],
             })
+    for e, why in failed.items():
+        name = names.get(e)
+        if name is None or name not in views:  # not reached through another address
+            rows.append({"node": name or e, "endpoint": e, "error": why})
+    for nid in silent:
+        rows.append({"node": nid, "note": "member with no published HTTP address (it "
+                                          "publishes one once in the placement topology: "
+                                          "cluster add-node)"})
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    cols = ["node", "group", "role", "kind", "term", "leader", "commit", "applied",
-            "checkpoint", "last"]
-    body = [[str(r.get(c, "")) for c in cols] for r in rows if "error" not in r]
-    widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)).rstrip() for b in body]
-    lines += [f"{r['node']}: unreachable ({r['error']})" for r in rows if "error" in r]
+    """``status_rows`` as a table, then the nodes that did not answer, then each
+    leader's view of its followers' replication."""
+    lines = [render_table([r for r in rows if "group" in r], STATUS_COLUMNS)]
+    lines += [f"{r['node']}: {r.get('error') or r.get('note')}" for r in rows
+              if "group" not in r]
     for r in rows:
         if r.get("role") == "leader" and r["peers"]:
             lines.append(f"replication from leader {r['node']} ({r['group']}):")
@@ -74,44 +186,97 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# -- output -----------------------------------------------------------------------------
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, list):
+        return ",".join(str(x) for x in v) or "-"
+    if isinstance(v, dict):
+        return json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+
+def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """Rows as aligned columns under an upper-case header; ``columns`` default to every
+    key, in order of first appearance."""
+    cols = columns or list(dict.fromkeys(k for r in rows for k in r))
+    body = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c), *(len(b[i]) for b in body)]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths)).rstrip() for b in body]
+    return "\n".join(lines)
+
+
+PARTITION_COLUMNS = ["partition", "leader", "term", "stable", "pending", "hosted_on"]
+
+
+def emit(args: argparse.Namespace, answer: Any, indent: int | None = None) -> None:
+    """Print a command's answer as ``-w`` asks (JSON unless it asks for a table)."""
+    if args.write_out != "table":
+        print(json.dumps(answer, indent=indent))
+    elif isinstance(answer, list):
+        print(render_table(answer))
+    elif isinstance(answer, dict) and isinstance(answer.get("tables"), list):
+        print(render_table(answer["tables"]))
+    elif isinstance(answer, dict) and isinstance(answer.get("partitions"), list):
+        print(render_table(answer["partitions"], PARTITION_COLUMNS))  # table describe
+        for err in answer.get("errors") or []:
+            print(f"rebalance error: {_cell(err)}")
+    else:
+        print(render_table([answer]))
+
+
+# -- commands ---------------------------------------------------------------------------
 def _kv_commands(args: argparse.Namespace, client: Client) -> int:
-    table = getattr(args, "table", None)
+    table = args.table
     if args.cmd == "put":
-        print(json.dumps({"index": client.put(args.key, args.value, table=table)}))
+        emit(args, {"index": client.put(args.key, args.value, table=table)})
     elif args.cmd == "get":
         v = client.get(args.key, stale=args.stale, table=table)
         if v is None:
             print(f"error: key {args.key!r} not found", file=sys.stderr)
             return 1
-        sys.stdout.buffer.write(v + b"\n")
+        if args.write_out is None:
+            sys.stdout.buffer.write(v + b"\n")
+            return 0
+        try:
+            emit(args, {"key": args.key, "value": v.decode()})
+        except UnicodeDecodeError:
+            emit(args, {"key": args.key, "value_base64": base64.b64encode(v).decode()})
     elif args.cmd == "del":
-        print(json.dumps({"index": client.delete(args.key, table=table)}))
+        emit(args, {"index": client.delete(args.key, table=table)})
     elif args.cmd == "cas":
         if (args.prev_value is None) == (not args.prev_absent):
-            print("error: give exactly one of --prev-value or --prev-absent", file=sys.stderr)
-            return 1
+            raise UsageError("raftkv cas: error: give exactly one of --prev-value or "
+                             "--prev-absent")
         swapped, index = client.cas(args.key, args.prev_value, args.new, table=table)
-        print(json.dumps({"swapped": swapped, "index": index}))
+        emit(args, {"swapped": swapped, "index": index})
         return 0 if swapped else 2
     return 0
 
 
 def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
     if args.action == "status":
-        rows = status_rows(client)
-        print(json.dumps(rows, indent=1) if args.json else format_table(rows))
-    elif args.action == "add-learner":
-        print(json.dumps(client.add_learner(args.node, args.raft_addr)))
+        rows = status_rows(client, discover=not args.only_endpoints,
+                           groups=set(args.group) or None)
+        if args.write_out == "json":
+            print(json.dumps(rows, indent=1))
+        else:
+            print(format_table(rows))
+        return 1 if any("error" in r for r in rows) else 0
+    if args.action == "add-learner":
+        emit(args, client.add_learner(args.node, args.raft_addr))
     elif args.action == "promote":
-        print(json.dumps(client.promote(args.node)))
+        emit(args, client.promote(args.node))
     elif args.action == "remove":
-        print(json.dumps(client.remove(args.node)))
+        emit(args, client.remove(args.node))
     elif args.action == "transfer":
-        print(json.dumps(client.transfer(args.node)))
+        emit(args, client.transfer(args.node))
     elif args.action == "add-node":
-        print(json.dumps(client.add_node(args.node, args.raft_addr, args.http_addr)))
+        emit(args, client.add_node(args.node, args.raft_addr, args.http_addr))
     elif args.action == "remove-node":
-        print(json.dumps(client.remove_node(args.node)))
+        emit(args, client.remove_node(args.node))
     return 0
 
 
@@ -130,82 +295,139 @@ def _table_commands(args: argparse.Namespace, client: Client) -> int:
         out = client.set_replicas(args.name, args.replicas, allow_unsafe=args.allow_unsafe)
     if isinstance(out, dict) and out.get("warning"):
         print(f"warning: {out['warning']}", file=sys.stderr)
-    print(json.dumps(out, indent=1))
+    emit(args, out, indent=1)
     return 0
 
 
+# -- the parser -------------------------------------------------------------------------
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return v
+
+
+def _version() -> str:
+    try:
+        return metadata.version("raftkv")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
+def _sub(group: Any, name: str, text: str, **kw: Any) -> argparse.ArgumentParser:
+    """A subcommand whose help (in its parent's list) and description are ``text``."""
+    parser: argparse.ArgumentParser = group.add_parser(name, help=text, description=text, **kw)
+    return parser
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="raftkv", description="raftkv: a replicated KV store")
+    p = _Parser(prog="raftkv", description="raftkv: a replicated key-value store. Run a "
+                "node (serve), read and write keys, manage the cluster and its tables.")
+    p.add_argument("--version", action="version", version=f"raftkv {_version()}")
     p.add_argument("--endpoints", default=os.environ.get("RAFTKV_ENDPOINTS", DEFAULT_ENDPOINTS),
-                   help="comma-separated HTTP endpoints")
-    p.add_argument("--timeout", type=float, default=10.0)
+                   help="comma-separated HTTP endpoints of any nodes (default: "
+                        "$RAFTKV_ENDPOINTS, else %(default)s)")
+    p.add_argument("--timeout", type=_seconds, default=10.0,
+                   help="seconds a command may take, retries included (default: %(default)s)")
+    p.add_argument("--connect-timeout", type=_seconds, default=2.0,
+                   help="seconds to connect to an endpoint, and to keep trying when none "
+                        "accepts a connection (default: %(default)s)")
+    p.add_argument("-w", "--write-out", choices=("table", "json"), default=None,
+                   help="print answers as a table or as JSON (default: a table for "
+                        "cluster status, the raw value for get, JSON otherwise)")
+    p.add_argument("--cacert", help="verify HTTPS endpoints with this CA file "
+                                    "(default $RAFTKV_CACERT; endpoints without a scheme "
+                                    "are then https)")
+    p.add_argument("--cert", help="client certificate for mutual TLS (default $RAFTKV_CERT)")
+    p.add_argument("--key", help="its private key (default $RAFTKV_KEY)")
     p.add_argument("--token-file",
-                   help="file holding the bearer token to send (else RAFTKV_TOKEN, else the "
-                        "file named by RAFTKV_TOKEN_FILE)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    serve.add_arguments(sub.add_parser("serve", help="run a node"))
-    put = sub.add_parser("put")
-    put.add_argument("--table", help="a table's key (default: the default KV group)")
-    put.add_argument("key")
-    put.add_argument("value")
-    get = sub.add_parser("get")
-    get.add_argument("key")
-    get.add_argument("--stale", action="store_true", help="read the local replica")
-    get.add_argument("--table")
-    delete = sub.add_parser("del")
-    delete.add_argument("key")
-    delete.add_argument("--table")
-    cas = sub.add_parser("cas")
-    cas.add_argument("key")
-    cas.add_argument("new")
-    cas.add_argument("--prev-value")
-    cas.add_argument("--prev-absent", action="store_true")
-    cas.add_argument("--table", help="a table's key (default: the default KV group)")
-    cl = sub.add_parser("cluster").add_subparsers(dest="action", required=True)
-    cl.add_parser("status").add_argument("--json", action="store_true")
-    learner = cl.add_parser("add-learner")
-    learner.add_argument("node")
-    learner.add_argument("raft_addr")
-    for action in ("promote", "remove", "transfer", "remove-node"):
-        cl.add_parser(action).add_argument("node")
-    add_node = cl.add_parser("add-node", help="add a node to the placement topology")
-    add_node.add_argument("node")
-    add_node.add_argument("raft_addr")
-    add_node.add_argument("--http-addr")
-    tb = sub.add_parser("table").add_subparsers(dest="action", required=True)
-    create = tb.add_parser("create")
-    create.add_argument("name")
-    create.add_argument("--partitions", type=int, required=True)
-    create.add_argument("--replicas", type=int, required=True)
-    create.add_argument("--storage", choices=("persistent", "memory"), default="persistent")
+                   help="file holding the bearer token to send (default: $RAFTKV_TOKEN, "
+                        "else the file named by $RAFTKV_TOKEN_FILE)")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    serve.add_arguments(_sub(sub, "serve", "run a node: Raft on --raft-addr, the HTTP API "
+                                           "on --http-addr"))
+    table_help = "a table's key (default: the default KV group's)"
+    put = _sub(sub, "put", "write a key")
+    put.add_argument("key", help="the key (1..511 bytes)")
+    put.add_argument("value", help="the value (at most 1 MiB)")
+    put.add_argument("--table", help=table_help)
+    get = _sub(sub, "get", "read a key (linearizable unless --stale); exit 1 if absent")
+    get.add_argument("key", help="the key")
+    get.add_argument("--stale", action="store_true",
+                     help="read the answering node's local replica, which may lag")
+    get.add_argument("--table", help=table_help)
+    delete = _sub(sub, "del", "delete a key (deleting an absent key is not an error)")
+    delete.add_argument("key", help="the key")
+    delete.add_argument("--table", help=table_help)
+    cas = _sub(sub, "cas", "compare-and-set: write NEW only if the key holds --prev-value "
+                           "(or is absent, --prev-absent); exit 2 if it did not swap")
+    cas.add_argument("key", help="the key")
+    cas.add_argument("new", help="the value to write")
+    cas.add_argument("--prev-value", help="the value the key must hold")
+    cas.add_argument("--prev-absent", action="store_true", help="the key must be absent")
+    cas.add_argument("--table", help=table_help)
+
+    cl = _sub(sub, "cluster", "membership (of the default group, of the placement topology) "
+                                 "and every node's status")
+    cla = cl.add_subparsers(dest="action", required=True, metavar="ACTION")
+    status = _sub(cla, "status", "one row per node and group, from each node's own view; "
+                                 "every member is found from any one endpoint")
+    status.add_argument("--only-endpoints", action="store_true",
+                        help="ask only the given endpoints, not every member")
+    status.add_argument("--group", action="append", default=[], metavar="GROUP",
+                        help="show only this group (repeat for more; default: every "
+                             "group; 'default' is the KV group, 'meta' the metastore, "
+                             "t.<table>.<p> a table partition)")
+    learner = _sub(cla, "add-learner", "add a node to the default group as a PRE_FOLLOWER; "
+                                       "the leader promotes it once it has caught up")
+    learner.add_argument("node", help="the new node's id")
+    learner.add_argument("raft_addr", help="its host:port for Raft traffic")
+    for action, text in (("promote", "make a learner of the default group a voter"),
+                         ("remove", ("remove a member of the default group (a leader "
+                                    "hands over first)")),
+                         ("transfer", "hand the default group's leadership to a voter"),
+                         ("remove-node", ("take a node out of the placement topology (its "
+                                         "table partitions move away)"))):
+        _sub(cla, action, text).add_argument("node", help="the node's id")
+    add_node = _sub(cla, "add-node", "add a node to the placement topology (tables "
+                                     "rebalance onto it)")
+    add_node.add_argument("node", help="the node's id")
+    add_node.add_argument("raft_addr", help="its host:port for Raft traffic")
+    add_node.add_argument("--http-addr", help="its host:port for HTTP, published so that "
+                                              "other nodes can proxy to it")
+
+    tb = _sub(sub, "table", "create, inspect and drop tables (partitioned, each partition "
+                            "its own Raft group)")
+    tba = tb.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = _sub(tba, "create", "create a table")
+    create.add_argument("name", help="the table's name")
+    create.add_argument("--partitions", type=int, required=True, help="number of partitions")
+    create.add_argument("--replicas", type=int, required=True,
+                        help="replicas of each partition")
+    create.add_argument("--storage", choices=("persistent", "memory"), default="persistent",
+                        help="LMDB on disk, or memory only (default: %(default)s)")
     unsafe = ("accept a replica count that cannot survive one failure (2 replicas of an "
               "in-memory table are refused without it)")
     create.add_argument("--allow-unsafe", action="store_true", help=unsafe)
-    tb.add_parser("list")
-    for action in ("describe", "drop"):
-        tb.add_parser(action).add_argument("name")
-    sr = tb.add_parser("set-replicas")
-    sr.add_argument("name")
-    sr.add_argument("replicas", type=int)
+    _sub(tba, "list", "list the tables")
+    _sub(tba, "describe", "a table's partitions: assignments, leaders, replicas, "
+                          "rebalance errors").add_argument("name", help="the table's name")
+    _sub(tba, "drop", "drop a table and delete its data").add_argument(
+        "name", help="the table's name")
+    sr = _sub(tba, "set-replicas", "change a table's replica count (it rebalances)")
+    sr.add_argument("name", help="the table's name")
+    sr.add_argument("replicas", type=int, help="the new replica count")
     sr.add_argument("--allow-unsafe", action="store_true", help=unsafe)
-    rec = sub.add_parser("recover").add_subparsers(dest="action", required=True)
-    rec.add_parser("unsafe-reset", add_help=False)
-    sp = sub.add_parser("spark", help="bulk-load or verify a table with Spark")
-    jobs = sp.add_subparsers(dest="action", required=True)
-    for action in ("load", "verify"):
-        a = jobs.add_parser(action)
-        a.add_argument("--table", required=True)
-        a.add_argument("--input", required=True, help="a .parquet or .csv (with a header)")
-        a.add_argument("--key", required=True, help="the key column")
-        a.add_argument("--value-cols", default="", help="comma-separated (default: the rest)")
-        a.add_argument("--master", default="local[*]", help="Spark master URL")
-        if action == "load":
-            a.add_argument("--batch-rows", type=int, default=1000)
-            a.add_argument("--load-id", default=None,
-                           help="reuse to resume a load: applied batches are skipped")
-        else:
-            a.add_argument("--diff-limit", type=int, default=1000,
-                           help="name differing keys of partitions up to this many rows")
+
+    rec = _sub(sub, "recover", "offline recovery of a stopped node's data")
+    reca = rec.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _sub(reca, "unsafe-reset", "make the stopped survivors of a lost majority the group's "
+                               "only voters (may lose data; see its --help)", add_help=False)
+    add_spark_arguments(_sub(sub, "spark", "bulk-load or verify a table with Spark (the "
+                                           "spark extra)"))
     return p
 
 
@@ -216,15 +438,22 @@ def main(argv: list[str] | None = None) -> int:
         from raftkv.recovery.unsafe_reset import main as unsafe_reset
 
         return unsafe_reset(argv[2:])
-    args = parser().parse_args(argv)
     try:
+        args = parser().parse_args(argv)
         if args.cmd == "serve":
             return serve.run(args)
         if args.cmd == "spark":
-            from raftkv.spark.cli import run as spark_job  # pyspark only when asked for
+            from raftkv.spark.cli import run as spark_job
 
+            # The jobs' clients (in Spark's workers too) read the TLS files from here.
+            for var, value in (("RAFTKV_CACERT", args.cacert), ("RAFTKV_CERT", args.cert),
+                               ("RAFTKV_KEY", args.key)):
+                if value:
+                    os.environ[var] = value
             return spark_job(args, args.endpoints, resolve_token(token_file=args.token_file))
-        client = Client(args.endpoints, timeout=args.timeout, token_file=args.token_file)
+        client = Client(args.endpoints, timeout=args.timeout,
+                        connect_timeout=args.connect_timeout, cacert=args.cacert,
+                        cert=args.cert, key=args.key, token_file=args.token_file)
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)
@@ -233,7 +462,13 @@ def main(argv: list[str] | None = None) -> int:
             return _kv_commands(args, client)
         finally:
             client.close()
-    except (ClientError, Unavailable, ValueError, OSError, StorageError) as e:
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 1
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except (ClientError, Unavailable, ValueError, OSError, http.client.HTTPException,
+            StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -14,6 +14,21 @@ the first attempt made. It raises ``OutcomeUnknown`` instead; it retries only af
 refused connection or a 503 that says no leader took the request. Not thread-safe: one
 client per thread.
 
+Two timeouts, as etcdctl's ``--dial-timeout`` and ``--command-timeout``: ``timeout``
+bounds a whole request, retries included, and each read; ``connect_timeout`` bounds each
+connection attempt and, when given, how long a request keeps trying to connect: once
+every endpoint has been tried and none has accepted a connection by then, it fails with
+``Unavailable`` instead of retrying refused connections until ``timeout`` (``None``:
+until ``timeout``).
+
+TLS: ``https://`` endpoints are verified against ``cacert`` (a PEM CA file; default
+``$RAFTKV_CACERT``, else the system's CAs), host name included; ``cert`` and ``key``
+(default ``$RAFTKV_CERT``, ``$RAFTKV_KEY``) are presented to a server that asks for a
+client certificate (``raftkv serve --client-cert-auth``). An endpoint without a scheme
+is ``https://`` when a CA file is given, else ``http://``. The names are etcdctl's
+(``--cacert``, ``--cert``, ``--key``), so the Spark jobs and the CLI pick them up from
+the environment too.
+
 Credentials: a cluster that checks tokens (``raftkv serve --tokens-file``) wants
 ``Authorization: Bearer TOKEN`` on every request. The client sends ``token=``, else the
 contents of ``token_file=``, else ``$RAFTKV_TOKEN``, else the contents of the file named
@@ -26,12 +41,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import msgpack
+
+from raftkv.tls import client_context
 
 RETRYABLE = {503, 504}
 
@@ -50,6 +68,10 @@ class ClientError(Exception):
 
 class Unavailable(Exception):
     """No endpoint gave an answer before the deadline."""
+
+
+class NotConnected(ConnectionError):
+    """No connection to the endpoint could be made: nothing was sent."""
 
 
 class OutcomeUnknown(Unavailable):
@@ -89,13 +111,31 @@ def resolve_token(token: str | None = None, token_file: str | None = None) -> st
 
 class Client:
     def __init__(self, endpoints: list[str] | str, timeout: float = 10.0,
-                 token: str | None = None, token_file: str | None = None) -> None:
+                 connect_timeout: float | None = None, *,
+                 cacert: str | None = None, cert: str | None = None,
+                 key: str | None = None, token: str | None = None,
+                 token_file: str | None = None) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
-        self.endpoints = [e if "://" in e else f"http://{e}" for e in endpoints]
+        cacert = cacert or os.environ.get("RAFTKV_CACERT") or None
+        cert = cert or os.environ.get("RAFTKV_CERT") or None
+        key = key or os.environ.get("RAFTKV_KEY") or None
+        scheme = "https" if cacert else "http"
+        self.endpoints = [e if "://" in e else f"{scheme}://{e}" for e in endpoints]
+        for e in self.endpoints:
+            if urlsplit(e).scheme not in ("http", "https"):
+                raise ValueError(f"bad endpoint {e!r}: expected http:// or https://")
+        # Made once, up front: a missing CA or key file is a clear error now, and every
+        # connection shares one context (and its TLS session cache).
+        self.tls_files = (cacert, cert, key)  # for clients of other endpoints (discovery)
+        self.scheme = scheme
+        self.ssl: ssl.SSLContext | None = None
+        if any(e.startswith("https://") for e in self.endpoints):
+            self.ssl = client_context(cacert, cert, key)
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self._current = 0
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._ids: dict[str, str] = {}  # node id -> endpoint
@@ -107,8 +147,13 @@ class Client:
         c = self._conns.get(endpoint)
         if c is None:
             u = urlsplit(endpoint)
-            c = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
-                                           timeout=self.timeout)
+            host = u.hostname or "127.0.0.1"
+            timeout = self.connect_timeout or self.timeout
+            if u.scheme == "https":
+                c = http.client.HTTPSConnection(host, u.port or 443, timeout=timeout,
+                                                context=self.ssl)
+            else:
+                c = http.client.HTTPConnection(host, u.port or 80, timeout=timeout)
             self._conns[endpoint] = c
         return c
 
@@ -118,6 +163,14 @@ class Client:
     ) -> tuple[int, bytes, str]:
         c = self._conn(endpoint)
         try:
+            if c.sock is None:
+                try:
+                    c.connect()  # within connect_timeout, then reads within timeout
+                except ssl.SSLCertVerificationError:
+                    raise  # not a passing fault: ``request`` fails at once on it
+                except OSError as e:
+                    raise NotConnected(f"cannot connect: {e}") from e
+                c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]
             c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
             r = c.getresponse()
             return r.status, r.read(), r.getheader("Content-Type", "")
@@ -133,20 +186,36 @@ class Client:
         """Send a request, retrying as the module docstring says. ``once``: the request
         must not apply twice; after an attempt that may have applied, raise
         ``OutcomeUnknown`` rather than send it again."""
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
+        connected = False
+        tried: set[str] = set()
         last = "no attempt"
         delay = 0.05
         while True:
             endpoint = self.endpoints[self._current]
             try:
                 status, data, ctype = self._once(endpoint, method, path, body, headers)
+            except ssl.SSLCertVerificationError as e:
+                # Not a passing fault: retrying until the deadline would only hide it.
+                raise Unavailable(f"{endpoint}: TLS: {e.verify_message}: its certificate is "
+                                  "not signed by the trusted CA (--cacert, RAFTKV_CACERT) "
+                                  "or does not name that host") from e
             except (OSError, http.client.HTTPException) as e:
-                if once and not isinstance(e, ConnectionRefusedError):
+                if once and not isinstance(e, NotConnected):
                     raise OutcomeUnknown(f"{endpoint}: {e} after the request may have "
                                          "been sent; it may or may not have applied") from e
                 last = f"{endpoint}: {e}"
                 self._next()
+                tried.add(endpoint)
+                if (isinstance(e, NotConnected) and not connected
+                        and len(tried) == len(self.endpoints)
+                        and self.connect_timeout is not None
+                        and time.monotonic() + delay - start > self.connect_timeout):
+                    raise Unavailable(f"could not connect to any endpoint within "
+                                      f"{self.connect_timeout}s (last: {last})") from None
             else:
+                connected = True
                 if status in ok:
                     return status, data
                 info = _json(data, ctype)
@@ -347,6 +416,15 @@ class Client:
 
     def remove_node(self, node_id: str) -> Any:
         return self._post(f"/v1/cluster/nodes/{quote(node_id, safe='')}", method="DELETE")
+
+    def for_endpoint(self, endpoint: str) -> Client:
+        """A client of ``endpoint`` alone, with this client's timeouts, TLS files and
+        credentials (``raftkv cluster status`` asks every node through one)."""
+        cacert, cert, key = self.tls_files
+        other = Client([endpoint], timeout=self.timeout, connect_timeout=self.connect_timeout,
+                       cacert=cacert, cert=cert, key=key)
+        other._auth = dict(self._auth)  # the token as resolved here, not again
+        return other
 
     def close(self) -> None:
         for c in self._conns.values():

@@ -24,6 +24,7 @@ from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.statemachine import ReplicatedObject
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 from raftkv.storage.state_store import StateStore
+from raftkv.tls import TlsConfig
 
 
 class EmbeddedNode:
@@ -45,13 +46,18 @@ class EmbeddedNode:
         group: str = DEFAULT_GROUP,
         compaction: CompactionPolicy | None = None,
         state: StateStore | None = None,
+        peer_tls: TlsConfig | None = None,
     ) -> None:
         """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
         group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
         a machine crash may then lose acknowledged writes on this replica). ``join``
         starts with an empty log and waits to be added with ``add_learner``; otherwise
         the voters in ``peers`` bootstrap the group on first start. ``state`` replaces
-        the KV state store (a custom state machine, see ``ReplicatedNode``)."""
+        the KV state store (a custom state machine, see ``ReplicatedNode``). ``peer_tls``
+        runs the peer port under TLS (``raftkv.tls.TlsConfig``: this node's certificate,
+        its key, the CA that signs every peer's, and whether to require one from peers
+        that dial in); without it frames are authenticated but not encrypted
+        (docs/security.md)."""
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
         self.node_id = node_id
@@ -64,6 +70,7 @@ class EmbeddedNode:
             secret=secret.encode() if isinstance(secret, str) else secret,
             peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
             request_timeout=request_timeout, data_dir=data_dir, faults=faults,
+            peer_tls=peer_tls,
         ), metrics)
         storage = open_group_storage(data_dir, group, durable, compaction, state)
         try:

@@ -12,8 +12,9 @@ the write-ahead log for everything after it. So after a crash:
    machine must never have applied it;
 3. if replay ever offers the store an index at or below its checkpointIndex, the store
    answers ``IndexMismatch(checkpoint_index)`` and replay skips ahead to
-   checkpoint_index + 1, which is exactly the seed's protocol. (It happens when the
-   driver does not know the checkpoint, as in the seed's example, which replays from 1.)
+   checkpoint_index + 1, which is exactly IGNITE-16907's protocol. (It happens when the
+   driver does not know the checkpoint, as in that design's worked example, which replays
+   from 1; docs/storage-and-recovery.md walks through it.)
 
 Replay reads the log in large batches from one LMDB read transaction per batch and
 applies each batch in one state-store transaction, so its speed approaches a plain
@@ -69,7 +70,7 @@ def replay(
 ) -> RecoveryReport:
     """Apply committed entries after the state store's checkpoint; see the module doc.
 
-    ``start`` defaults to checkpoint_index + 1; passing 1 reproduces the seed's "raft
+    ``start`` defaults to checkpoint_index + 1; passing 1 reproduces IGNITE-16907's "raft
     doesn't know the checkpointIndex" case, resolved by IndexMismatch.
     """
     t0 = clock()

@@ -6,7 +6,7 @@ Raft's guarantees rest on majorities overlapping. A committed entry is stored on
 majority, every leader is elected by a majority, so some voter of every future leader
 holds every committed entry (§5.4). When a majority of a group's voters is *permanently*
 lost, no quorum can ever form again: the survivors can neither elect a leader nor commit,
-however long they wait. Kudu's configuration-change design (seeds/002, "Restoring
+however long they wait. Kudu's Raft configuration-change design document ("Restoring
 availability after catastrophic data loss") is blunt about it: all durability and
 consistency guarantees are then lost, and the only way back is a manual process: find the
 most up-to-date remaining replica, rewrite the membership by force, bring the replicas back

@@ -39,3 +39,15 @@ def test_a_spark_job_without_pyspark_says_how_to_install_it() -> None:
                "try:\n    session()\nexcept SparkJobError as e:\n    print(e)\n")
     assert res.returncode == 0, res.stderr
     assert "pip install 'raftkv[spark]'" in res.stdout
+
+
+def test_raftkv_spark_without_the_extra_is_one_line_naming_it() -> None:
+    """Before anything else: no input is read and no cluster is asked (nothing listens
+    at the endpoint, and the error is not about it)."""
+    res = _run("import sys\nfrom raftkv.cli import main\n"
+               "sys.exit(main(['--endpoints', 'http://127.0.0.1:9', 'spark', 'load', "
+               "'--table', 't', '--input', 'nowhere.parquet', '--key', 'id']))\n")
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert res.stderr.strip().splitlines() == [
+        ("error: raftkv spark needs the spark extra (pyspark is not installed): "
+        "pip install 'raftkv[spark]'")]

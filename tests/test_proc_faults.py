@@ -50,8 +50,9 @@ from raftkv.client import Client, ClientError, Unavailable
 from raftkv.node.driver import DEFAULT_REQUEST_TIMEOUT as REQUEST_TIMEOUT
 from raftkv.testing.linearizability import Operation, check_history
 from raftkv.testing.procs import ProcCluster, ProcNode, free_ports
+from raftkv.testing.raw_peer import RawPeer, read_challenge
 from raftkv.transport import handshake as hs
-from raftkv.transport.frames import HEADER, encode_frame
+from raftkv.transport.frames import HEADER, TAG, VERSION, FrameMac, encode_frame
 from raftkv.transport.tcp import Transport
 
 INF = math.inf
@@ -105,10 +106,13 @@ def wait_log(c: ProcCluster, node: ProcNode, mark: int, needle: str, timeout: fl
                  f"{node.id}'s log to mention {needle!r}")
 
 
-def transport_counter(node: ProcNode, what: str) -> float:
+REJECTED = "raftkv_transport_rejected_connections_total"
+
+
+def transport_counter(node: ProcNode, name: str) -> float:
     _, _, body = http_req(node.http_port, "GET", "/metrics")
-    m = re.search(r'raftkv_transport\{what="' + re.escape(what) + r'"\} (\S+)', body.decode())
-    assert m, f"no raftkv_transport{{what={what!r}}} in /metrics"
+    m = re.search(r"^" + re.escape(name) + r" (\S+)$", body.decode(), re.MULTILINE)
+    assert m, f"no {name} in /metrics"
     return float(m.group(1))
 
 
@@ -542,35 +546,11 @@ def _connect(port: int, timeout: float = 5.0) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=timeout)
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise EOFError(f"closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
-
-
-def _read_challenge(s: socket.socket) -> bytes:
-    got = hs.parse_challenge(_recv_exact(s, len(hs.MAGIC) + hs.NONCE))
-    assert got is not None
-    return got[0]
-
-
-def _authenticate(port: int, secret: bytes, peer_id: str) -> socket.socket:
-    """Dial as a peer that knows the secret; return the socket once welcomed."""
-    s = _connect(port)
-    nonce_a = _read_challenge(s)
-    nonce_d = hs.new_nonce()
-    s.sendall(hs.hello(secret, nonce_a, nonce_d, peer_id, "127.0.0.1:1"))
-    buf = b""
-    while True:
-        chunk = s.recv(1024)
-        assert chunk, "the node closed an authenticated handshake"
-        buf += chunk
-        if hs.parse_welcome(buf, secret, nonce_a, nonce_d) is not None:
-            return s
+def _authenticate(port: int, secret: bytes, peer_id: str) -> tuple[socket.socket, FrameMac]:
+    """Dial as a peer that knows the secret; the socket once welcomed, and the key and
+    sequence number its frames must be tagged with."""
+    peer = RawPeer(port, secret, peer_id)
+    return peer.sock, peer.mac
 
 
 def _closed_by_peer(s: socket.socket, timeout: float = 10.0) -> bool:
@@ -615,20 +595,20 @@ def test_raft_port_bad_input_closes_one_connection_and_node_keeps_serving(
         cl = c.client()
         cl.put("before", "1")
         mark = len(node.log_text())
-        rejected0 = transport_counter(node, "rejected")
+        rejected0 = transport_counter(node, REJECTED)
 
         # Slow cases, started first and checked last: bytes that are too short to judge
         # stay in the handshake buffer until the handshake timeout (5 s) closes them.
         slow = []
         s = _connect(port)
-        _read_challenge(s)
+        read_challenge(s)
         s.sendall(hs.MAGIC + b"\x00" * 10)  # (b) truncated hello, held open
         slow.append(("truncated hello", s))
         s = _connect(port)
         s.sendall(encode_frame([_raft_record(lead, "n2")]))  # (c) short frame, no handshake
         slow.append(("short frame without handshake", s))
         s = _connect(port)
-        s.sendall(HEADER.pack(0xFFFFFFFF, 1))  # (e) huge length prefix, no handshake
+        s.sendall(HEADER.pack(0xFFFFFFFF, VERSION))  # (e) huge length prefix, no handshake
         slow.append(("huge length prefix without handshake", s))
 
         def expect_rejection(what: str, sock: socket.socket, data: bytes, needle: str) -> None:
@@ -649,7 +629,7 @@ def test_raft_port_bad_input_closes_one_connection_and_node_keeps_serving(
         # (b) a truncated handshake, then close: the node just drops the connection
         # (a peer leaving is not an error, so this one need not be logged).
         s = _connect(port)
-        _read_challenge(s)
+        read_challenge(s)
         s.sendall(hs.MAGIC + hs.new_nonce()[:7])
         s.close()
 
@@ -660,7 +640,7 @@ def test_raft_port_bad_input_closes_one_connection_and_node_keeps_serving(
 
         # (d) a correctly built hello with the wrong secret, claiming a real peer's id.
         s = _connect(port)
-        nonce_a = _read_challenge(s)
+        nonce_a = read_challenge(s)
         other = next(n for n in c.nodes if n != lead)
         forged = hs.hello(b"not-the-secret", nonce_a, hs.new_nonce(), other,
                           c.nodes[other].raft_addr)
@@ -669,7 +649,7 @@ def test_raft_port_bad_input_closes_one_connection_and_node_keeps_serving(
 
         # An oversized handshake (more bytes than any hello can hold).
         s = _connect(port)
-        _read_challenge(s)
+        read_challenge(s)
         start = len(node.log_text())
         s.sendall(hs.MAGIC + b"\x00" * 4000)
         assert _closed_by_peer(s)
@@ -679,36 +659,45 @@ def test_raft_port_bad_input_closes_one_connection_and_node_keeps_serving(
         rejecting += 1
 
         # (e) and (f): authenticated peers (each with its own id, so that no connection
-        # of a real peer is replaced) sending bad frames.
-        def raft(peer: str, **over: Any) -> bytes:
-            return encode_frame([_raft_record(lead, peer, **over)])
+        # of a real peer is replaced) sending bad frames, tagged with the connection's key
+        # (a frame with a bad tag is tests/test_peer_security.py's case).
+        def raft(peer: str, mac: FrameMac, **over: Any) -> bytes:
+            return encode_frame([_raft_record(lead, peer, **over)], mac)
+
+        def undecodable(mac: FrameMac) -> bytes:
+            body = b"\xc1\xc1\xc1"
+            header = HEADER.pack(len(body) + 1 + TAG, VERSION)
+            return header + body + mac.tag(header, body)
 
         bad_frames: list[tuple[str, Any, str]] = [
-            ("huge length prefix", lambda p: HEADER.pack(0xFFFFFFFF, 1), "exceeds the"),
-            ("unknown frame version", lambda p: HEADER.pack(3, 9) + b"ab",
+            ("huge length prefix", lambda p, m: HEADER.pack(0xFFFFFFFF, VERSION),
+             "exceeds the"),
+            ("unknown frame version", lambda p, m: HEADER.pack(3, 9) + b"ab",
              "unknown frame version"),
-            ("undecodable msgpack", lambda p: HEADER.pack(4, 1) + b"\xc1\xc1\xc1",
-             "undecodable frame"),
-            ("payload not a list", lambda p: encode_frame({"items": 1}),
+            ("undecodable msgpack", lambda p, m: undecodable(m), "undecodable frame"),
+            ("payload not a list", lambda p, m: encode_frame({"items": 1}, m),
              "must hold a list of items"),
-            ("items not lists", lambda p: encode_frame([1, "x"]), "malformed item"),
-            ("unknown item kind", lambda p: encode_frame([[9, 1]]), "unknown item kind"),
-            ("raft record too short", lambda p: encode_frame([[0, "default", 8]]),
+            ("items not lists", lambda p, m: encode_frame([1, "x"], m), "malformed item"),
+            ("unknown item kind", lambda p, m: encode_frame([[9, 1]], m), "unknown item kind"),
+            ("raft record too short", lambda p, m: encode_frame([[0, "default", 8]], m),
              "expected 17 fields"),
-            ("raft term of wrong type", lambda p: raft(p, term="x"),
+            ("raft term of wrong type", lambda p, m: raft(p, m, term="x"),
              "expected a non-negative integer"),
-            ("raft reject of wrong type", lambda p: raft(p, reject=1), "reject: expected a bool"),
-            ("raft entry of wrong types", lambda p: raft(p, type=1, entries=[[1, 1, 0, "s"]]),
-             "malformed entry"),
-            ("raft context of wrong type", lambda p: raft(p, context=[1]), "context: expected"),
-            ("forward of wrong types", lambda p: encode_frame([[1, -1, "default", "x"]]),
+            ("raft reject of wrong type", lambda p, m: raft(p, m, reject=1),
+             "reject: expected a bool"),
+            ("raft entry of wrong types",
+             lambda p, m: raft(p, m, type=1, entries=[[1, 1, 0, "s"]]), "malformed entry"),
+            ("raft context of wrong type", lambda p, m: raft(p, m, context=[1]),
+             "context: expected"),
+            ("forward of wrong types", lambda p, m: encode_frame([[1, -1, "default", "x"]], m),
              "malformed forward record"),
-            ("message claiming another sender", lambda p: raft(other),
+            ("message claiming another sender", lambda p, m: raft(other, m),
              f"sent a message from {other}"),
         ]
         for i, (what, frame, needle) in enumerate(bad_frames):
             peer = f"intruder-{i}"
-            expect_rejection(what, _authenticate(port, c.secret, peer), frame(peer), needle)
+            sock, mac = _authenticate(port, c.secret, peer)
+            expect_rejection(what, sock, frame(peer, mac), needle)
             rejecting += 1
 
         for what, s in slow:
@@ -721,7 +710,7 @@ def test_raft_port_bad_input_closes_one_connection_and_node_keeps_serving(
         assert node.alive
         status, _, body = http_req(node.http_port, "GET", "/health")
         assert status == 200, body
-        assert transport_counter(node, "rejected") - rejected0 >= rejecting
+        assert transport_counter(node, REJECTED) - rejected0 >= rejecting
         text = log_since(node, mark)
         assert not re.search(r"lost connection to n\d", text), text
         members = c.group_status(lead)["members"]  # type: ignore[index]

@@ -200,6 +200,7 @@ def test_verify_names_exactly_the_corrupted_keys_partition_and_replica_and_the_c
                           timeout=300)
     assert load.returncode == 0, load.stderr[-2000:]
     assert "2000 rows" in load.stdout and "stage 2/2 (write)" in load.stdout
+    assert "[Stage" not in load.stderr  # raftkv's lines only, not Spark's bar as well
     keys = [f"user-{i}".encode() for i in range(2000)]
     in_p1 = [k for k in keys if partition_of(k, 4) == 1]
     deleted, altered = in_p1[:2], in_p1[10:11]
@@ -215,6 +216,7 @@ def test_verify_names_exactly_the_corrupted_keys_partition_and_replica_and_the_c
                            timeout=300)
     assert check.returncode == 3, check.stderr[-2000:]
     assert "partition 1 on n2" in check.stdout and repr(deleted[0]) in check.stdout
+    assert "--diff-limit" in check.stdout and "[Stage" not in check.stderr
 
 
 def test_bad_input_is_refused_before_any_write(spark: Any, cluster: ProcCluster) -> None:
@@ -267,15 +269,51 @@ def test_the_column_wise_json_values_equal_the_per_row_encoder(
         assert fast.to_pylist() == slow
 
 
-def test_the_cli_refuses_an_unknown_table_or_a_missing_input_without_starting_spark(
+def test_the_cli_refuses_bad_input_or_an_unknown_table_without_starting_spark(
     cluster: ProcCluster, tmp_path: Path
 ) -> None:
+    """A missing input, a key or value column the input lacks (its schema read from the
+    Parquet footer or the CSV header) and an unknown table are each one line, before any
+    JVM: with JAVA_HOME pointing nowhere, starting Spark would fail another way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _table(cluster, "cli_refusals", 2).close()
+    csv_in = tmp_path / "in.csv"
+    csv_in.write_text("id,name\n1,a\n")
+    parquet_in = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"uid": ["u1"], "name": ["a"], "age": [3]}), parquet_in)
+    cases = (
+        (["--table", "nope", "--key", "id", "--input", str(csv_in)], "unknown table 'nope'"),
+        (["--table", "nope", "--key", "id", "--input", str(tmp_path / "x.csv")],
+         "does not exist"),
+        (["--table", "cli_refusals", "--key", "user", "--input", str(csv_in)],
+         "no key column 'user'; the columns are ['id', 'name']"),
+        (["--table", "cli_refusals", "--key", "id", "--input", str(parquet_in)],
+         "no key column 'id'; the columns are ['age', 'name', 'uid']"),
+        (["--table", "cli_refusals", "--key", "uid", "--value-cols", "name,email",
+          "--input", str(parquet_in)], "value columns ['email'] are not in the input"),
+    )
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java")}
     cli = [sys.executable, "-m", "raftkv.cli", "--endpoints", ",".join(_eps(cluster)),
-           "--token-file", cluster.token_file(Role.WRITE), "spark", "load", "--key", "id"]
-    exists = tmp_path / "in.csv"
-    exists.write_text("id,name\n1,a\n")
-    for args, why in ((["--table", "nope", "--input", str(exists)], "unknown table 'nope'"),
-                      (["--table", "nope", "--input", str(tmp_path / "x.csv")],
-                       "does not exist")):
-        r = subprocess.run(cli + args, check=False, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
+           "--token-file", cluster.token_file(Role.WRITE), "spark", "load"]
+    for args, why in cases:
+        r = subprocess.run(cli + args, check=False, capture_output=True, text=True,
+                           timeout=60, env=env)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, (args, r.stderr)
+        assert lines[0].startswith("error: ") and why in lines[0], (args, r.stderr)
+
+
+def test_the_mismatch_summary_says_how_to_name_the_keys() -> None:
+    from raftkv.spark.verify import Mismatch, VerifyReport
+
+    big = Mismatch(3, "n2", 5000, "aa", count=4999, digest="bb")
+    small = Mismatch(1, "n1", 10, "cc", count=9, digest="dd", missing=[b"k"],
+                     keys_named=True)
+    text = VerifyReport("t", 1.0, 5010, 4, 12, [small, big], diff_limit=1000).format()
+    assert "missing keys: b'k'" in text
+    assert "partition 3 on n2" in text and "keys not named: more rows than the diff limit" \
+        in text
+    assert text.splitlines()[-1].startswith("keys are named for partitions of at most "
+                                            "1000 rows: raise --diff-limit")

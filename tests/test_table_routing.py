@@ -95,7 +95,7 @@ def _api(addrs: dict[str, str]) -> TablesApi:
     route = SimpleNamespace(leader="n1", nodes=["n1", "n2"])
     placement = SimpleNamespace(id="n9", mgr=SimpleNamespace(route=lambda name, key: route),
                                 http_addrs=lambda: dict(addrs),
-                                node=SimpleNamespace(groups={}))
+                                node=SimpleNamespace(groups={}), scheme="http", http_ssl=None)
     return TablesApi(placement)  # type: ignore[arg-type]
 
 

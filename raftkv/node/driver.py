@@ -33,6 +33,12 @@ reports changes to every core (``peer_down``/``peer_up``); the core decides what
 mean. A SIGKILLed leader's connection drops at once, so its followers wake and
 campaign one randomized election timeout later, as before quiescence.
 
+Only members of a hosted group's configuration are pinged. A member removed from the
+last group it shared with this node is forgotten by the transport (connection closed,
+address dropped from the address book), and a restart learns the addresses of current
+members only, so nothing dials a removed node again, unless a core sends it a message
+(an answer to one it sent: it is alive then).
+
 Callers live on other threads and get ``concurrent.futures.Future`` objects. A write's
 future resolves to ``(index, result)`` once applied here, a read's to whatever the read
 function returns, evaluated on the loop thread once ``applied >= read index`` (§6.4). A
@@ -87,6 +93,7 @@ from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import StateStore
+from raftkv.tls import TlsConfig
 from raftkv.transport import codec
 from raftkv.transport.tcp import Transport
 
@@ -114,6 +121,9 @@ class Metrics(Protocol):
 
     def leader_change(self, group: str) -> None: ...
 
+    def group_removed(self, group: str) -> None:
+        """The node stopped hosting ``group``: forget its series."""
+
 
 class NoMetrics:
     def fsync(self, group: str, seconds: float) -> None:
@@ -123,6 +133,9 @@ class NoMetrics:
         pass
 
     def leader_change(self, group: str) -> None:
+        pass
+
+    def group_removed(self, group: str) -> None:
         pass
 
 
@@ -180,6 +193,7 @@ class NodeConfig:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     data_dir: str | None = None  # None: addresses learned at runtime are not kept
     faults: bool = False  # enable the transport's test fault switch
+    peer_tls: TlsConfig | None = None  # TLS on the peer port (raftkv.transport.tcp)
     # Let idle groups stop heartbeating and ticking (Config.quiesce); the driver then
     # pings peers and reports their liveness to the cores. RAFTKV_QUIESCE=0 in the
     # environment turns it off (A/B benchmarks, or an operator's escape hatch).
@@ -219,7 +233,7 @@ class Node:
         self.transport = Transport(
             self.id, config.raft_addr, config.secret, self.poller, self._on_items,
             addresses=addresses, on_address=self._on_address,
-            on_undelivered=self._on_undelivered, faults=config.faults,
+            on_undelivered=self._on_undelivered, faults=config.faults, tls=config.peer_tls,
         )
         # Random start: a restarted node must not reuse request ids a leader may still answer.
         self._seq = itertools.count(random.getrandbits(62))
@@ -282,6 +296,7 @@ class Node:
         g = self.groups.pop(group_id, None)
         if g is not None:
             self._close_group(g, NodeStopped(f"group {group_id} is no longer hosted here"))
+            self.metrics.group_removed(group_id)
 
     def _close_group(self, g: Group, err: Exception) -> None:
         for hook in g.on_close:
@@ -598,7 +613,8 @@ class Node:
         peers went down or came back (see "Peer liveness" in the module docstring)."""
         self._ticks += 1
         transport = self.transport
-        peers = sorted(transport.peers)
+        members = self._members()
+        peers = sorted(p for p in transport.peers if p in members)
         if self._ticks % max(1, self.cfg.heartbeat_tick) == 0:
             for peer in peers:
                 transport.ping(peer)
@@ -1021,15 +1037,23 @@ class Node:
             log.warning("ignoring unreadable address book %s: %s", path, e)
             return {}
 
+    def _members(self) -> set[str]:
+        """Every member of every hosted group's configuration (this node included)."""
+        out: set[str] = set()
+        for g in list(self.groups.values()):  # hooks may add or remove groups
+            out |= g.raft.conf.members()
+        return out
+
     def _on_address(self, peer: str, addr: str) -> None:
+        self._save_addresses()
+
+    def _save_addresses(self) -> None:
         """Keep the addresses of members (any hosted group's) and configured peers, so a
         restart can reach them; a peer that merely connected is not written down."""
         path = self._addresses_file()
         if path is None:
             return
-        known = set(self.cfg.peers)
-        for g in list(self.groups.values()):  # hooks may add or remove groups
-            known |= g.raft.conf.members()
+        known = set(self.cfg.peers) | self._members()
         book = {pid: p.addr for pid, p in self.transport.peers.items()
                 if p.addr and pid in known}
         tmp = path + ".tmp"
@@ -1038,20 +1062,33 @@ class Node:
         os.replace(tmp, path)
 
     def _learn_conf_addresses(self, g: Group) -> None:
+        """At start: the addresses the log's membership changes carry, of current members
+        only (a member added and removed since must not be dialed again)."""
+        members = g.raft.conf.members()
         for e in g.storage.log.conf_entries(g.storage.log.first_index()):
-            self._on_conf_entry(g, e.data, quiet=True)
+            cc, _ = decode_conf_entry(e.data)
+            if cc is not None and cc.node in members:
+                self._learn_address(g, cc)
 
-    def _on_conf_entry(self, g: Group, data: bytes, quiet: bool = False) -> None:
-        cc, conf = decode_conf_entry(data)
-        if cc is None:
-            return
+    def _learn_address(self, g: Group, cc: ConfChange) -> None:
         if cc.op == ConfChangeOp.ADD_LEARNER and cc.context and cc.node != self.id:
             try:
                 self.transport.learn_address(cc.node, cc.context.decode())
             except UnicodeDecodeError:
                 log.warning("group %s: address of %s is not UTF-8", g.id, cc.node)
-        if not quiet:
-            log.info("group %s: %s applied; now %s", g.id, cc.describe(), conf.describe())
+
+    def _on_conf_entry(self, g: Group, data: bytes) -> None:
+        cc, conf = decode_conf_entry(data)
+        if cc is None:
+            return
+        self._learn_address(g, cc)
+        log.info("group %s: %s applied; now %s", g.id, cc.describe(), conf.describe())
+        if (cc.op == ConfChangeOp.REMOVE and cc.node != self.id
+                and cc.node in self.transport.peers and cc.node not in self._members()):
+            # Removed from the last group it shared with this node: stop dialing it.
+            self.transport.forget(cc.node)
+            self._save_addresses()
+            log.info("forgot %s: no longer a member of any group hosted here", cc.node)
 
     # ============================================================ helpers ============
     def _group(self, group: str) -> Group:

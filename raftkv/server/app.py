@@ -15,7 +15,9 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
   (``decode_batch_body`` gives the body formats); ``{"index", "ops"}``.
 - ``GET /v1/digest`` (read): ``{"count", "digest", "applied"}`` of this replica
   (``?stale=true`` for the local state as is), for comparing replicas.
-- ``GET /v1/cluster`` (read); ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
+- ``GET /v1/cluster`` (read): this node's status of every group it hosts, and
+  ``"http"``: the HTTP address each node published in the metastore.
+- ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
   ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}`` (202
   with the new leader when the leader removes itself: its successor completes it);
   ``POST /v1/cluster/transfer`` ``{"to"}`` (admin).
@@ -54,14 +56,14 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
 
 from raftkv.core import TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.server import auth
 from raftkv.server.auth import Role
 from raftkv.server.kv_ops import parse_kv, serve_kv
-from raftkv.server.metrics import StatusCollector
+from raftkv.server.metrics import HttpMetrics, StatusCollector, exposition
 from raftkv.server.requests import (
     PARSER_LINE_LIMIT,
     Starting,
@@ -147,6 +149,8 @@ class Api:
         self.tables = TablesApi()
         self._kv: RaftKV | None = None
         registry.register(StatusCollector(self._status_sync))
+        ProcessCollector(registry=registry)
+        self.http_metrics = HttpMetrics(registry)
 
     def attach(self, kv: RaftKV, placement: Placement) -> None:
         """Serve ``kv`` and ``placement``: the node's log is replayed and it runs."""
@@ -163,7 +167,10 @@ class Api:
         return self.kv.node.status().result(timeout=5)
 
     def app(self) -> web.Application:
-        middlewares: list[Middleware] = [errors_middleware]
+        # The request metrics are outermost, so they count what the client got: errors
+        # the errors middleware shaped, and the auth middleware's 401s and 403s (it
+        # answers them itself, inside both).
+        middlewares: list[Middleware] = [self.http_metrics.middleware, errors_middleware]
         if self.tokens is not None:
             middlewares.append(auth.middleware(self.tokens, required_role))
         # The body limit lets a maximal value through and refuses more with a 413.
@@ -217,7 +224,10 @@ class Api:
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
-        return web.json_response(await wait(self.kv.node.status()))
+        st = await wait(self.kv.node.status())
+        # every node's HTTP address, for `raftkv cluster status`
+        st["http"] = await self._admin(self.tables.p.http_addrs)
+        return web.json_response(st)
 
     async def _admin(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
@@ -298,6 +308,6 @@ class Api:
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(
-            None, generate_latest, self.registry
+            None, exposition, self.registry
         )
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

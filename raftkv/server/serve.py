@@ -8,6 +8,13 @@ replay thus never looks like a dead process to a liveness probe. The node logs i
 recovery report, serves until SIGTERM/SIGINT, then stops cleanly (pending requests fail
 with "node stopped"; nothing durable is at risk, since every acknowledged write was
 fsynced to the Raft log before it was acknowledged). SIGHUP reloads the tokens file.
+
+TLS flags mirror etcd's: ``--cert-file``/``--key-file``/``--trusted-ca-file``/
+``--client-cert-auth`` for the HTTP API, ``--peer-cert-file``/``--peer-key-file``/
+``--peer-trusted-ca-file``/``--peer-client-cert-auth`` for the peer port
+(``raftkv.tls``; docs/security.md). With HTTP TLS on, the node also speaks HTTPS to the
+other nodes when it proxies a table request, verifying them against the same CA and
+presenting its own certificate (and passing on the client's ``Authorization`` header).
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +41,7 @@ from raftkv.server.auth import Tokens
 from raftkv.server.metrics import PrometheusMetrics
 from raftkv.server.requests import JsonErrorsRunner
 from raftkv.server.tables import Placement
+from raftkv.tls import TlsConfig
 from raftkv.transport.tcp import parse_addr
 
 log = logging.getLogger("raftkv.serve")
@@ -44,8 +54,35 @@ def parse_peers(text: str) -> dict[str, str]:
         if not sep or not node:
             raise ValueError(f"bad peer {part!r}: expected id=host:port")
         parse_addr(addr)
+        if node in peers:
+            raise ValueError(f"--peers names {node} twice")
         peers[node] = addr
+    shared = [a for a, n in Counter(peers.values()).items() if n > 1]
+    if shared:
+        # Two ids at one address: whichever process binds it answers for both, and each
+        # of the two ids would be counted as a voter: a quorum one node can fake.
+        raise ValueError(f"--peers gives the address {shared[0]} to "
+                         f"{' and '.join(n for n, a in peers.items() if a == shared[0])}: "
+                         "every node needs its own")
     return peers
+
+
+def tls_config(args: argparse.Namespace, peer: bool) -> TlsConfig | None:
+    """The HTTP (``peer=False``) or peer TLS settings of the flags, None if TLS is off."""
+    pre = "peer_" if peer else ""
+    flag = "--peer-" if peer else "--"
+    cert, key = getattr(args, pre + "cert_file"), getattr(args, pre + "key_file")
+    ca, auth = getattr(args, pre + "trusted_ca_file"), getattr(args, pre + "client_cert_auth")
+    if cert is None and key is None:
+        if ca is not None or auth:
+            raise ValueError(f"{flag}trusted-ca-file and {flag}client-cert-auth need "
+                             f"{flag}cert-file and {flag}key-file")
+        return None
+    if cert is None or key is None:
+        raise ValueError(f"give both {flag}cert-file and {flag}key-file")
+    if auth and ca is None:
+        raise ValueError(f"{flag}client-cert-auth needs {flag}trusted-ca-file")
+    return TlsConfig(cert, key, ca, auth)
 
 
 def read_secret(path: str | None) -> bytes:
@@ -81,9 +118,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compact the Raft log once it holds this many entries")
     p.add_argument("--compact-keep", type=int, default=CompactionPolicy.keep,
                    help="entries kept after compaction for slightly-behind followers")
+    for peer in (False, True):
+        flag, who = ("--peer-", "peer") if peer else ("--", "HTTP")
+        p.add_argument(f"{flag}cert-file", help=f"{who} TLS: this node's certificate (PEM)")
+        p.add_argument(f"{flag}key-file", help=f"{who} TLS: its private key (PEM)")
+        p.add_argument(f"{flag}trusted-ca-file",
+                       help=f"{who} TLS: the CA that signs the other side's certificates")
+        p.add_argument(f"{flag}client-cert-auth", action="store_true",
+                       help=f"{who} TLS: require a certificate from "
+                            f"{'peers' if peer else 'clients'} (mutual TLS)")
     p.add_argument("--enable-test-faults", action="store_true",
                    help="expose POST /v1/test/partition (tests only)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO",
+                   help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +154,14 @@ def run(args: argparse.Namespace) -> int:
     host, port = parse_addr(args.http_addr)
     secret = read_secret(args.secret_file)
     tokens = Tokens(args.tokens_file) if args.tokens_file else None
-    if tokens is None:
+    http_tls = tls_config(args, peer=False)
+    peer_tls = tls_config(args, peer=True)
+    if peer_tls is not None:
+        peer_tls.client_context()  # loads every file: a bad one fails here, not at first dial
+    # Both contexts now: a missing or bad file fails the start, before anything is written.
+    http_ssl = http_tls.server_context() if http_tls is not None else None
+    proxy_ssl = http_tls.client_context() if http_tls is not None else None
+    if tokens is None:  # once every argument passed: a refused start is one line
         log.warning("no --tokens-file: the HTTP API on %s answers anyone who can reach it, "
                     "membership and table changes included (docs/operations.md)",
                     args.http_addr)
@@ -127,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             data_dir=None if args.memory else args.data_dir,
             durable=not args.no_fsync, join=args.join, tick_seconds=args.tick,
             election_tick=args.election_ticks, metrics=PrometheusMetrics(registry),
-            faults=args.enable_test_faults,
+            faults=args.enable_test_faults, peer_tls=peer_tls,
             compaction=CompactionPolicy(max_entries=args.compact_entries,
                                         keep=args.compact_keep),
         )
@@ -135,16 +189,18 @@ def run(args: argparse.Namespace) -> int:
         placement = Placement(
             kv, None if args.memory else args.data_dir, meta_dir, args.http_addr,
             None if args.join else sorted(peers), durable=not args.no_fsync,
+            http_ssl=proxy_ssl,
         )
         closers.append(placement.stop)
         placement.start()
         log.info("%s", kv.node.groups[kv.group].recovery.describe())
         api.attach(kv, placement)
-        log.info("serving: raft on %s", args.raft_addr)
+        log.info("serving: raft on %s%s", args.raft_addr, " (TLS)" if peer_tls else "")
 
     try:
-        log.info("HTTP on %s; starting the node", args.http_addr)
-        asyncio.run(serve_http(api.app(), host, port, build,
+        log.info("%s on %s; starting the node", "HTTPS" if http_ssl else "HTTP",
+                 args.http_addr)
+        asyncio.run(serve_http(api.app(), host, port, build, ssl_context=http_ssl,
                                on_hangup=tokens.reload if tokens is not None else None))
     finally:
         # Last built, first stopped: the placement manager uses the node.
@@ -155,10 +211,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve_http(app: web.Application, host: str, port: int, start: Callable[[], None],
+                     ssl_context: ssl.SSLContext | None = None,
                      on_hangup: Callable[[], None] | None = None) -> None:
-    """Serve ``app`` on host:port, run ``start`` on a worker thread meanwhile, and
-    return on SIGTERM or SIGINT (once ``start`` returned: it cannot be interrupted).
-    ``start`` raising stops the server and raises here. SIGHUP calls ``on_hangup``."""
+    """Serve ``app`` on host:port (HTTPS with ``ssl_context``), run ``start`` on a worker
+    thread meanwhile, and return on SIGTERM or SIGINT (once ``start`` returned: it cannot
+    be interrupted). ``start`` raising stops the server and raises here. SIGHUP calls
+    ``on_hangup``."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -168,7 +226,7 @@ async def serve_http(app: web.Application, host: str, port: int, start: Callable
     runner = JsonErrorsRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         started = loop.run_in_executor(None, start)
         stopping = asyncio.ensure_future(stop.wait())
         either: set[asyncio.Future[Any]] = {started, stopping}

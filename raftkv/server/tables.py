@@ -61,7 +61,9 @@ cached, table administration), as one that knows no leader of a partition it hos
 to a request for that partition.
 
 A request proxied to another node carries the caller's ``Authorization`` header: the
-other node checks the caller's token as this one did (``raftkv.server.auth``).
+other node checks the caller's token as this one did (``raftkv.server.auth``). It goes
+over HTTPS when this node serves HTTPS (``Placement.http_ssl``: the node's CA and
+certificate), so the token is never sent in clear to a node the caller reached securely.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -130,9 +133,13 @@ class Placement:
     """The metastore replica and placement manager of one ``raftkv serve`` node."""
 
     def __init__(self, kv: RaftKV, data_dir: str | None, meta_dir: str, http_addr: str,
-                 founders: list[str] | None, durable: bool) -> None:
-        """``founders``: the metastore's voters (None: this node joins as a learner)."""
+                 founders: list[str] | None, durable: bool,
+                 http_ssl: ssl.SSLContext | None = None) -> None:
+        """``founders``: the metastore's voters (None: this node joins as a learner).
+        ``http_ssl``: the other nodes serve HTTPS; proxy to them with this context."""
         self.kv = kv
+        self.http_ssl = http_ssl
+        self.scheme = "https" if http_ssl is not None else "http"
         self.node = kv.node
         self.id = kv.node_id
         self.http_addr = http_addr
@@ -273,7 +280,9 @@ class TablesApi:
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
+            self.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=15),
+                connector=aiohttp.TCPConnector(ssl=self.p.http_ssl or True))
             # aiohttp sends a PUT or DELETE a second time when the connection breaks
             # after it went out (RFC 9110 calls them idempotent). A compare-and-set is
             # not: the second copy compares against what the first one wrote. Whether a
@@ -440,7 +449,8 @@ class TablesApi:
 
     async def _fetch(self, addr: str, path: str, request: web.Request) -> Any:
         try:
-            async with self._session().get(f"http://{addr}{path}", headers=_caller(request),
+            async with self._session().get(f"{self.p.scheme}://{addr}{path}",
+                                           headers=_caller(request),
                                            timeout=aiohttp.ClientTimeout(total=3)) as r:
                 if r.status == 200:
                     return await r.json()
@@ -618,7 +628,7 @@ class TablesApi:
         for n in dict.fromkeys(self._hosts(name, ops[0][0])):
             if n not in addrs:
                 continue
-            url = f"http://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
+            url = f"{self.p.scheme}://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
             try:
                 async with self._session().post(
                         url, data=body, headers={FORWARDED: self.p.id, **caller,
@@ -718,7 +728,7 @@ class TablesApi:
                                   "applied": applied, **out})
 
     async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:
-        url = f"http://{addr}{request.rel_url.raw_path_qs}"
+        url = f"{self.p.scheme}://{addr}{request.rel_url.raw_path_qs}"
         headers = {FORWARDED: self.p.id, **_caller(request)}
         if request.content_type:
             headers["Content-Type"] = request.content_type

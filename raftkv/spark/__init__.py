@@ -15,6 +15,8 @@ same job on a real cluster (the executors then need raftkv installed).
 
 from __future__ import annotations
 
+import csv
+import importlib
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -27,23 +29,39 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["LoadReport", "Mismatch", "PartitionLoad", "SparkJobError", "VerifyReport",
-           "bulk_load", "read_input", "session", "verify"]
+           "bulk_load", "input_columns", "read_input", "require_extra", "session", "verify"]
 
 
-def session(master: str = "local[*]", app_name: str = "raftkv", **conf: Any) -> SparkSession:
+# What the ``spark`` extra brings that the jobs import (pyspark[sql] needs pandas too).
+EXTRA_MODULES = ("pyspark", "pyarrow", "pandas")
+
+
+def require_extra(what: str = "raftkv.spark") -> None:
+    """``SparkJobError`` naming the extra to install, unless every module of the ``spark``
+    extra imports: a missing extra is one line for the user, not an ``ImportError`` from
+    deep inside a job, and is found before any cluster is asked anything."""
+    for module in EXTRA_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise SparkJobError(f"{what} needs the spark extra ({module} is not installed): "
+                                "pip install 'raftkv[spark]'") from None
+
+
+def session(master: str = "local[*]", app_name: str = "raftkv", *,
+            progress_bar: bool = True, **conf: Any) -> SparkSession:
     """A SparkSession whose Python workers run this interpreter (so they import the same
-    raftkv), with Spark's console progress bar on. ``SparkJobError`` if pyspark is not
-    installed (it is the ``spark`` extra: ``pip install 'raftkv[spark]'``)."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError as e:
-        raise SparkJobError(
-            f"the Spark jobs need pyspark, which is not installed ({e}): "
-            "pip install 'raftkv[spark]'") from None
+    raftkv). ``progress_bar``: Spark's console progress bar, on stderr; turn it off when
+    the jobs' own progress lines are wanted (``progress=True``), so the two do not
+    interleave, as ``raftkv spark`` does. ``conf``: more Spark settings (pass dotted names
+    as ``**{"spark.x": v}``). ``SparkJobError`` if the ``spark`` extra is not installed
+    (``require_extra``)."""
+    require_extra()
+    from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     b = (SparkSession.builder.master(master).appName(app_name)
-         .config("spark.ui.showConsoleProgress", "true")
+         .config("spark.ui.showConsoleProgress", "true" if progress_bar else "false")
          .config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "16"))
     for k, v in conf.items():
@@ -51,15 +69,49 @@ def session(master: str = "local[*]", app_name: str = "raftkv", **conf: Any) -> 
     return b.getOrCreate()
 
 
+def _input_format(path: str) -> str:
+    """``parquet`` or ``csv``, from the path (``SparkJobError`` for anything else or a
+    local path that does not exist)."""
+    if "://" not in path and not os.path.exists(path):
+        raise SparkJobError(f"input {path} does not exist")
+    lower = path.rstrip("/").lower()
+    for fmt in ("parquet", "csv"):
+        if lower.endswith("." + fmt):
+            return fmt
+    raise SparkJobError(f"input {path}: expected a .parquet or .csv path")
+
+
 def read_input(spark: SparkSession, path: str) -> Any:
     """A DataFrame from a ``.parquet`` file or directory, or a ``.csv`` with a header (all
     columns read as strings, so nothing is reinterpreted on the way in)."""
-    local = "://" not in path
-    if local and not os.path.exists(path):
-        raise SparkJobError(f"input {path} does not exist")
-    lower = path.rstrip("/").lower()
-    if lower.endswith(".parquet"):
+    if _input_format(path) == "parquet":
         return spark.read.parquet(path)
-    if lower.endswith(".csv"):
-        return spark.read.option("header", "true").csv(path)
-    raise SparkJobError(f"input {path}: expected a .parquet or .csv path")
+    return spark.read.option("header", "true").csv(path)
+
+
+def input_columns(path: str) -> list[str] | None:
+    """The column names of the input ``read_input`` would read, found without Spark: from
+    the Parquet footer(s) with pyarrow, or from a CSV's header line. A JVM takes seconds
+    to start, so a wrong ``--key`` is caught this way first. None for a remote path (a
+    URL), which only Spark can read; Spark's own schema is checked again in any case."""
+    fmt = _input_format(path)
+    if "://" in path:
+        return None
+    try:
+        if fmt == "parquet":
+            import pyarrow.dataset as ds
+
+            return list(ds.dataset(path, format="parquet").schema.names)
+        first = path
+        if os.path.isdir(path):  # Spark writes a directory of part files
+            parts = sorted(f for f in os.listdir(path) if not f.startswith(("_", ".")))
+            if not parts:
+                raise SparkJobError(f"input {path}: the directory holds no CSV file")
+            first = os.path.join(path, parts[0])
+        with open(first, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), None)
+    except (OSError, ValueError, csv.Error) as e:  # pyarrow's ArrowInvalid: a ValueError
+        raise SparkJobError(f"input {path}: cannot read its schema: {e}") from None
+    if not header:
+        raise SparkJobError(f"input {path}: the CSV file has no header line")
+    return header

@@ -6,47 +6,110 @@
         [--value-cols A,B] [--master URL] [--diff-limit N]
 
 ``--value-cols`` defaults to every column but the key (one column: its value as is; more:
-a JSON object, see ``raftkv.spark.rows``). Both print Spark's progress bar, a progress line
-every few seconds and the report. Exit status: 0 done and clean, 1 an error (nothing was
-written if it came before the write stage), 3 verify found mismatches.
+a JSON object, see ``raftkv.spark.rows``).
+
+Everything that can be checked without Spark is checked before a JVM starts (which takes
+seconds), in this order: the ``spark`` extra is installed, the input exists and has the
+key and value columns (its schema read with pyarrow, or its CSV header), the cluster
+answers and knows the table. Each failure is one line on stderr.
+
+Progress: Spark's console progress bar is turned off and the jobs print their own lines
+(``[raftkv] ...``: one per running stage every few seconds, then one per finished stage
+and the report) on stdout; with both, the bar's carriage returns on stderr and the lines
+on stdout interleave into an unreadable terminal.
+
+Credentials: the token of ``raftkv --token-file`` (else ``RAFTKV_TOKEN`` or
+``RAFTKV_TOKEN_FILE``) is resolved once on the driver and carried to every task in the
+table view (``raftkv.spark.cluster``); ``--cacert``/``--cert``/``--key`` are passed on as
+``RAFTKV_CACERT``/``RAFTKV_CERT``/``RAFTKV_KEY``, which every client reads.
+
+Exit status: 0 done and clean, 1 an error (nothing was written if it came before the
+write stage), 3 verify found mismatches.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from raftkv.spark import SparkJobError, bulk_load, read_input, session, verify
+from raftkv.spark import (
+    SparkJobError,
+    bulk_load,
+    input_columns,
+    read_input,
+    require_extra,
+    session,
+    verify,
+)
 from raftkv.spark.cluster import table_view
+from raftkv.spark.shuffle import check_columns
 
 MISMATCH_EXIT = 3
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def add_arguments(spark: argparse.ArgumentParser) -> None:
+    """``load`` and ``verify`` under the ``raftkv spark`` subcommand."""
+    jobs = spark.add_subparsers(dest="action", required=True, metavar="{load,verify}")
+    helps = {"load": "bulk-load a Parquet or CSV file into a table",
+             "verify": "check that every replica of a table holds exactly the input "
+                       "(exit 3 on a mismatch)"}
+    for action, text in helps.items():
+        a = jobs.add_parser(action, help=text, description=text)
+        a.add_argument("--table", required=True, help="the raftkv table (it must exist)")
+        a.add_argument("--input", required=True,
+                       help="a .parquet file or directory, or a .csv with a header line")
+        a.add_argument("--key", required=True, help="the column that holds each row's key")
+        a.add_argument("--value-cols", default="",
+                       help="comma-separated value columns (default: every other column); "
+                            "one column is stored as is, several as a JSON object")
+        a.add_argument("--master", default="local[*]",
+                       help="Spark master URL (default: local[*], an embedded Spark)")
+        if action == "load":
+            a.add_argument("--batch-rows", type=_positive, default=1000,
+                           help="rows per Raft entry (default: 1000)")
+            a.add_argument("--load-id", default=None,
+                           help="reuse an earlier load's id to resume it: batches it "
+                                "applied are skipped")
+        else:
+            a.add_argument("--diff-limit", type=_positive, default=1000,
+                           help="name the missing, extra and altered keys of a "
+                                "mismatched partition of up to this many rows "
+                                "(default: 1000)")
 
 
 def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
     """``token``: the bearer token to send (None: none)."""
     eps = [e.split("://", 1)[-1] for e in endpoints.split(",") if e]
+    chosen = [c for c in args.value_cols.split(",") if c] if args.value_cols else None
     try:
-        # Before starting a JVM: a missing input or an unknown table fails in a second.
-        if "://" not in args.input and not os.path.exists(args.input):
-            raise SparkJobError(f"input {args.input} does not exist")
-        table_view(eps, args.table, token=token)
+        require_extra("raftkv spark")
+        columns = input_columns(args.input)
+        if columns is not None:
+            check_columns(columns, args.key,
+                          chosen if chosen is not None else
+                          [c for c in columns if c != args.key])
+        table_view(eps, args.table, timeout=args.timeout, connect_timeout=args.connect_timeout,
+                   token=token)
     except SparkJobError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        spark = session(args.master, app_name=f"raftkv {args.action} {args.table}")
+        spark = session(args.master, app_name=f"raftkv {args.action} {args.table}",
+                        progress_bar=False)
     except Exception as e:  # noqa: BLE001 - no JVM, bad master URL: one line, not a trace
         print(f"error: cannot start Spark ({args.master}): {e}", file=sys.stderr)
         return 1
     try:
         spark.sparkContext.setLogLevel("ERROR")
         df = read_input(spark, args.input)
-        if args.key not in df.columns:
-            raise SparkJobError(f"no key column {args.key!r} in {args.input}; the columns "
-                                f"are {df.columns}")
-        cols = ([c for c in args.value_cols.split(",") if c] if args.value_cols
-                else [c for c in df.columns if c != args.key])
+        cols = chosen if chosen is not None else [c for c in df.columns if c != args.key]
         if args.action == "load":
             bulk_load(df, args.table, args.key, cols, cluster=eps, batch_rows=args.batch_rows,
                       load_id=args.load_id, progress=True, token=token)

@@ -65,13 +65,13 @@ def endpoints_of(cluster: str | list[str]) -> list[str]:
 
 
 def table_view(cluster: str | list[str], table: str, timeout: float = 10.0,
-               token: str | None = None) -> TableView:
+               connect_timeout: float | None = None, token: str | None = None) -> TableView:
     eps = endpoints_of(cluster)
     try:
         token = resolve_token(token)
     except ValueError as e:
         raise SparkJobError(str(e)) from None
-    client = Client(eps, timeout=timeout, token=token)
+    client = Client(eps, timeout=timeout, connect_timeout=connect_timeout, token=token)
     try:
         d: dict[str, Any] = client.describe_table(table)
     except ClientError as e:

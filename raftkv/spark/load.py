@@ -27,11 +27,13 @@ Theory of operation
    batches, batches skipped as already applied, seconds, retries, the Spark task attempt
    that succeeded), printed as a table.
 
-Progress: Spark's console progress bar (``spark.ui.showConsoleProgress``, which
-``raftkv.spark.session`` turns on) shows tasks as they finish. ``bulk_load`` prints a
-summary line per stage (route and shuffle; write), and with ``progress=True`` also a line
-every few seconds with each running stage's finished tasks (for logs, where the bar is
-not shown).
+Progress: ``bulk_load`` prints a summary line per stage (route and shuffle; write), and
+with ``progress=True`` also a line every few seconds with each running stage's finished
+tasks, which reads well in a log too. Spark's console progress bar
+(``spark.ui.showConsoleProgress``; ``raftkv.spark.session(progress_bar=...)``) shows the
+same live on a terminal. Use one or the other: the bar redraws itself on stderr with
+carriage returns, and lines printed meanwhile break it into fragments. ``raftkv spark``
+turns the bar off and prints the lines.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
         raise SparkJobError(f"batch_rows and inflight must be at least 1, not "
                             f"{batch_rows} and {inflight}")
     view = table_view(cluster, table, token=token)
-    check_columns(df, key_col, value_cols)
+    check_columns(df.columns, key_col, value_cols)
     load_id = load_id or uuid.uuid4().hex[:12]
     n = len(view.partitions)
     t0, wall0 = time.monotonic(), time.time()

@@ -9,7 +9,8 @@ from typing import Any, Self
 
 class Progress:
     """Prints, every ``every`` seconds while a job runs, how many of its tasks are done
-    (Spark's status tracker); Spark's own bar shows the same live on a terminal."""
+    (Spark's status tracker). Spark's own bar shows the same live on a terminal, but the
+    two interleave: turn the bar off when using this (``session(progress_bar=False)``)."""
 
     def __init__(self, sc: Any, what: str, out: Any, every: float = 5.0) -> None:
         self.sc, self.what, self.out, self.every = sc, what, out, every

@@ -230,8 +230,12 @@ def job_error(e: Exception, what: str) -> Exception:
     return SparkJobError(f"bad input row, nothing was written by this {what}: {reason}")
 
 
-def check_columns(df: DataFrame, key_col: str, value_cols: Sequence[str] | None) -> None:
-    cols = set(df.columns)
+def check_columns(columns: Sequence[str], key_col: str, value_cols: Sequence[str] | None
+                  ) -> None:
+    """``SparkJobError`` unless the key column and every value column are among
+    ``columns`` (a DataFrame's, or the input's as ``raftkv.spark.input_columns`` reads
+    them before Spark starts)."""
+    cols = set(columns)
     if key_col not in cols:
         raise SparkJobError(f"no key column {key_col!r}; the columns are {sorted(cols)}")
     if value_cols is not None:

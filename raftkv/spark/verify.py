@@ -68,6 +68,7 @@ class Mismatch:
     extra: list[bytes] = field(default_factory=list)  # on the replica, not in the input
     altered: list[bytes] = field(default_factory=list)  # on both, different values
     error: str | None = None  # the replica could not be checked
+    keys_named: bool = False  # both sides listed their keys (at most diff_limit rows)
 
     def describe(self) -> str:
         if self.error is not None:
@@ -81,6 +82,8 @@ class Mismatch:
                 shown = ", ".join(repr(k) for k in keys[:20])
                 more = f" (+{len(keys) - 20} more)" if len(keys) > 20 else ""
                 parts.append(f"  {name} keys: {shown}{more}")
+        if not self.keys_named:
+            parts.append("  keys not named: more rows than the diff limit")
         return "\n".join(parts)
 
 
@@ -92,6 +95,7 @@ class VerifyReport:
     partitions: int
     replicas_checked: int
     mismatches: list[Mismatch]
+    diff_limit: int = DEFAULT_DIFF_LIMIT
 
     @property
     def ok(self) -> bool:
@@ -103,7 +107,10 @@ class VerifyReport:
         if self.ok:
             return head + "clean"
         return "\n".join([head + f"{len(self.mismatches)} MISMATCHES"]
-                         + [m.describe() for m in self.mismatches])
+                         + [m.describe() for m in self.mismatches]
+                         + [(f"keys are named for partitions of at most {self.diff_limit} "
+                            "rows: raise --diff-limit (diff_limit=) to name them in "
+                            "larger ones")])
 
 
 def verify(df: DataFrame, table: str, key_col: str,
@@ -118,7 +125,7 @@ def verify(df: DataFrame, table: str, key_col: str,
     if (value_cols is None) == (value_fn is None):
         raise SparkJobError("give exactly one of value_cols and value_fn")
     view = table_view(cluster, table, token=token)
-    check_columns(df, key_col, value_cols)
+    check_columns(df.columns, key_col, value_cols)
     n = len(view.partitions)
     t0 = time.monotonic()
     sc = df.sparkSession.sparkContext
@@ -146,7 +153,7 @@ def verify(df: DataFrame, table: str, key_col: str,
     report = VerifyReport(table, time.monotonic() - t0,
                           sum(e.count for e in expected.values()), n,
                           sum(checked for checked, _ in results),
-                          [m for _, ms in results for m in ms])
+                          [m for _, ms in results for m in ms], diff_limit)
     print(report.format(), file=out, flush=True)
     return report
 
@@ -227,4 +234,5 @@ def _compare(p: int, node: str, exp: Expected, got: dict[str, Any] | str) -> Mis
         m.extra = sorted(bytes.fromhex(k) for k in theirs.keys() - mine.keys())
         m.altered = sorted(bytes.fromhex(k) for k in mine.keys() & theirs.keys()
                            if mine[k] != theirs[k])
+        m.keys_named = True
     return m

@@ -3,10 +3,16 @@
 ``ProcCluster`` starts nodes as subprocesses (``python -m raftkv.cli serve``), each with
 its own data directory and log file, and can SIGKILL, restart, add joining nodes and cut
 the network through the transport's test fault switch (``--enable-test-faults``). Ports
-come from the kernel (bind to port 0), so parallel runs do not collide. With
-``auth=True`` the nodes check bearer tokens: the cluster writes a tokens file with one
-token per role (``tokens``; ``token.<role>`` files hold each alone, for the CLI's
-``--token-file``), and its own calls and clients use the admin token.
+come from the kernel (bind to port 0), so parallel runs do not collide.
+
+``tls=True`` makes a throw-away CA and a certificate per node in ``<base_dir>/tls``
+(``raftkv.certs``) and runs HTTPS and mutual TLS between peers; endpoints are then
+``https://``, and ``client`` and the harness's own requests verify them against that CA
+and present the ``client`` certificate (so ``--client-cert-auth`` may be added).
+
+``auth=True`` makes the nodes check bearer tokens: the cluster writes a tokens file with
+one token per role (``tokens``; ``token.<role>`` files hold each alone, for the CLI's
+``--token-file``), and its own calls and clients use the admin token. The two combine.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import random
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -26,8 +33,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from raftkv.certs import CertFiles, issue, make_ca
 from raftkv.client import Client
 from raftkv.server.auth import Role
+from raftkv.tls import client_context
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -70,13 +79,14 @@ def free_ports(n: int, taken: Iterable[int] = ()) -> list[int]:
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, method: str | None = None,
-              timeout: float = 2.0, token: str | None = None) -> tuple[int, Any]:
+              timeout: float = 2.0, context: ssl.SSLContext | None = None,
+              token: str | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"))
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         raw = e.read()
@@ -95,6 +105,7 @@ class ProcNode:
     log_path: str
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    tls: CertFiles | None = None  # its certificate, key and CA, if the cluster runs TLS
 
     @property
     def raft_addr(self) -> str:
@@ -102,7 +113,16 @@ class ProcNode:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.http_port}"
+
+    def tls_args(self) -> list[str]:
+        """``serve`` flags for HTTPS and mutual TLS between peers (none without TLS)."""
+        c = self.tls
+        if c is None:
+            return []
+        return ["--cert-file", c.cert, "--key-file", c.key, "--trusted-ca-file", c.ca,
+                "--peer-cert-file", c.cert, "--peer-key-file", c.key,
+                "--peer-trusted-ca-file", c.ca, "--peer-client-cert-auth"]
 
     @property
     def alive(self) -> bool:
@@ -128,6 +148,7 @@ class ProcCluster:
     extra_args: list[str] = field(default_factory=list)
     nodes: dict[str, ProcNode] = field(default_factory=dict)
     tokens: dict[Role, str] = field(default_factory=dict)
+    tls: bool = False
 
     def __post_init__(self) -> None:
         os.makedirs(self.base_dir, exist_ok=True)
@@ -141,6 +162,16 @@ class ProcCluster:
             self._private(self.tokens_file, "".join(lines))
             for r, t in self.tokens.items():
                 self._private(self.token_file(r), t + "\n")
+        self.tls_dir = os.path.join(self.base_dir, "tls")
+        self.ca: CertFiles | None = None
+        self.client_cert: CertFiles | None = None
+        # What this harness's own HTTP calls verify the nodes with (None: plain HTTP).
+        self.ssl_context: ssl.SSLContext | None = None
+        if self.tls:
+            self.ca = make_ca(self.tls_dir)
+            self.client_cert = issue(self.ca, self.tls_dir, "client")
+            self.ssl_context = client_context(self.ca.cert, self.client_cert.cert,
+                                              self.client_cert.key)
         for i in range(1, self.size + 1):
             self._new_node(f"n{i}")
         self.founders = dict(self.peers())
@@ -169,6 +200,7 @@ class ProcCluster:
         n = ProcNode(
             node_id, raft, http, os.path.join(self.base_dir, node_id),
             os.path.join(self.base_dir, f"{node_id}.log"),
+            tls=issue(self.ca, self.tls_dir, node_id) if self.ca else None,
         )
         self.nodes[node_id] = n
         return n
@@ -192,7 +224,8 @@ class ProcCluster:
                 "--http-addr", f"127.0.0.1:{n.http_port}",
                 "--peers", ",".join(f"{k}={v}" for k, v in peers.items()),
                 "--secret-file", self.secret_file, "--tick", str(self.tick),
-                "--election-ticks", str(self.election_ticks), *self.extra_args,
+                "--election-ticks", str(self.election_ticks), *n.tls_args(),
+                *self.extra_args,
             ]
             if join:
                 args.append("--join")
@@ -231,7 +264,8 @@ class ProcCluster:
             if not n.alive:
                 raise RuntimeError(f"{node_id} exited at start:\n{n.log_text()[-3000:]}")
             try:
-                status, body = http_json(n.endpoint + "/health", timeout=0.5)
+                status, body = http_json(n.endpoint + "/health", timeout=0.5,
+                                         context=self.ssl_context)
                 # "starting": HTTP is up, the node is still replaying its log.
                 if status == 200 and isinstance(body, dict) and body.get("status") != "starting":
                     return
@@ -274,7 +308,7 @@ class ProcCluster:
     def status(self, node_id: str) -> dict[str, Any] | None:
         try:
             code, body = http_json(self.nodes[node_id].endpoint + "/v1/cluster", timeout=2.0,
-                                   token=self.admin_token)
+                                   context=self.ssl_context, token=self.admin_token)
         except OSError:
             return None
         return body if code == 200 else None
@@ -315,9 +349,13 @@ class ProcCluster:
 
     def client(self, ids: list[str] | None = None, timeout: float = 10.0,
                role: Role = Role.ADMIN) -> Client:
-        """A client of ``ids`` (default: every node), with ``role``'s token under ``auth``."""
+        """A client of ``ids`` (default: every node): with ``tls``, verifying them against
+        the cluster's CA and presenting the client certificate; with ``auth``, sending
+        ``role``'s token."""
+        cc = self.client_cert
         return Client([self.nodes[i].endpoint for i in (ids or list(self.nodes))], timeout,
-                      token=self.tokens.get(role))
+                      cacert=cc.ca if cc else None, cert=cc.cert if cc else None,
+                      key=cc.key if cc else None, token=self.tokens.get(role))
 
     def partition(self, *sides: list[str]) -> None:
         """Cut traffic between the given sides (each node blocks everyone not on its side)."""
@@ -326,19 +364,20 @@ class ProcCluster:
             for nid in side:
                 block = sorted(everyone - set(side))
                 code, body = http_json(self.nodes[nid].endpoint + "/v1/test/partition",
-                                       {"block": block}, token=self.admin_token)
+                                       {"block": block}, context=self.ssl_context,
+                                       token=self.admin_token)
                 if code != 200:
                     raise RuntimeError(f"partition on {nid} failed: {body}")
 
     def heal(self) -> None:
         for nid in self.alive_ids():
             http_json(self.nodes[nid].endpoint + "/v1/test/partition", {"block": []},
-                      token=self.admin_token)
+                      context=self.ssl_context, token=self.admin_token)
 
     def digest(self, node_id: str) -> dict[str, Any]:
         """``{"count", "digest", "applied"}`` of a replica's local state."""
         code, body = http_json(self.nodes[node_id].endpoint + "/v1/digest?stale=true",
-                               token=self.admin_token)
+                               context=self.ssl_context, token=self.admin_token)
         if code != 200:
             raise RuntimeError(f"digest of {node_id} failed: {body}")
         return dict(body)

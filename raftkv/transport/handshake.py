@@ -13,8 +13,13 @@ Every field has a fixed size or a one-byte length, so the parser needs no decode
 msgpack sees only bytes from a peer that has proved the secret. The dialer also announces
 its listening address, which is how a node learns where a newly added peer lives.
 
-This authenticates; it does not encrypt or sign later frames. Run clusters on a private
-network (or under TLS/WireGuard) when the link itself is not trusted.
+The handshake also keys the frames that follow (``frame_keys``): HKDF-SHA256 (RFC 5869)
+with both nonces as the salt and the secret as the input key, one key per direction.
+Both nonces are fresh, so every connection has keys of its own, and a frame recorded on
+one connection is worthless on any other (``frames`` says what the tags protect). Under
+TLS the same handshake runs inside the TLS channel: TLS proves the certificates, this
+proves the cluster secret. Neither mode hides anything from a peer that holds the secret:
+docs/security.md lists what an attacker can and cannot do in each mode.
 """
 
 from __future__ import annotations
@@ -23,7 +28,12 @@ import hashlib
 import hmac
 import os
 
-MAGIC = b"RKV\x01"
+# \x02: frames carry tags (``frames``). A peer still sending \x01 would send untagged
+# frames, so it is refused, by name, rather than trusted.
+MAGIC = b"RKV\x02"
+OLD_MAGIC = b"RKV\x01"
+# A TLS record of type handshake (22) with major version 3: a ClientHello.
+TLS_RECORD = b"\x16\x03"
 NONCE = 32
 MAC = 32
 MAX_FIELD = 255
@@ -53,6 +63,27 @@ def _take_field(buf: bytes | bytearray, pos: int) -> tuple[bytes, int] | None:
     return bytes(buf[pos + 1:end]), end
 
 
+def _check_magic(buf: bytes | bytearray) -> None:
+    head = bytes(buf[:len(MAGIC)])
+    if head == MAGIC:
+        return
+    if head == OLD_MAGIC:
+        raise HandshakeError("the peer runs an older raftkv whose frames are not "
+                             "authenticated: upgrade it")
+    if head.startswith(TLS_RECORD):
+        raise HandshakeError("the peer speaks TLS but this node does not: give every node "
+                             "the same --peer-cert-file/--peer-key-file settings")
+    raise HandshakeError("the peer is not a raftkv node (bad magic)")
+
+
+def frame_keys(secret: bytes, nonce_a: bytes, nonce_d: bytes) -> tuple[bytes, bytes]:
+    """(dialer-to-acceptor key, acceptor-to-dialer key) for this connection's frames:
+    HKDF-SHA256 extract (salt = both nonces) and expand (one block per direction)."""
+    prk = hmac.digest(nonce_a + nonce_d, secret, "sha256")
+    return (hmac.digest(prk, b"raftkv frames: dialer to acceptor\x01", "sha256"),
+            hmac.digest(prk, b"raftkv frames: acceptor to dialer\x01", "sha256"))
+
+
 def new_nonce() -> bytes:
     return os.urandom(NONCE)
 
@@ -65,8 +96,7 @@ def parse_challenge(buf: bytes | bytearray) -> tuple[bytes, int] | None:
     n = len(MAGIC) + NONCE
     if len(buf) < n:
         return None
-    if bytes(buf[:len(MAGIC)]) != MAGIC:
-        raise HandshakeError("the peer is not a raftkv node (bad magic)")
+    _check_magic(buf)
     return bytes(buf[len(MAGIC):n]), n
 
 
@@ -83,8 +113,7 @@ def parse_hello(
     fixed = len(MAGIC) + NONCE + MAC
     if len(buf) < fixed:
         return None
-    if bytes(buf[:len(MAGIC)]) != MAGIC:
-        raise HandshakeError("the peer is not a raftkv node (bad magic)")
+    _check_magic(buf)
     nonce_d = bytes(buf[len(MAGIC):len(MAGIC) + NONCE])
     mac = bytes(buf[len(MAGIC) + NONCE:fixed])
     got = _take_field(buf, fixed)

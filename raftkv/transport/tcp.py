@@ -15,6 +15,16 @@ Theory of operation
 - **Handshake first** (``handshake``): until both MACs check out, the only parsing is
   of fixed-size fields; msgpack never sees an unauthenticated byte. A failure is logged
   and closes that connection; the node goes on.
+- **Every frame authenticated.** Without TLS each frame carries a tag under a key of
+  this connection and direction, with an implicit sequence number (``frames``): a
+  forged, altered, replayed or reordered frame fails its check before it is decoded,
+  and closes the connection like any bad input.
+- **TLS** (optional, ``tls``): an ``ssl.SSLObject`` over memory BIOs (``tls_bio``) sits
+  between the socket and everything above, so the poller design is unchanged: the TLS
+  handshake comes first (the dialer verifies the acceptor's certificate against the
+  trusted CA and the address it dialed; with ``client_cert_auth`` the acceptor verifies
+  the dialer's), then the cluster-secret handshake inside it, then untagged frames (TLS
+  records are authenticated already).
 - **Batching.** ``send`` only queues; ``flush`` (once per loop turn) turns each peer's
   queue into a single frame, so the heartbeats of every group bound for a peer travel
   together.
@@ -37,6 +47,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +56,16 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 from pysyncobj.tcp_connection import set_keepalive
 
+from raftkv.tls import TlsConfig
 from raftkv.transport import handshake as hs
-from raftkv.transport.frames import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame
+from raftkv.transport.frames import (
+    DEFAULT_MAX_FRAME,
+    FrameDecoder,
+    FrameError,
+    FrameMac,
+    encode_frame,
+)
+from raftkv.transport.tls_bio import TlsSession
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +91,7 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 class _State:
     CONNECTING = "connecting"
+    TLS_HANDSHAKE = "tls-handshake"
     AWAIT_CHALLENGE = "await-challenge"  # dialer
     AWAIT_HELLO = "await-hello"  # acceptor
     AWAIT_WELCOME = "await-welcome"  # dialer
@@ -85,6 +105,11 @@ class Connection:
         self.sock = sock
         self.fd = sock.fileno()
         self.dialed_to = dialed_to  # the peer we dialed, or None for an accepted connection
+        try:
+            host, port = sock.getpeername()[:2]
+            self.remote = f"{host}:{port}"
+        except OSError:  # not connected yet (a dial), or already reset
+            self.remote = "?"
         self.peer: str | None = None
         self.dialer_id = transport.node_id if dialed_to else ""
         self.inbuf = bytearray()
@@ -93,14 +118,21 @@ class Connection:
         self.deadline = monotonic() + HANDSHAKE_TIMEOUT
         self.nonce_a = b""
         self.nonce_d = b""
+        self.send_mac: FrameMac | None = None  # set once authenticated, unless under TLS
+        self.tls: TlsSession | None = None
         self._mask = 0
         if dialed_to:
             self.state = _State.CONNECTING
-            self._subscribe(READ | WRITE | ERROR)
+            self._subscribe(READ | WRITE | ERROR)  # writable: the connect completed
+            return
+        if transport.tls_server is not None:
+            self.tls = TlsSession(transport.tls_server, server_side=True)
+            self.state = _State.TLS_HANDSHAKE  # the client speaks first
+            self._subscribe(READ | ERROR)
         else:
             self.state = _State.AWAIT_HELLO
             self.nonce_a = hs.new_nonce()
-            self.outbuf += hs.challenge(self.nonce_a)
+            self.outbuf += hs.challenge(self.nonce_a)  # sent when the poller says writable
             self._subscribe(READ | WRITE | ERROR)
 
     def _subscribe(self, mask: int) -> None:
@@ -109,7 +141,7 @@ class Connection:
             self.t.poller.subscribe(self.fd, self._on_event, mask)
 
     def describe(self) -> str:
-        return self.peer or self.dialed_to or "an unauthenticated peer"
+        return self.peer or self.dialed_to or f"an unauthenticated peer ({self.remote})"
 
     # -- events ---------------------------------------------------------------------------
     def _on_event(self, fd: int, event: int) -> None:
@@ -122,8 +154,8 @@ class Connection:
                     if err:
                         self.close(f"connect failed: {errno.errorcode.get(err, err)}", quiet=True)
                         return
-                    self.state = _State.AWAIT_CHALLENGE
                     self._subscribe(READ | ERROR)
+                    self._connected()
                 return
             if event & READ:
                 self._read()
@@ -134,8 +166,35 @@ class Connection:
         except (hs.HandshakeError, FrameError) as e:
             self.t.stats["rejected"] += 1
             self.close(str(e))
+        except ssl.SSLError as e:  # before OSError, its base: a refused peer is news
+            self.t.stats["rejected"] += 1
+            self._send_alert()
+            detail = (f" ({e.verify_message})"
+                      if isinstance(e, ssl.SSLCertVerificationError) else "")
+            self.close(f"TLS: {e.reason or e}{detail}")
         except OSError as e:
             self.close(f"socket error: {e}", quiet=True)
+
+    def _connected(self) -> None:
+        """The dialer's TCP connection is up: start TLS, or wait for the challenge."""
+        ctx = self.t.tls_client
+        if ctx is None:
+            self.state = _State.AWAIT_CHALLENGE
+            return
+        assert self.dialed_to is not None
+        addr = self.t.peers[self.dialed_to].addr if self.dialed_to in self.t.peers else None
+        host = parse_addr(addr)[0] if addr else None
+        self.tls = TlsSession(ctx, server_side=False, server_hostname=host)
+        self.state = _State.TLS_HANDSHAKE
+        self._send_raw(self.tls.start())
+
+    def _send_alert(self) -> None:
+        """Best effort: let the peer read why TLS failed (the alert OpenSSL queued)."""
+        if self.tls is not None:
+            try:
+                self.sock.send(self.outbuf + self.tls.pending())
+            except OSError:
+                pass
 
     def _read(self) -> None:
         got = 0
@@ -149,6 +208,21 @@ class Connection:
                 return
             got += len(data)
             self.t.stats["bytes_in"] += len(data)
+            if self.tls is not None:
+                data, reply = self.tls.receive(data)
+                if reply:
+                    self._send_raw(reply)
+                    if self.state == _State.CLOSED:
+                        return
+                if self.state == _State.TLS_HANDSHAKE and self.tls.established:
+                    if self.dialed_to:
+                        self.state = _State.AWAIT_CHALLENGE
+                    else:
+                        self.state = _State.AWAIT_HELLO
+                        self.nonce_a = hs.new_nonce()
+                        self._queue(hs.challenge(self.nonce_a))
+                if not data:
+                    continue
             if self.state == _State.READY:
                 self._frames(data)
             else:
@@ -208,6 +282,11 @@ class Connection:
     def _ready(self, peer: str) -> None:
         self.peer = peer
         self.state = _State.READY
+        if self.tls is None:
+            to_acceptor, to_dialer = hs.frame_keys(self.t.secret, self.nonce_a, self.nonce_d)
+            dialer = bool(self.dialed_to)
+            self.send_mac = FrameMac(to_acceptor if dialer else to_dialer)
+            self.decoder.mac = FrameMac(to_dialer if dialer else to_acceptor)
         rest = bytes(self.inbuf)
         self.inbuf = bytearray()
         self.t.connected(self)
@@ -216,12 +295,16 @@ class Connection:
 
     # -- output ---------------------------------------------------------------------------
     def _queue(self, data: bytes) -> None:
+        """Send plaintext (through TLS if on)."""
+        self._send_raw(data if self.tls is None else self.tls.send(data))
+
+    def _send_raw(self, data: bytes) -> None:
         self.outbuf += data
         self._write()
 
-    def send_frame(self, frame: bytes) -> None:
+    def send_items(self, items: list[Any]) -> None:
         self.t.stats["frames_out"] += 1
-        self._queue(frame)
+        self._queue(encode_frame(items, self.send_mac))
 
     def _write(self) -> None:
         if self.state in (_State.CLOSED, _State.CONNECTING) or not self.outbuf:
@@ -280,9 +363,13 @@ class Transport:
         max_send_buffer: int = 64 << 20,
         max_frame: int = DEFAULT_MAX_FRAME,
         faults: bool = False,
+        tls: TlsConfig | None = None,
     ) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
+        # Built once (they load the files): a bad path fails here, at start, not per dial.
+        self.tls_server = tls.server_context() if tls is not None else None
+        self.tls_client = tls.client_context() if tls is not None else None
         self.node_id = node_id
         self.listen_addr = listen_addr
         self.secret = secret
@@ -368,6 +455,15 @@ class Transport:
             p.addr = addr
             if self.on_address is not None:
                 self.on_address(peer, addr)
+
+    def forget(self, peer_id: str) -> None:
+        """Drop a peer for good: its connections, queue and address. It is known again
+        only if it dials in (it must still pass the handshake) or is given an address."""
+        p = self.peers.pop(peer_id, None)
+        if p is not None:
+            for c in (p.conn, p.dialing):
+                if c is not None:
+                    c.close("no longer a member", quiet=True)
 
     def connected(self, conn: Connection) -> None:
         self.pending.discard(conn)
@@ -458,7 +554,7 @@ class Transport:
             if len(conn.outbuf) > self.max_send_buffer:
                 self.stats["dropped"] += len(items)  # backpressure: the peer is not reading
                 continue
-            conn.send_frame(encode_frame(items))
+            conn.send_items(items)
 
     def maintain(self) -> None:
         """Expire stalled handshakes and keep dialing peers that have work queued."""

@@ -1,0 +1,155 @@
+"""The ``raftkv`` command as a newcomer meets it (issue 17 item 5): ``--version``, help on
+every subcommand and option, one-line errors, a refused connection that fails on the
+connect timeout, ``-w table|json``, and a ``cluster status`` that finds every member from
+one endpoint. The cluster tests run real ``raftkv serve`` processes and the real command.
+
+(``tests/test_http_semantics.py`` covers two earlier defects with real processes too:
+``get --table nosuch`` says "unknown table", and ``cluster status`` with every endpoint
+down reports each one instead of crashing.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from raftkv.cli import main, parser
+from raftkv.testing.procs import ProcCluster, free_ports
+
+
+def raftkv(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "raftkv.cli", *args], check=False,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+# -- no cluster needed ------------------------------------------------------------------
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"raftkv {metadata.version('raftkv')}"
+
+
+def _walk(p: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.Action]]:
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, child in action.choices.items():
+                yield f"{path} {name}", argparse.Action([], name, help=helps.get(name))
+                yield from _walk(child, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, action
+
+
+def test_every_subcommand_and_option_has_help() -> None:
+    missing = [(where, a.dest) for where, a in _walk(parser(), "raftkv")
+               if not a.help or a.help == argparse.SUPPRESS]
+    assert not missing, missing
+
+
+def test_help_on_a_subcommand_describes_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cas", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "compare-and-set" in out and "--prev-absent" in out and "the key must be absent" in out
+
+
+def test_a_usage_error_is_one_line_and_exits_1_not_2(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2 is a compare-and-set that did not swap: argparse's own exit 2 would read
+    as one."""
+    for argv, says in ((["put", "k"], "raftkv put: error: the following arguments are required"),
+                       (["--timeout", "-1", "get", "k"], "must be more than 0 seconds"),
+                       (["cas", "k", "v"], "give exactly one of --prev-value or --prev-absent"),
+                       (["frobnicate"], "invalid choice")):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], (argv, err)
+
+
+def test_a_refused_connection_fails_on_the_connect_timeout_not_the_request_timeout() -> None:
+    """With nothing listening, the command gives up once every endpoint has been tried
+    for --connect-timeout, saying so, and does not retry until --timeout (600 s here;
+    the subprocess timeout would fire long before). A cas too: a refused connection
+    sent nothing, so its outcome is known."""
+    eps = ",".join(f"http://127.0.0.1:{p}" for p in free_ports(2))
+    for cmd in (["get", "k"], ["cas", "k", "v", "--prev-absent"]):
+        res = raftkv("--endpoints", eps, "--timeout", "600", "--connect-timeout", "1", *cmd)
+        line = _one_line_error(res)
+        assert "could not connect to any endpoint within 1.0s" in line, line
+        assert "Connection refused" in line and "may or may not" not in line, line
+
+
+# -- a real cluster ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
+    with ProcCluster(str(tmp_path_factory.mktemp("cli")), size=3, faults=False) as c:
+        c.start()
+        c.wait_leader()
+        yield c
+
+
+def _status(c: ProcCluster, *args: str, via: str = "n1") -> tuple[int, list[dict]]:
+    res = raftkv("--endpoints", c.nodes[via].endpoint, "-w", "json", "cluster", "status",
+                 *args)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, json.loads(res.stdout)
+
+
+def test_status_finds_every_member_from_one_endpoint(cluster: ProcCluster) -> None:
+    code, rows = _status(cluster, "--group", "default", via="n2")
+    assert code == 0
+    assert sorted(r["node"] for r in rows) == ["n1", "n2", "n3"]
+    assert {r["endpoint"] for r in rows} == {n.endpoint for n in cluster.nodes.values()}
+    assert sum(r["role"] == "leader" for r in rows) == 1
+    code, rows = _status(cluster, "--group", "default", "--only-endpoints", via="n2")
+    assert code == 0 and [r["node"] for r in rows] == ["n2"]
+    # Every group by default: the metastore too.
+    code, rows = _status(cluster)
+    assert {(r["node"], r["group"]) for r in rows} >= {
+        (n, g) for n in ("n1", "n2", "n3") for g in ("default", "meta")}
+
+
+def test_write_out_table_and_json(cluster: ProcCluster) -> None:
+    ep = ["--endpoints", cluster.nodes["n1"].endpoint]
+    assert raftkv(*ep, "put", "greeting", "hello").returncode == 0
+    assert raftkv(*ep, "get", "greeting").stdout == "hello\n"
+    assert json.loads(raftkv(*ep, "-w", "json", "get", "greeting").stdout) == {
+        "key": "greeting", "value": "hello"}
+    table = raftkv(*ep, "-w", "table", "get", "greeting").stdout.splitlines()
+    assert table[0].split() == ["KEY", "VALUE"] and table[1].split() == ["greeting", "hello"]
+    put = raftkv(*ep, "-w", "table", "put", "greeting", "again").stdout.splitlines()
+    assert put[0] == "INDEX" and int(put[1]) > 0
+    status = raftkv(*ep, "cluster", "status", "--group", "default").stdout.splitlines()
+    assert status[0].split()[:4] == ["NODE", "GROUP", "ROLE", "KIND"]
+    assert sorted(line.split()[0] for line in status[1:4]) == ["n1", "n2", "n3"]
+
+
+def test_status_with_a_member_down_shows_it_and_exits_1(cluster: ProcCluster,
+                                                         tmp_path: Path) -> None:
+    """A SIGKILLed member that is not among the endpoints given still gets its row."""
+    victim = next(n for n in ("n3", "n2") if n != cluster.wait_leader())
+    cluster.kill(victim)
+    try:
+        via = next(n for n in ("n1", "n2", "n3") if n != victim)
+        code, rows = _status(cluster, "--group", "default", via=via)
+        assert code == 1
+        down = [r for r in rows if r["node"] == victim]
+        assert len(down) == 1 and "unreachable" in down[0]["error"], rows
+        assert sorted(r["node"] for r in rows if "error" not in r) == sorted(
+            n for n in cluster.nodes if n != victim)
+        text = raftkv("--endpoints", cluster.nodes[via].endpoint, "cluster", "status")
+        assert text.returncode == 1 and f"{victim}: unreachable" in text.stdout
+    finally:
+        cluster.start(victim)
