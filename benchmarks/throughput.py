@@ -108,6 +108,7 @@ from benchmarks._throughput_peer import percentiles
 from benchmarks.recovery import key, machine, value, verdict
 from raftkv.certs import CertFiles, issue, make_ca
 from raftkv.client import Client
+from raftkv.server.auth import Role
 from raftkv.testing.procs import ProcCluster, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -305,7 +306,9 @@ _FSYNC_RE = re.compile(r'^raftkv_fsync_seconds_(count|sum)\{group="default"\} (\
 
 
 def fsync_metrics(cluster: ProcCluster, node: str) -> dict[str, float]:
-    c = cluster.client([node])
+    """The leader's fsync count and seconds from ``/metrics`` (with the metrics token
+    when the cluster checks tokens, and its CA and client certificate under TLS)."""
+    c = cluster.client([node], role=Role.METRICS)
     try:
         text = c.request("GET", "/metrics")[1].decode()
     finally:

@@ -31,6 +31,10 @@ Global options come before the subcommand, as etcdctl's do:
   ``RAFTKV_KEY``): TLS, as etcdctl names them; with a CA file an endpoint without a scheme
   is ``https://``. ``raftkv admin`` takes them too (before or after ``admin``), for the
   raft port's TLS, but not from the environment (``raftkv.admin``).
+- ``--token-file F``: the bearer token for a cluster that checks tokens; without it
+  ``RAFTKV_TOKEN``, else the file named by ``RAFTKV_TOKEN_FILE``
+  (``raftkv.client.resolve_token``). There is no ``--token``: a command line is visible
+  to every user of the machine.
 - ``--version``.
 
 ``cluster status`` shows every member, as ``etcdctl endpoint status --cluster`` does:
@@ -58,7 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from typing import Any, NoReturn
 
-from raftkv.client import Client, ClientError, Unavailable
+from raftkv.client import Client, ClientError, Unavailable, resolve_token
 from raftkv.server import serve
 from raftkv.spark.cli import add_arguments as add_spark_arguments
 from raftkv.storage.errors import StorageError
@@ -88,14 +92,14 @@ def _group_order(gid: str) -> tuple[int, str]:
 
 def _fetch_status(endpoint: str, like: Client) -> dict[str, Any] | str:
     """One node's own ``/v1/cluster`` answer, or why there is none (no retry: a node
-    that does not answer is what the status reports). ``like``: the timeouts and TLS
-    files to use."""
-    cacert, cert, key = like.tls_files
-    client = Client([endpoint], timeout=like.timeout, connect_timeout=like.connect_timeout,
-                    cacert=cacert, cert=cert, key=key)
+    that does not answer is what the status reports). ``like``: the timeouts, TLS
+    files and token to use."""
+    client = like.for_endpoint(endpoint)
     try:
         return client.status(endpoint)
-    except (OSError, http.client.HTTPException, ClientError, ValueError) as e:
+    except ClientError as e:  # it answered: a 401 or 403 (the token), say, is no outage
+        return f"refused ({e})"
+    except (OSError, http.client.HTTPException, ValueError) as e:
         return f"unreachable ({e})"
     finally:
         client.close()
@@ -341,6 +345,9 @@ def parser() -> argparse.ArgumentParser:
                                     "are then https)")
     p.add_argument("--cert", help="client certificate for mutual TLS (default $RAFTKV_CERT)")
     p.add_argument("--key", help="its private key (default $RAFTKV_KEY)")
+    p.add_argument("--token-file",
+                   help="file holding the bearer token to send (default: $RAFTKV_TOKEN, "
+                        "else the file named by $RAFTKV_TOKEN_FILE)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     serve.add_arguments(_sub(sub, "serve", "run a node: Raft on --raft-addr, the HTTP API "
                                            "on --http-addr"))
@@ -465,10 +472,10 @@ def main(argv: list[str] | None = None) -> int:
                                ("RAFTKV_KEY", args.key)):
                 if value:
                     os.environ[var] = value
-            return spark_job(args, args.endpoints)
+            return spark_job(args, args.endpoints, resolve_token(token_file=args.token_file))
         client = Client(args.endpoints, timeout=args.timeout,
                         connect_timeout=args.connect_timeout, cacert=args.cacert,
-                        cert=args.cert, key=args.key)
+                        cert=args.cert, key=args.key, token_file=args.token_file)
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)

@@ -28,6 +28,12 @@ client certificate (``raftkv serve --client-cert-auth``). An endpoint without a 
 is ``https://`` when a CA file is given, else ``http://``. The names are etcdctl's
 (``--cacert``, ``--cert``, ``--key``), so the Spark jobs and the CLI pick them up from
 the environment too.
+
+Credentials: a cluster that checks tokens (``raftkv serve --tokens-file``) wants
+``Authorization: Bearer TOKEN`` on every request. The client sends ``token=``, else the
+contents of ``token_file=``, else ``$RAFTKV_TOKEN``, else the contents of the file named
+by ``$RAFTKV_TOKEN_FILE`` (``resolve_token``); with none of them it sends no header. A
+401 or 403 is not retried: another node would say the same.
 """
 
 from __future__ import annotations
@@ -82,11 +88,33 @@ def _nothing_proposed(status: int, info: dict[str, Any]) -> bool:
                               or "transfer" in str(info.get("error", "")))
 
 
+def resolve_token(token: str | None = None, token_file: str | None = None) -> str | None:
+    """The bearer token to send (module docstring), or None. ``ValueError`` if a token
+    file cannot be read, or the token is not one word."""
+    where = "the token"
+    if token is None and token_file is None:
+        token = os.environ.get("RAFTKV_TOKEN") or None
+        where = "$RAFTKV_TOKEN"
+        if token is None:
+            token_file = os.environ.get("RAFTKV_TOKEN_FILE") or None
+    if token is None and token_file is not None:
+        where = f"the token file {token_file}"
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the token file {token_file}: {e}") from None
+    if token is not None and (not token or any(c.isspace() for c in token)):
+        raise ValueError(f"{where} must hold one token: one word, no spaces or line breaks")
+    return token
+
+
 class Client:
     def __init__(self, endpoints: list[str] | str, timeout: float = 10.0,
                  connect_timeout: float | None = None, *,
                  cacert: str | None = None, cert: str | None = None,
-                 key: str | None = None) -> None:
+                 key: str | None = None, token: str | None = None,
+                 token_file: str | None = None) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         if not endpoints:
@@ -111,6 +139,8 @@ class Client:
         self._current = 0
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._ids: dict[str, str] = {}  # node id -> endpoint
+        bearer = resolve_token(token, token_file)
+        self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
     # -- transport ----------------------------------------------------------------------
     def _conn(self, endpoint: str) -> http.client.HTTPConnection:
@@ -141,7 +171,7 @@ class Client:
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
                 c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]
-            c.request(method, path, body=body, headers=headers or {})
+            c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
             r = c.getresponse()
             return r.status, r.read(), r.getheader("Content-Type", "")
         except (OSError, http.client.HTTPException):
@@ -386,6 +416,15 @@ class Client:
 
     def remove_node(self, node_id: str) -> Any:
         return self._post(f"/v1/cluster/nodes/{quote(node_id, safe='')}", method="DELETE")
+
+    def for_endpoint(self, endpoint: str) -> Client:
+        """A client of ``endpoint`` alone, with this client's timeouts, TLS files and
+        credentials (``raftkv cluster status`` asks every node through one)."""
+        cacert, cert, key = self.tls_files
+        other = Client([endpoint], timeout=self.timeout, connect_timeout=self.connect_timeout,
+                       cacert=cacert, cert=cert, key=key)
+        other._auth = dict(self._auth)  # the token as resolved here, not again
+        return other
 
     def close(self) -> None:
         for c in self._conns.values():

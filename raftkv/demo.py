@@ -3,9 +3,11 @@
 Data lives under ``demo-data/`` (wiped at the start). Every port runs TLS: the demo
 makes a throw-away CA and a certificate per node in ``demo-data/tls/`` (``raftkv.certs``;
 docs/security.md does the same with openssl), the HTTP API is HTTPS and peers use
-mutual TLS. The demo:
+mutual TLS. The nodes check bearer tokens too: the demo writes a tokens file there, one
+token per role, and uses the admin token. The demo:
 
-1. starts three nodes, writes sample data and prints the cluster table;
+1. starts three nodes, writes sample data and prints the cluster table; shows a request
+   without a token refused (401) and a write with the read token refused (403);
 2. SIGKILLs the leader, shows the new leader, and that writes continue;
 3. restarts the old leader, shows its recovery report (entries replayed from its
    checkpoint) and its catch-up;
@@ -27,7 +29,8 @@ from types import FrameType
 from typing import TextIO
 
 from raftkv.cli import format_table, status_rows
-from raftkv.testing.procs import ProcCluster
+from raftkv.server.auth import Role
+from raftkv.testing.procs import ProcCluster, http_json
 
 DEMO_DIR = "demo-data"
 
@@ -60,6 +63,13 @@ class Demo:
         swapped, index = client.cas("user:0001", "name-1", "renamed")
         self.say(f"wrote 200 keys; cas user:0001 -> renamed: swapped={swapped} at index {index}")
         self.say(f"get user:0001 (linearizable) = {client.get('user:0001')!r}")
+        ep = self.c.nodes[lead].endpoint + "/v1/kv/user:0001"
+        for who, token, method in (("no token", None, "GET"),
+                                   ("the read token", self.c.tokens[Role.READ], "PUT")):
+            status, body = http_json(ep, {}, method=method, token=token,
+                                     context=self.c.ssl_context)
+            self.say(f"{method} /v1/kv/user:0001 with {who}: {status} {body['error']}")
+        self.say(f"(tokens, one per role: {self.c.tokens_file}; the demo uses the admin one)")
         self.table()
         return lead
 
@@ -129,8 +139,10 @@ class Demo:
 def run(out: TextIO = sys.stdout, base_dir: str = DEMO_DIR) -> bool:
     shutil.rmtree(base_dir, ignore_errors=True)
     # Security settings live in ProcCluster: tls=True makes the CA and every node's
-    # certificate and passes the serve flags. Client credentials (tokens) go there too.
-    cluster = ProcCluster(os.path.abspath(base_dir), size=3, faults=False, tls=True)
+    # certificate and passes the serve flags; auth=True writes a tokens file (one token
+    # per role) and has the cluster's own calls and clients send the admin token.
+    cluster = ProcCluster(os.path.abspath(base_dir), size=3, faults=False, tls=True,
+                          auth=True)
     demo = Demo(cluster, out)
 
     def interrupted(signum: int, frame: FrameType | None) -> None:

@@ -41,6 +41,8 @@ Storage, when a node opens its data directory:
 The HTTP client (``raftkv.client.Client``, what the ``raftkv`` command uses):
 
 - ``ClientError``: the cluster answered with an error; ``status`` and ``body`` say which.
+  A 401 (no token, or one the cluster does not know) or 403 (a token whose role is too
+  low) is one, raised at once: another node would answer the same.
 - ``Unavailable``: no endpoint answered before the deadline. (``raftkv.storage.errors``
   has an unrelated ``Unavailable``, a log index past the end, which users never see.)
 - ``OutcomeUnknown`` (an ``Unavailable``): a ``cas`` reached a node and got no definite

@@ -198,6 +198,22 @@ def test_a_learner_with_a_malformed_address_is_refused(cluster: ProcCluster) -> 
     assert "n9" not in members
 
 
+def test_a_placement_node_with_a_malformed_address_is_refused(cluster: ProcCluster) -> None:
+    for body in ({"id": "n9", "raft_addr": "notanaddr"},
+                 {"id": "n9", "raft_addr": "127.0.0.1:99999"},
+                 {"id": "n9", "raft_addr": 7},
+                 {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": "nohttp"},
+                 {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": ""},
+                 {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": ["h:1"]}):
+        status, answer = _call_json(cluster, "POST", "/v1/cluster/nodes", body)
+        field = "http_addr" if "http_addr" in body else "raft_addr"
+        assert status == 400 and field in answer["error"], (body, status, answer)
+    topology = cluster.client().describe_table(TABLE)["nodes_answered"]
+    assert "n9" not in topology
+    meta = (cluster.group_status(cluster.wait_leader(), "meta") or {})["members"]
+    assert "n9" not in meta
+
+
 def _call_json(c: ProcCluster, method: str, path: str, body: Any) -> tuple[int, Any]:
     leader = c.wait_leader()
     conn = http.client.HTTPConnection("127.0.0.1", c.nodes[leader].http_port, timeout=10)

@@ -1,5 +1,5 @@
 """How ``raftkv serve`` starts: arguments that would split a cluster are refused before
-anything is written, and ``/health`` tells a load balancer whether a leader is known."""
+anything is written. (``/health`` and ``/ready`` at start: ``tests/test_ready.py``.)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from raftkv.testing.procs import ProcCluster, free_ports, http_json
+from raftkv.testing.procs import free_ports
 
 
 def test_an_id_missing_from_peers_is_refused_without_join(tmp_path: Path) -> None:
@@ -29,16 +29,3 @@ def test_an_id_missing_from_peers_is_refused_without_join(tmp_path: Path) -> Non
     assert "Traceback" not in res.stderr
     assert not data.exists() or not os.listdir(data)  # nothing written
 
-
-def test_health_is_503_until_a_leader_is_known(tmp_path: Path) -> None:
-    with ProcCluster(str(tmp_path), size=3, tick=0.02) as c:
-        c.start("n1")  # alone: no quorum, so no leader
-        status, body = http_json(c.nodes["n1"].endpoint + "/health")
-        assert status == 503 and body["status"] == "no leader" and body["id"] == "n1"
-        # A new group of three is born once all three founders have run (each must see
-        # that the other two hold no record of it: docs/wiped-nodes.md).
-        c.start("n2")
-        c.start("n3")
-        c.wait_leader()
-        status, body = http_json(c.nodes["n1"].endpoint + "/health")
-        assert status == 200 and body["status"] == "ok" and body["leader"] in c.nodes

@@ -3,7 +3,9 @@ real ``raftkv serve`` processes.
 
 One 3-node cluster and one SparkSession (``local[2,4]``: 2 threads, a task may fail 3
 times and be retried, as on a real cluster) serve the whole module; each test uses its
-own table.
+own table. The cluster checks bearer tokens: the jobs get a write token from
+``RAFTKV_TOKEN`` in the driver's environment (which the tasks never read: the token
+travels in the job), the CLI from ``--token-file``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from raftkv.storage.layout import group_paths
 from raftkv.client import Client
 from raftkv.placement.assignments import partition_of
 from raftkv.placement.catalog import partition_group
+from raftkv.server.auth import Role
 from raftkv.testing.procs import ProcCluster
 from raftkv.testing.spark_hooks import FailOnce, TouchAt
 
@@ -47,9 +50,14 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    with ProcCluster(str(tmp_path_factory.mktemp("spark")), size=3, tick=0.02) as c:
+    with ProcCluster(str(tmp_path_factory.mktemp("spark")), size=3, tick=0.02,
+                     auth=True) as c:
         c.start()
-        yield c
+        os.environ["RAFTKV_TOKEN"] = c.tokens[Role.WRITE]
+        try:
+            yield c
+        finally:
+            del os.environ["RAFTKV_TOKEN"]
 
 
 def _eps(c: ProcCluster, ids: list[str] | None = None) -> list[str]:
@@ -185,7 +193,7 @@ def test_verify_names_exactly_the_corrupted_keys_partition_and_replica_and_the_c
     path = str(tmp_path / "small.parquet")
     df.write.parquet(path)
     cli = [sys.executable, "-m", "raftkv.cli", "--endpoints", ",".join(_eps(cluster)),
-           "spark"]
+           "--token-file", cluster.token_file(Role.WRITE), "spark"]
     common = ["--table", "small", "--input", path, "--key", "id", "--value-cols", "name",
               "--master", "local[2]"]
     load = subprocess.run(cli + ["load", *common], check=False, capture_output=True, text=True,
@@ -229,6 +237,8 @@ def test_bad_input_is_refused_before_any_write(spark: Any, cluster: ProcCluster)
         bulk_load(df, "nope", "id", ["name"], cluster=eps)
     with pytest.raises(SparkJobError, match="unreachable"):
         bulk_load(df, "guarded", "id", ["name"], cluster=["127.0.0.1:9"])
+    with pytest.raises(SparkJobError, match="HTTP 401: unknown token"):
+        bulk_load(df, "guarded", "id", ["name"], cluster=eps, token="not-a-token-of-this-cluster")
     assert set(_count_everywhere(cluster, admin, "guarded").values()) == {0}
 
 
@@ -286,7 +296,7 @@ def test_the_cli_refuses_bad_input_or_an_unknown_table_without_starting_spark(
     )
     env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java")}
     cli = [sys.executable, "-m", "raftkv.cli", "--endpoints", ",".join(_eps(cluster)),
-           "spark", "load"]
+           "--token-file", cluster.token_file(Role.WRITE), "spark", "load"]
     for args, why in cases:
         r = subprocess.run(cli + args, check=False, capture_output=True, text=True,
                            timeout=60, env=env)

@@ -182,7 +182,7 @@ async def _batch_through_proxy(first: Upstream) -> tuple[int, list[str]]:
     s2, a2 = await _listen(_answers(log, "n2", 200, {"index": 9, "ops": 1, "applied": True}))
     api = _api({"n1": a1, "n2": a2})
     try:
-        await api._batch_into("t", 0, b"cmd", [(b"k", b"v")])
+        await api._batch_into("t", 0, b"cmd", [(b"k", b"v")], {})
     except _PartitionFailed as e:
         return e.status, log
     finally:
@@ -223,7 +223,8 @@ def _failed(e: Exception) -> Future[object]:
 
 async def _local(req: KvRequest, e: Exception, table_exists: bool) -> tuple[int, Any]:
     """``_local``'s answer when the node's read or write fails with ``e``."""
-    node = SimpleNamespace(read=lambda group, fn, linearizable=True: _failed(e),
+    node = SimpleNamespace(groups={},  # hosts nothing here: require_leader lets it through
+                           read=lambda group, fn, linearizable=True: _failed(e),
                            propose=lambda group, data, shape=None: _failed(e))
     placement = SimpleNamespace(id="n1", node=node,
                                 descriptor=lambda name: object() if table_exists else None)

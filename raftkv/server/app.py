@@ -1,34 +1,50 @@
 """The HTTP API of ``raftkv serve`` (aiohttp), over an embedded ``RaftKV``.
 
-Endpoints (JSON bodies and errors; values travel raw as the body):
+Endpoints (JSON bodies and errors; values travel raw as the body), with the role a
+token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth``):
 
-- ``GET /v1/kv/{key}``: the value (linearizable; ``?stale=true`` reads the local replica).
-  404 if absent. The key is the percent-decoded path segment, as bytes: any 1..511 bytes.
-- ``PUT /v1/kv/{key}``: the body is the value; ``{"index": N}``. With
+- ``GET /v1/kv/{key}`` (read): the value (linearizable; ``?stale=true`` reads the local
+  replica). 404 if absent. The key is the percent-decoded path segment, as bytes: any
+  1..511 bytes.
+- ``PUT /v1/kv/{key}`` (write): the body is the value; ``{"index": N}``. With
   ``?prev_value=V`` (or ``?prev_absent=true``) it is a compare-and-set: 200 with
   ``{"index", "swapped": true}``, or 412 with ``"swapped": false``.
-- ``DELETE /v1/kv/{key}``: ``{"index": N}`` (deleting an absent key is not an error).
-- ``POST /v1/batch``: many puts/deletes as ONE log entry, atomically (``decode_batch_body``
-  gives the body formats); ``{"index", "ops"}``.
-- ``GET /v1/digest``: ``{"count", "digest", "applied"}`` of this replica (``?stale=true``
-  for the local state as is), for comparing replicas.
-- ``GET /v1/cluster``: this node's status of every group it hosts, and ``"http"``: the
-  HTTP address each node published in the metastore.
+- ``DELETE /v1/kv/{key}`` (write): ``{"index": N}`` (deleting an absent key is not an
+  error).
+- ``POST /v1/batch`` (write): many puts/deletes as ONE log entry, atomically
+  (``decode_batch_body`` gives the body formats); ``{"index", "ops"}``.
+- ``GET /v1/digest`` (read): ``{"count", "digest", "applied"}`` of this replica
+  (``?stale=true`` for the local state as is), for comparing replicas.
+- ``GET /v1/cluster`` (read): this node's status of every group it hosts, and
+  ``"http"``: the HTTP address each node published in the metastore.
 - ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
   ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}`` (202
   with the new leader when the leader removes itself: its successor completes it);
-  ``POST /v1/cluster/transfer`` ``{"to"}``.
-- ``GET /health``: 200 with the node's id, role and leader; 503 when no leader is known
-  or the driver loop failed. ``GET /metrics`` (Prometheus text format).
+  ``POST /v1/cluster/transfer`` ``{"to"}`` (admin).
+- ``GET /health`` (no token): liveness. 200 while the node runs, with its id, role and
+  leader (``"leader": null`` is not a failure: an election, or a minority partition,
+  passes without a restart); ``"status": "starting"`` while its log is replayed; 503
+  only when the driver loop failed, which a restart is the cure for.
+- ``GET /ready`` (no token): readiness. 200 once this node knows a leader of the default
+  group and of the metastore; 503 while it is replaying its log or knows no leader of
+  either. ``docs/operations.md`` shows both as Kubernetes probes.
+- ``GET /metrics`` (metrics): Prometheus text format.
 - Tables (``/v1/tables...``, ``/v1/cluster/nodes``): see ``raftkv.server.tables``.
-- ``POST /v1/test/partition`` ``{"block": [ids]}``: only with ``--enable-test-faults``.
+- ``POST /v1/test/partition`` ``{"block": [ids]}`` (admin): only with
+  ``--enable-test-faults``.
 
 Writes sent to a follower are forwarded to the leader by the node (over the peer
 link), so clients need not find the leader for KV traffic. Admin changes must run on
 the leader: a follower answers 421 with ``{"leader": id}`` and the Python client retries
-there. Errors: 400 bad input, 404 unknown key, 409 refused membership change, 412 failed
-compare, 413 oversized body, 421 not the leader, 503 no leader / stopping, 504 no outcome
-in time (a write may still apply), 500 only for a real fault, always with a message.
+there. Errors: 400 bad input, 401 no or unknown token, 403 a token without the route's
+role, 404 unknown key, 409 refused membership change, 412 failed compare, 413 oversized
+body, 414 oversized URL, 421 not the leader, 503 no leader known / starting / stopping
+(with ``Retry-After``; a node that knows no leader says so at once), 504 no outcome in
+time (a write may still apply), 500 only for a real fault, always with a message.
+
+The node is attached after the server starts (``Api.attach``): ``raftkv serve`` opens
+its HTTP port first, so the probes answer while the log is replayed, and every other
+route answers 503 "starting" until then.
 """
 
 from __future__ import annotations
@@ -39,19 +55,25 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
 
+from raftkv.core import TransferRejected
 from raftkv.kv import RaftKV
+from raftkv.server import auth
+from raftkv.server.auth import Role
 from raftkv.server.kv_ops import parse_kv, serve_kv
 from raftkv.server.metrics import HttpMetrics, StatusCollector, exposition
 from raftkv.server.requests import (
+    PARSER_LINE_LIMIT,
+    Starting,
     check_query,
     decode_batch_body,
     error,
     errors_middleware,
     flag,
     json_body,
+    require_leader,
     str_field,
     wait,
 )
@@ -64,37 +86,97 @@ log = logging.getLogger(__name__)
 KV_PREFIX = "/v1/kv/"
 
 
-class QuietBadRequests(logging.Filter):
-    """aiohttp logs every unparsable request at ERROR with a traceback, so any client
-    could fill a node's log. Such a request already got its 400: log one line instead."""
+# The role each route needs, by (method, route pattern): None means no token at all.
+# ``Api.app`` refuses to build an app with a route missing here, so a new endpoint
+# cannot ship without someone deciding who may call it. HEAD is GET's (aiohttp adds a
+# HEAD route for every GET). ``tests/test_auth_routes.py`` calls every one of them.
+ROLES: dict[tuple[str, str], Role | None] = {
+    ("GET", "/health"): None,
+    ("GET", "/ready"): None,
+    # Operational numbers, no data; their own role so a scraper's token reads nothing else.
+    ("GET", "/metrics"): Role.METRICS,
+    ("GET", "/v1/kv/{key}"): Role.READ,
+    ("PUT", "/v1/kv/{key}"): Role.WRITE,
+    ("DELETE", "/v1/kv/{key}"): Role.WRITE,
+    ("POST", "/v1/batch"): Role.WRITE,
+    ("GET", "/v1/digest"): Role.READ,
+    ("GET", "/v1/cluster"): Role.READ,
+    ("POST", "/v1/cluster/learners"): Role.ADMIN,
+    ("POST", "/v1/cluster/members/{id}/promote"): Role.ADMIN,
+    ("DELETE", "/v1/cluster/members/{id}"): Role.ADMIN,
+    ("POST", "/v1/cluster/transfer"): Role.ADMIN,
+    ("POST", "/v1/test/partition"): Role.ADMIN,
+    # raftkv.server.tables
+    ("POST", "/v1/tables"): Role.ADMIN,
+    ("GET", "/v1/tables"): Role.READ,
+    ("GET", "/v1/tables/{table}"): Role.READ,
+    ("DELETE", "/v1/tables/{table}"): Role.ADMIN,
+    ("PUT", "/v1/tables/{table}/replicas"): Role.ADMIN,
+    ("GET", "/v1/tables/{table}/kv/{key}"): Role.READ,
+    ("PUT", "/v1/tables/{table}/kv/{key}"): Role.WRITE,
+    ("DELETE", "/v1/tables/{table}/kv/{key}"): Role.WRITE,
+    ("POST", "/v1/tables/{table}/batch"): Role.WRITE,
+    ("POST", "/v1/tables/{table}/partitions/{p}/batch"): Role.WRITE,
+    ("GET", "/v1/tables/{table}/partitions/{p}/digest"): Role.READ,
+    ("POST", "/v1/cluster/nodes"): Role.ADMIN,
+    ("DELETE", "/v1/cluster/nodes/{id}"): Role.ADMIN,
+}
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            record.msg, record.args, record.exc_info = "bad HTTP request: %s", (exc,), None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
+
+def role_of(method: str, canonical: str) -> Role | None:
+    """The role a route needs (``KeyError`` for a route ``ROLES`` does not list)."""
+    return ROLES[("GET" if method == "HEAD" else method, canonical)]
+
+
+def required_role(request: web.Request) -> Role | None:
+    """The role ``request`` needs (None: none). A request that matched no route (a 404
+    or 405 to come) needs a valid token of any role before it is told so."""
+    route = request.match_info.route
+    if request.match_info.http_exception is not None or route.resource is None:
+        return Role.METRICS
+    return role_of(route.method, route.resource.canonical)
 
 
 class Api:
-    def __init__(self, kv: RaftKV, registry: CollectorRegistry, faults: bool = False,
-                 placement: Placement | None = None) -> None:
-        self.kv = kv
+    def __init__(self, node_id: str, registry: CollectorRegistry, faults: bool = False,
+                 tokens: auth.Tokens | None = None) -> None:
+        """The API of node ``node_id``, which ``attach`` provides once it is built.
+        ``tokens``: check bearer tokens (None: the API is open)."""
+        self.node_id = node_id
         self.registry = registry
         self.faults = faults
-        self.tables = TablesApi(placement) if placement is not None else None
+        self.tokens = tokens
+        self.tables = TablesApi()
+        self._kv: RaftKV | None = None
         registry.register(StatusCollector(self._status_sync))
         ProcessCollector(registry=registry)
         self.http_metrics = HttpMetrics(registry)
+
+    def attach(self, kv: RaftKV, placement: Placement) -> None:
+        """Serve ``kv`` and ``placement``: the node's log is replayed and it runs."""
+        self.tables.attach(placement)
+        self._kv = kv
+
+    @property
+    def kv(self) -> RaftKV:
+        if self._kv is None:
+            raise Starting("replaying the log")
+        return self._kv
 
     def _status_sync(self) -> dict[str, Any]:
         return self.kv.node.status().result(timeout=5)
 
     def app(self) -> web.Application:
+        # The request metrics are outermost, so they count what the client got: errors
+        # the errors middleware shaped, and the auth middleware's 401s and 403s (it
+        # answers them itself, inside both).
+        middlewares: list[Middleware] = [self.http_metrics.middleware, errors_middleware]
+        if self.tokens is not None:
+            middlewares.append(auth.middleware(self.tokens, required_role))
         # The body limit lets a maximal value through and refuses more with a 413.
         app = web.Application(
-            client_max_size=MAX_COMMAND_BYTES + 4096,
-            middlewares=[self.http_metrics.middleware, errors_middleware],
+            client_max_size=MAX_COMMAND_BYTES + 4096, middlewares=middlewares,
+            handler_args={"max_line_size": PARSER_LINE_LIMIT},
         )
         r = app.router
         # ".*" so an empty key reaches check_key and gets a 400, not a 404.
@@ -109,11 +191,18 @@ class Api:
         r.add_delete("/v1/cluster/members/{id}", self.remove)
         r.add_post("/v1/cluster/transfer", self.transfer)
         r.add_get("/health", self.health)
+        r.add_get("/ready", self.ready)
         r.add_get("/metrics", self.metrics)
         if self.faults:
             r.add_post("/v1/test/partition", self.partition)
-        if self.tables is not None:
-            self.tables.install(app)
+        self.tables.install(app)
+        for route in r.routes():
+            assert route.resource is not None
+            try:
+                role_of(route.method, route.resource.canonical)
+            except KeyError:
+                raise RuntimeError(f"{route.method} {route.resource.canonical} has no entry "
+                                   "in raftkv.server.app.ROLES: decide who may call it") from None
         return app
 
     # -- KV ---------------------------------------------------------------------------
@@ -122,18 +211,22 @@ class Api:
 
     async def batch(self, request: web.Request) -> web.Response:
         ops = decode_batch_body(await request.read(), request.content_type)
+        require_leader(self.kv.node, self.kv.group)
         index = await wait(self.kv.batch_async(ops))
         return web.json_response({"index": index, "ops": len(ops)})
 
     async def digest(self, request: web.Request) -> web.Response:
         check_query(request, ("stale",))
-        return web.json_response(await wait(self.kv.digest_async(flag(request, "stale"))))
+        stale = flag(request, "stale")
+        if not stale:
+            require_leader(self.kv.node, self.kv.group)
+        return web.json_response(await wait(self.kv.digest_async(stale)))
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
         st = await wait(self.kv.node.status())
-        if self.tables is not None:  # every node's HTTP address, for `raftkv cluster status`
-            st["http"] = await self._admin(self.tables.p.http_addrs)
+        # every node's HTTP address, for `raftkv cluster status`
+        st["http"] = await self._admin(self.tables.p.http_addrs)
         return web.json_response(st)
 
     async def _admin(self, fn: Callable[[], Any]) -> Any:
@@ -163,6 +256,12 @@ class Api:
 
     async def transfer(self, request: web.Request) -> web.Response:
         to = str_field(await json_body(request), "to")
+        node, gid = self.kv.node, self.kv.group
+        voters = await wait(node.call(lambda: set(node.groups[gid].raft.conf.voters)))
+        if to not in voters:
+            # The leader refuses it too, but a follower that passes the request on never
+            # hears so: it would answer 504 after two election timeouts.
+            raise TransferRejected(f"{to} is not a voter")
         await self._admin(lambda: self.kv.transfer_leadership(to))
         return web.json_response({"leader": to})
 
@@ -177,16 +276,35 @@ class Api:
 
     # -- observability ----------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        if self.kv.node.failure is not None:
-            return error(503, f"driver loop failed: {self.kv.node.failure!r}")
-        st = await wait(self.kv.node.status())
-        g = st["groups"][self.kv.group]
-        # No known leader: the node runs but cannot serve a write or a linearizable
-        # read, which is what a load balancer asks /health (etcd answers the same way).
-        ok = g["leader"] is not None
-        return web.json_response({"status": "ok" if ok else "no leader", "id": st["id"],
-                                  "leader": g["leader"], "role": g["role"],
-                                  "term": g["term"]}, status=200 if ok else 503)
+        """Liveness (module docstring): is this process worth keeping?"""
+        if self._kv is None:
+            return web.json_response({"status": "starting", "id": self.node_id,
+                                      "leader": None})
+        node, gid = self._kv.node, self._kv.group
+        if node.failure is not None:
+            return error(503, f"driver loop failed: {node.failure!r}", id=self.node_id)
+        # A call through the loop, so a loop that hangs fails the probe by its timeout.
+        role, term, leader = await wait(node.call(
+            lambda: (node.groups[gid].raft.role.name.lower(), node.groups[gid].raft.term,
+                     node.groups[gid].leader)))
+        return web.json_response({"status": "ok", "id": self.node_id, "leader": leader,
+                                  "role": role, "term": term})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Readiness (module docstring): should a load balancer send requests here?"""
+        if self._kv is None:
+            return error(503, "starting: replaying the log", id=self.node_id, ready=False)
+        node = self._kv.node
+        if node.failure is not None:
+            return error(503, f"driver loop failed: {node.failure!r}", id=self.node_id,
+                         ready=False)
+        groups = (self._kv.group, self.tables.p.meta.group)
+        leaders = await wait(node.call(lambda: {g: node.groups[g].leader for g in groups}))
+        missing = [g for g in groups if leaders[g] is None]
+        if missing:
+            return error(503, f"no leader known for {' and '.join(missing)}",
+                         id=self.node_id, ready=False, leaders=leaders)
+        return web.json_response({"ready": True, "id": self.node_id, "leaders": leaders})
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = await asyncio.get_running_loop().run_in_executor(

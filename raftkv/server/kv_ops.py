@@ -17,7 +17,9 @@ key has exactly the semantics of a default-group key:
   above). Deleting an absent key is not an error.
 
 Any other query parameter is a 400 (``requests.check_query``): a misspelt
-``?prev_valeu=`` must not turn a compare-and-set into a blind overwrite.
+``?prev_valeu=`` must not turn a compare-and-set into a blind overwrite. Everything but
+a stale read needs a leader: a node that knows none answers 503 at once
+(``requests.require_leader``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from aiohttp import web
 
 from raftkv.client import KEY_NOT_FOUND
 from raftkv.node.driver import Node
-from raftkv.server.requests import check_query, error, flag, path_key, query_bytes, wait
+from raftkv.server.requests import (
+    check_query,
+    error,
+    flag,
+    path_key,
+    query_bytes,
+    require_leader,
+    wait,
+)
 from raftkv.storage.commands import (
     MAX_VALUE_BYTES,
     CommandError,
@@ -92,6 +102,8 @@ def _swapped(index: int, result: object) -> tuple[bool, int]:
 
 async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
     """Run ``req`` against ``group`` on ``node`` and answer (module docstring)."""
+    if not req.stale:
+        require_leader(node, group)
     if req.method == "GET":
         key = req.key
         value = await wait(node.read(group, lambda s: s.get(key), linearizable=not req.stale))

@@ -16,6 +16,19 @@ So no handler formats an error of its own for bad input, and none can forget to.
 Query parameters are read strictly: a parameter a route does not know (``check_query``),
 one given twice, or a flag that is neither true nor false is a 400. A typo such as
 ``?prev_valu=x`` would otherwise turn a compare-and-set into a plain put, silently.
+
+Requests that never reach a handler get the same shape. A URL longer than
+``MAX_URL_BYTES`` is a 414; aiohttp's parser reads request lines up to
+``PARSER_LINE_LIMIT`` so that such a URL reaches ``errors_middleware`` to be told so.
+A request aiohttp cannot parse at all (garbage, a bad header, a request line past the
+parser's limit) is answered by ``JsonErrorsRunner``'s connections: a JSON 400, one
+WARNING line in the log, no traceback.
+
+Every 503 carries ``Retry-After: 1``: it means "no leader yet", "starting" or "moved",
+all of which pass within an election timeout or two. A handler that needs a leader
+calls ``require_leader`` first, so a node that knows none answers at once instead of
+holding the request for the driver's full request timeout (a ``--join`` node not added
+yet used to hold every request for 5 s).
 """
 
 from __future__ import annotations
@@ -25,15 +38,20 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 import msgpack
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from raftkv.core import ConfChangeRejected, NotLeader, ProposalDropped, TransferRejected
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.storage.commands import CommandError, check_key
+
+if TYPE_CHECKING:
+    from raftkv.node.driver import Node
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +60,17 @@ _REMOTE_STATUS = {"CommandError": 400, "NotLeader": 503, "UnknownGroup": 404,
                   "RequestTimeout": 504, "NodeStopped": 503, "ProposalDropped": 503}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The longest URL (path and query) a request may have: aiohttp's own default request-line
+# limit, which every request so far has met. The parser is let read up to
+# PARSER_LINE_LIMIT so that a longer URL is answered 414, in JSON, by errors_middleware.
+MAX_URL_BYTES = 8190
+PARSER_LINE_LIMIT = 65536
+RETRY_AFTER = "1"  # seconds: about one election timeout, the usual cause of a 503
+
+
+class Starting(Exception):
+    """The node is still being built (its log replayed); nothing can be served yet."""
 
 
 def error(status: int, message: str, **extra: Any) -> web.Response:
@@ -58,6 +87,8 @@ def status_of(e: BaseException) -> web.Response:
         if e.leader is not None:
             return error(421, f"not the leader; the leader is {e.leader}", leader=e.leader)
         return error(503, "no leader is known; retry shortly", leader=None)
+    if isinstance(e, Starting):
+        return error(503, f"starting: {e}; retry shortly", leader=None)
     if isinstance(e, ConfChangeRejected | TransferRejected):
         return error(409, str(e))
     if isinstance(e, ProposalDropped):  # a leadership transfer is under way: nothing applied
@@ -76,6 +107,16 @@ def status_of(e: BaseException) -> web.Response:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    answer = await _answer(request, handler)
+    if answer.status == 503 and "Retry-After" not in answer.headers:
+        answer.headers["Retry-After"] = RETRY_AFTER
+    return answer
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if len(request.raw_path) > MAX_URL_BYTES:
+        return error(414, f"the URL is {len(request.raw_path)} bytes; at most "
+                          f"{MAX_URL_BYTES} are accepted")
     try:
         return await handler(request)
     except web.HTTPException as e:
@@ -91,6 +132,55 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error(400, "client closed the connection")
     except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error, never a trace
         return status_of(e)
+
+
+def require_leader(node: Node, group: str) -> None:
+    """``NotLeader`` (a 503 with Retry-After, which says nothing was proposed) unless this
+    node knows a leader of ``group``. Read from the HTTP thread without the driver's
+    loop: a stale answer either way is harmless, since a leader lost a moment ago is
+    caught by the driver as before, and one found a moment ago by the client's retry."""
+    g = node.groups.get(group)
+    if g is not None and g.leader is None:
+        raise NotLeader(node.id, None)
+
+
+class _JsonErrorsProtocol(RequestHandler):
+    """aiohttp's connection handler, answering what never reaches the app (a request
+    it cannot parse, or a failure past every middleware) in the API's JSON shape."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if isinstance(exc, HttpProcessingError):
+            # The client's bad request: its 400 is the whole story, so one line, no trace.
+            text = " ".join(str(message or exc.message).split())[:300]
+            log.warning("bad HTTP request from %s: %s", request.remote, text)
+        else:
+            if exc is not None:
+                log.error("request failed outside the handlers", exc_info=exc)
+            text = "internal error" if status == 500 else f"HTTP {status}"
+        if request.writer.output_size > 0:
+            raise ConnectionError("the answer had begun: no error answer can follow")
+        answer = error(status, text)
+        answer.force_close()
+        return answer
+
+
+class _JsonErrorsServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        # The only way to choose the connection class: aiohttp offers no public hook
+        # for unparsable requests (aio-libs/aiohttp#3287). _loop and _kwargs are what
+        # web.Server.__call__ passes to RequestHandler itself.
+        return _JsonErrorsProtocol(self, loop=self._loop, **self._kwargs)
+
+
+class JsonErrorsRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections answer unparsable requests with a JSON error
+    (``_JsonErrorsProtocol``) instead of aiohttp's plain text."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _JsonErrorsServer  # same state, its own __call__
+        return server
 
 
 # Every driver future resolves or fails by the request timeout; this bound is a backstop so

@@ -1,33 +1,45 @@
 """``raftkv serve``: one node process (Raft on --raft-addr, HTTP on --http-addr).
 
-It logs its recovery report at start, serves until SIGTERM/SIGINT, then stops the
-node cleanly (pending requests fail with "node stopped"; nothing durable is at risk,
-since every acknowledged write was fsynced to the Raft log before it was acknowledged).
+Start-up order: the arguments (and the tokens file) are checked before anything is
+written; then the HTTP port opens, so ``/health`` answers and ``/ready`` says
+"starting" while the node is built on a worker thread (its logs replayed: the default
+group's and the metastore's), and only then is the node attached to the API. A long
+replay thus never looks like a dead process to a liveness probe. The node logs its
+recovery report, serves until SIGTERM/SIGINT, then stops cleanly (pending requests fail
+with "node stopped"; nothing durable is at risk, since every acknowledged write was
+fsynced to the Raft log before it was acknowledged). SIGHUP reloads the tokens file.
 
 TLS flags mirror etcd's: ``--cert-file``/``--key-file``/``--trusted-ca-file``/
 ``--client-cert-auth`` for the HTTP API, ``--peer-cert-file``/``--peer-key-file``/
 ``--peer-trusted-ca-file``/``--peer-client-cert-auth`` for the peer port
 (``raftkv.tls``; docs/security.md). With HTTP TLS on, the node also speaks HTTPS to the
 other nodes when it proxies a table request, verifying them against the same CA and
-presenting its own certificate.
+presenting its own certificate (and passing on the client's ``Authorization`` header).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import signal
+import ssl
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from raftkv.kv import RaftKV
 from raftkv.recovery.compaction import CompactionPolicy
-from raftkv.server.app import Api, QuietBadRequests
+from raftkv.server.app import Api
+from raftkv.server.auth import Tokens
 from raftkv.server.metrics import PrometheusMetrics
+from raftkv.server.requests import JsonErrorsRunner
 from raftkv.server.tables import Placement
 from raftkv.tls import TlsConfig
 from raftkv.transport.tcp import parse_addr
@@ -91,6 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-addr", required=True, help="host:port for the HTTP API")
     p.add_argument("--peers", default="", help="founding members: n1=host:port,n2=...")
     p.add_argument("--secret-file", help="file holding the cluster secret (or RAFTKV_SECRET)")
+    p.add_argument("--tokens-file",
+                   help="bearer tokens of HTTP clients, lines of ROLE NAME TOKEN (roles: "
+                        "metrics, read, write, admin); reloaded on SIGHUP. Without it the "
+                        "HTTP API is open to anyone who can reach it")
     p.add_argument("--join", action="store_true",
                    help="start empty and wait to be added as a learner")
     p.add_argument("--memory", action="store_true", help="in-memory storage (nothing persists)")
@@ -122,7 +138,6 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), stream=sys.stderr,
         format=f"%(asctime)s {args.id} %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())
     if not args.memory and not args.data_dir:
         raise ValueError("--data-dir is required unless --memory is given")
     peers = parse_peers(args.peers)
@@ -137,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--peers gives {args.id} the address {peers[args.id]}, "
                          f"but --raft-addr is {args.raft_addr}")
     host, port = parse_addr(args.http_addr)
+    secret = read_secret(args.secret_file)
+    tokens = Tokens(args.tokens_file) if args.tokens_file else None
     http_tls = tls_config(args, peer=False)
     peer_tls = tls_config(args, peer=True)
     if peer_tls is not None:
@@ -144,39 +161,77 @@ def run(args: argparse.Namespace) -> int:
     # Both contexts now: a missing or bad file fails the start, before anything is written.
     http_ssl = http_tls.server_context() if http_tls is not None else None
     proxy_ssl = http_tls.client_context() if http_tls is not None else None
+    if tokens is None:  # once every argument passed: a refused start is one line
+        log.warning("no --tokens-file: the HTTP API on %s answers anyone who can reach it, "
+                    "membership and table changes included (docs/operations.md)",
+                    args.http_addr)
     registry = CollectorRegistry()
-    kv = RaftKV(
-        args.id, args.raft_addr, peers,
-        read_secret(args.secret_file), data_dir=None if args.memory else args.data_dir,
-        durable=not args.no_fsync, join=args.join, tick_seconds=args.tick,
-        election_tick=args.election_ticks, metrics=PrometheusMetrics(registry),
-        faults=args.enable_test_faults, peer_tls=peer_tls,
-        compaction=CompactionPolicy(max_entries=args.compact_entries, keep=args.compact_keep),
-    )
-    placement: Placement | None = None
-    tmp: tempfile.TemporaryDirectory[str] | None = None
-    try:
+    api = Api(args.id, registry, faults=args.enable_test_faults, tokens=tokens)
+    closers: list[Callable[[], None]] = []  # what build made, to undo in reverse
+
+    def build() -> None:
+        """The node, its logs replayed; on a worker thread while HTTP serves."""
+        meta_dir = args.data_dir
         if args.memory:
             tmp = tempfile.TemporaryDirectory(prefix=f"raftkv-meta-{args.id}-")
+            closers.append(tmp.cleanup)
+            meta_dir = tmp.name
+        kv = RaftKV(
+            args.id, args.raft_addr, peers, secret,
+            data_dir=None if args.memory else args.data_dir,
+            durable=not args.no_fsync, join=args.join, tick_seconds=args.tick,
+            election_tick=args.election_ticks, metrics=PrometheusMetrics(registry),
+            faults=args.enable_test_faults, peer_tls=peer_tls,
+            compaction=CompactionPolicy(max_entries=args.compact_entries,
+                                        keep=args.compact_keep),
+        )
+        closers.append(kv.close)
         placement = Placement(
-            kv, None if args.memory else args.data_dir,
-            tmp.name if tmp is not None else args.data_dir, args.http_addr,
+            kv, None if args.memory else args.data_dir, meta_dir, args.http_addr,
             None if args.join else sorted(peers), durable=not args.no_fsync,
             http_ssl=proxy_ssl,
         )
+        closers.append(placement.stop)
         placement.start()
-        group = kv.node.groups[kv.group]
-        log.info("%s", group.recovery.describe())
-        log.info("serving %s on %s, raft on %s%s", "HTTPS" if http_ssl else "HTTP",
-                 args.http_addr, args.raft_addr, " (TLS)" if peer_tls else "")
-        api = Api(kv, registry, faults=args.enable_test_faults, placement=placement)
-        web.run_app(api.app(), host=host, port=port, print=None, ssl_context=http_ssl,
-                    access_log=None, handle_signals=True)
+        log.info("%s", kv.node.groups[kv.group].recovery.describe())
+        api.attach(kv, placement)
+        log.info("serving: raft on %s%s", args.raft_addr, " (TLS)" if peer_tls else "")
+
+    try:
+        log.info("%s on %s; starting the node", "HTTPS" if http_ssl else "HTTP",
+                 args.http_addr)
+        asyncio.run(serve_http(api.app(), host, port, build, ssl_context=http_ssl,
+                               on_hangup=tokens.reload if tokens is not None else None))
     finally:
-        if placement is not None:
-            placement.stop()
-        kv.close()
-        if tmp is not None:
-            tmp.cleanup()
+        # Last built, first stopped: the placement manager uses the node.
+        for close in reversed(closers):
+            close()
         log.info("stopped")
     return 0
+
+
+async def serve_http(app: web.Application, host: str, port: int, start: Callable[[], None],
+                     ssl_context: ssl.SSLContext | None = None,
+                     on_hangup: Callable[[], None] | None = None) -> None:
+    """Serve ``app`` on host:port (HTTPS with ``ssl_context``), run ``start`` on a worker
+    thread meanwhile, and return on SIGTERM or SIGINT (once ``start`` returned: it cannot
+    be interrupted). ``start`` raising stops the server and raises here. SIGHUP calls
+    ``on_hangup``."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if on_hangup is not None:
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    runner = JsonErrorsRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+        started = loop.run_in_executor(None, start)
+        stopping = asyncio.ensure_future(stop.wait())
+        either: set[asyncio.Future[Any]] = {started, stopping}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        await started  # its failure ends the server (after a stop, let it finish first)
+        await stopping
+    finally:
+        await runner.cleanup()

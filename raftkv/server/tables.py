@@ -49,12 +49,21 @@ Endpoints (JSON; errors are ``{"error": ...}``):
 - ``POST /v1/cluster/nodes`` ``{"id", "raft_addr", "http_addr"?}``: add a node to the
   placement topology: admit it to the metastore as a learner (on the metastore leader;
   another node proxies there) and add it to ``placement.nodes``, which rebalances every
-  table. ``DELETE /v1/cluster/nodes/{id}`` takes it out of the topology (its partitions
-  move away; it stays a metastore learner). The default KV group is not touched: use
+  table. Addresses that do not parse as ``host:port`` are a 400.
+  ``DELETE /v1/cluster/nodes/{id}`` takes it out of the topology (its partitions move
+  away; it stays a metastore learner). The default KV group is not touched: use
   ``/v1/cluster/learners`` for that.
 
 Errors of the table KV endpoints: those of ``/v1/kv`` (``kv_ops``), plus 400 for a bad
-table name and 404 for an unknown (or dropped) table.
+table name and 404 for an unknown (or dropped) table. A node that knows no metastore
+leader answers 503 at once to a request that needs the metastore (a table it has not
+cached, table administration), as one that knows no leader of a partition it hosts does
+to a request for that partition.
+
+A request proxied to another node carries the caller's ``Authorization`` header: the
+other node checks the caller's token as this one did (``raftkv.server.auth``). It goes
+over HTTPS when this node serves HTTPS (``Placement.http_ssl``: the node's CA and
+certificate), so the token is never sent in clear to a node the caller reached securely.
 """
 
 from __future__ import annotations
@@ -97,9 +106,17 @@ from raftkv.placement.rebalance import (
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
 from raftkv.server.kv_ops import KvRequest, parse_kv, serve_kv
-from raftkv.server.requests import decode_batch_body, error, json_body, wait
+from raftkv.server.requests import (
+    Starting,
+    decode_batch_body,
+    error,
+    json_body,
+    require_leader,
+    wait,
+)
 from raftkv.storage.commands import MAX_BATCH_OPS, CommandError, encode_batch, user_key
 from raftkv.storage.digest import DigestBuilder, row_hash
+from raftkv.transport.tcp import parse_addr
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +238,24 @@ class Placement:
 
 
 class TablesApi:
-    def __init__(self, placement: Placement) -> None:
-        self.p = placement
+    def __init__(self, placement: Placement | None = None) -> None:
+        """``placement`` may come later (``attach``): until then every handler answers
+        503 "starting"."""
+        self._placement = placement
         self.session: aiohttp.ClientSession | None = None
+
+    def attach(self, placement: Placement) -> None:
+        self._placement = placement
+
+    @property
+    def p(self) -> Placement:
+        if self._placement is None:
+            raise Starting("replaying the log")
+        return self._placement
+
+    def _meta_leader(self) -> None:
+        """503 at once unless a metastore leader is known (module docstring)."""
+        require_leader(self.p.node, self.p.meta.group)
 
     def install(self, app: web.Application) -> None:
         r = app.router
@@ -270,6 +302,7 @@ class TablesApi:
             raise CommandError(str(e)) from None
 
     async def _desc(self, name: str) -> TableDescriptor:
+        self._meta_leader()
         desc = await self._run(lambda: self.p.descriptor(name))
         if desc is None:
             raise web.HTTPNotFound(text=json.dumps({"error": f"unknown table {name}"}),
@@ -291,6 +324,7 @@ class TablesApi:
         except ValueError as e:
             return error(400, str(e))
         assert isinstance(name, str) and isinstance(replicas, int) and isinstance(parts, int)
+        self._meta_leader()
 
         def run() -> TableDescriptor:
             self.p.ensure_topology()
@@ -314,6 +348,7 @@ class TablesApi:
         return web.json_response(out, status=201)
 
     async def list(self, request: web.Request) -> web.Response:
+        self._meta_leader()
         res = await self._run(lambda: self.p.meta.range(TABLES_PREFIX).result(ADMIN_TIMEOUT))
         tables = []
         for _, v in res.items:
@@ -325,6 +360,7 @@ class TablesApi:
 
     async def drop(self, request: web.Request) -> web.Response:
         name = self._name(request)
+        self._meta_leader()
         try:
             rev = await self._run(lambda: self.p.mgr.drop_table(name))
         except UnknownTable:
@@ -368,8 +404,8 @@ class TablesApi:
         views = [local]
         addrs = await self._run(self.p.http_addrs)
         peers = [(n, a) for n, a in addrs.items() if n != self.p.id]
-        results = await asyncio.gather(*(self._fetch(a, f"/v1/tables/{name}?local=true")
-                                         for _, a in peers))
+        results = await asyncio.gather(*(self._fetch(a, f"/v1/tables/{name}?local=true",
+                                                     request) for _, a in peers))
         views += [v for v in results if isinstance(v, dict)]
         parts = []
         for i in range(desc.partitions):
@@ -411,9 +447,10 @@ class TablesApi:
         return {"node": self.p.id, "revision": st["revision"], "partitions": parts,
                 "errors": errors}
 
-    async def _fetch(self, addr: str, path: str) -> Any:
+    async def _fetch(self, addr: str, path: str, request: web.Request) -> Any:
         try:
             async with self._session().get(f"{self.p.scheme}://{addr}{path}",
+                                           headers=_caller(request),
                                            timeout=aiohttp.ClientTimeout(total=3)) as r:
                 if r.status == 200:
                     return await r.json()
@@ -429,9 +466,16 @@ class TablesApi:
             check_node_id(node)
         except ValueError as e:
             return error(400, str(e))
-        if not isinstance(addr, str) or not addr:
-            return error(400, '"raft_addr" must be a non-empty string')
-        assert isinstance(node, str)
+        for field, value, required in (("raft_addr", addr, True), ("http_addr", http, False)):
+            if value is None and not required:
+                continue
+            if not isinstance(value, str):
+                return error(400, f'"{field}" must be a string host:port')
+            try:
+                parse_addr(value)
+            except ValueError as e:
+                return error(400, f'"{field}": {e}')
+        assert isinstance(node, str) and isinstance(addr, str)
         leads, leader = await self._run(self.p.meta_role)
         if not leads:
             if request.headers.get(FORWARDED) or leader is None:
@@ -445,7 +489,7 @@ class TablesApi:
         def run() -> list[str]:
             if node not in self.p.meta_members():
                 join_metastore_as_learner(self.p.meta, node, addr).result(ADMIN_TIMEOUT)
-            if isinstance(http, str) and http:
+            if isinstance(http, str):
                 self.p.meta.put(http_key(node), http.encode()).result(ADMIN_TIMEOUT)
             return self.p.change_topology(lambda nodes: [*nodes, node])
 
@@ -457,6 +501,7 @@ class TablesApi:
 
     async def remove_node(self, request: web.Request) -> web.Response:
         node = request.match_info["id"]
+        self._meta_leader()
         absent: list[str] = []
 
         def without(ns: list[str]) -> list[str]:
@@ -553,7 +598,8 @@ class TablesApi:
                          strict=True):
             per.setdefault(p, []).append(op)
         cmds = {p: encode_batch(o) for p, o in per.items()}  # every op checked up front
-        got = await asyncio.gather(*(self._batch_into(name, p, cmds[p], per[p])
+        caller = _caller(request)
+        got = await asyncio.gather(*(self._batch_into(name, p, cmds[p], per[p], caller)
                                      for p in sorted(per)), return_exceptions=True)
         applied = {p: r for p, r in zip(sorted(per), got, strict=True)
                    if not isinstance(r, BaseException)}
@@ -567,10 +613,13 @@ class TablesApi:
                       applied=applied, failed={p: str(e) for p, e in failed.items()})
 
     async def _batch_into(self, name: str, p: int, cmd: bytes,
-                          ops: Sequence[tuple[bytes, bytes | None]]) -> int:
-        """Apply one partition's share of a table batch; its log index."""
+                          ops: Sequence[tuple[bytes, bytes | None]],
+                          caller: dict[str, str]) -> int:
+        """Apply one partition's share of a table batch; its log index. ``caller``: the
+        credentials to send if another node must apply it."""
         gid = partition_group(name, p)
         if gid in self.p.node.groups:
+            require_leader(self.p.node, gid)
             index: int = await wait(self.p.node.propose(gid, cmd, lambda i, r: i))
             return index
         addrs = await self._run(self.p.http_addrs)
@@ -582,7 +631,7 @@ class TablesApi:
             url = f"{self.p.scheme}://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
             try:
                 async with self._session().post(
-                        url, data=body, headers={FORWARDED: self.p.id,
+                        url, data=body, headers={FORWARDED: self.p.id, **caller,
                                                  "Content-Type": "application/x-msgpack"}) as r:
                     answer = await r.json(content_type=None)
                     if r.status == 200:
@@ -630,6 +679,7 @@ class TablesApi:
         cmd = encode_batch(ops, batch_id)
         if gid not in self.p.node.groups:
             return await self._elsewhere(request, name, gid, ops[0][0], body)
+        require_leader(self.p.node, gid)
         try:
             index, applied = await wait(
                 self.p.node.propose(gid, cmd, lambda i, r: (i, r is not False)))
@@ -654,9 +704,14 @@ class TablesApi:
             min_index = int(q.get("min_index", "0"))
             limit = int(q.get("keys", "0"))
             timeout = min(float(q.get("timeout", "30")), 120.0)
+            if not timeout >= 0:  # NaN too: a deadline of NaN never passes
+                raise ValueError
         except ValueError:
-            raise CommandError("min_index and keys are integers, timeout is seconds") from None
+            raise CommandError("min_index and keys are integers, timeout is seconds "
+                               "(at least 0)") from None
         linearizable = q.get("linearizable", "").lower() in ("true", "1")
+        if linearizable:
+            require_leader(self.p.node, gid)
         deadline = time.monotonic() + timeout
         while True:
             rows, applied = await wait(self.p.node.read(
@@ -674,7 +729,7 @@ class TablesApi:
 
     async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:
         url = f"{self.p.scheme}://{addr}{request.rel_url.raw_path_qs}"
-        headers = {FORWARDED: self.p.id}
+        headers = {FORWARDED: self.p.id, **_caller(request)}
         if request.content_type:
             headers["Content-Type"] = request.content_type
         async with self._session().request(request.method, url, data=body or None,
@@ -682,6 +737,12 @@ class TablesApi:
             data = await r.read()
             return web.Response(status=r.status, body=data,
                                 content_type=r.content_type or "application/octet-stream")
+
+
+def _caller(request: web.Request) -> dict[str, str]:
+    """The caller's credentials, for a request made on its behalf to another node."""
+    value = request.headers.get("Authorization")
+    return {"Authorization": value} if value is not None else {}
 
 
 class _PartitionFailed(Exception):

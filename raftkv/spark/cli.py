@@ -18,6 +18,11 @@ Progress: Spark's console progress bar is turned off and the jobs print their ow
 and the report) on stdout; with both, the bar's carriage returns on stderr and the lines
 on stdout interleave into an unreadable terminal.
 
+Credentials: the token of ``raftkv --token-file`` (else ``RAFTKV_TOKEN`` or
+``RAFTKV_TOKEN_FILE``) is resolved once on the driver and carried to every task in the
+table view (``raftkv.spark.cluster``); ``--cacert``/``--cert``/``--key`` are passed on as
+``RAFTKV_CACERT``/``RAFTKV_CERT``/``RAFTKV_KEY``, which every client reads.
+
 Exit status: 0 done and clean, 1 an error (nothing was written if it came before the
 write stage), 3 verify found mismatches.
 """
@@ -79,7 +84,8 @@ def add_arguments(spark: argparse.ArgumentParser) -> None:
                                 "(default: 1000)")
 
 
-def run(args: argparse.Namespace, endpoints: str) -> int:
+def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
+    """``token``: the bearer token to send (None: none)."""
     eps = [e.split("://", 1)[-1] for e in endpoints.split(",") if e]
     chosen = [c for c in args.value_cols.split(",") if c] if args.value_cols else None
     try:
@@ -89,7 +95,8 @@ def run(args: argparse.Namespace, endpoints: str) -> int:
             check_columns(columns, args.key,
                           chosen if chosen is not None else
                           [c for c in columns if c != args.key])
-        table_view(eps, args.table, timeout=args.timeout, connect_timeout=args.connect_timeout)
+        table_view(eps, args.table, timeout=args.timeout, connect_timeout=args.connect_timeout,
+                   token=token)
     except SparkJobError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -105,10 +112,10 @@ def run(args: argparse.Namespace, endpoints: str) -> int:
         cols = chosen if chosen is not None else [c for c in df.columns if c != args.key]
         if args.action == "load":
             bulk_load(df, args.table, args.key, cols, cluster=eps, batch_rows=args.batch_rows,
-                      load_id=args.load_id, progress=True)
+                      load_id=args.load_id, progress=True, token=token)
             return 0
         report = verify(df, args.table, args.key, cols, cluster=eps,
-                        diff_limit=args.diff_limit, progress=True)
+                        diff_limit=args.diff_limit, progress=True, token=token)
         return 0 if report.ok else MISMATCH_EXIT
     except SparkJobError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,13 +1,20 @@
 """What the Spark jobs need to know about a raftkv cluster and table, asked once on the
 driver before any Spark work starts, so a bad table name or an unreachable cluster fails
-before a single row is read or written."""
+before a single row is read or written.
+
+The view also carries the bearer token the driver resolved (``token=``, else
+``RAFTKV_TOKEN`` or ``RAFTKV_TOKEN_FILE`` on the driver: ``raftkv.client.resolve_token``),
+and every client a task opens uses it: an executor on another machine needs neither the
+driver's environment nor its files. It travels to the executors inside the serialized
+task, as everything a task uses does (encrypt Spark's RPC, ``spark.network.crypto.enabled``,
+when that link is not trusted)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from raftkv.client import Client, ClientError, Unavailable
+from raftkv.client import Client, ClientError, Unavailable, resolve_token
 
 
 class SparkJobError(Exception):
@@ -28,6 +35,11 @@ class TableView:
     partitions: tuple[PartitionInfo, ...]
     http: dict[str, str]  # node id -> host:port of its HTTP API
     endpoints: tuple[str, ...]  # what the caller gave, for fallbacks
+    token: str | None = field(default=None, repr=False)  # never printed
+
+    def client(self, endpoints: list[str], timeout: float) -> Client:
+        """A client of ``endpoints`` with the job's credentials."""
+        return Client(endpoints, timeout=timeout, token=self.token)
 
     def endpoints_for(self, partition: int) -> list[str]:
         """The partition's leader first, then its other replicas, then every other node:
@@ -53,9 +65,13 @@ def endpoints_of(cluster: str | list[str]) -> list[str]:
 
 
 def table_view(cluster: str | list[str], table: str, timeout: float = 10.0,
-               connect_timeout: float | None = None) -> TableView:
+               connect_timeout: float | None = None, token: str | None = None) -> TableView:
     eps = endpoints_of(cluster)
-    client = Client(eps, timeout=timeout, connect_timeout=connect_timeout)
+    try:
+        token = resolve_token(token)
+    except ValueError as e:
+        raise SparkJobError(str(e)) from None
+    client = Client(eps, timeout=timeout, connect_timeout=connect_timeout, token=token)
     try:
         d: dict[str, Any] = client.describe_table(table)
     except ClientError as e:
@@ -72,4 +88,4 @@ def table_view(cluster: str | list[str], table: str, timeout: float = 10.0,
                       tuple(sorted(set(p.get("stable") or []) | set(p.get("hosted_on") or []))))
         for p in sorted(d["partitions"], key=lambda p: p["partition"]))
     return TableView(table, parts, dict(d.get("http") or {}),
-                     tuple(e.split("://", 1)[-1] for e in eps))
+                     tuple(e.split("://", 1)[-1] for e in eps), token)

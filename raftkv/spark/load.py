@@ -130,11 +130,13 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
               load_id: str | None = None,
               tasks: int | None = None, max_attempts: int = 12,
               on_batch: BatchHook | None = None, progress: bool = False,
-              out: Any = None) -> LoadReport:
+              out: Any = None, token: str | None = None) -> LoadReport:
     """Load ``df`` into ``table``: the key from ``key_col``, the value from ``value_cols``
     or ``value_fn(row)`` (``raftkv.spark.rows`` gives the encodings). ``cluster``: any
-    nodes' HTTP ``host:port``. ``on_batch(partition, batch_number, task_attempt)`` runs in
-    the task before each batch is sent (progress hooks, fault injection in tests).
+    nodes' HTTP ``host:port``; ``token``: a write token, when the cluster checks them
+    (default: ``RAFTKV_TOKEN`` or ``RAFTKV_TOKEN_FILE``, see ``raftkv.spark.cluster``).
+    ``on_batch(partition, batch_number, task_attempt)`` runs in the task before each
+    batch is sent (progress hooks, fault injection in tests).
     Returns the per-partition report, which is also printed to ``out`` (stdout)."""
     out = out or sys.stdout
     if (value_cols is None) == (value_fn is None):
@@ -142,7 +144,7 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
     if batch_rows < 1 or inflight < 1:
         raise SparkJobError(f"batch_rows and inflight must be at least 1, not "
                             f"{batch_rows} and {inflight}")
-    view = table_view(cluster, table)
+    view = table_view(cluster, table, token=token)
     check_columns(df.columns, key_col, value_cols)
     load_id = load_id or uuid.uuid4().hex[:12]
     n = len(view.partitions)
@@ -206,7 +208,7 @@ class _Writer:
         def send(number: int, chunk: list[Pair]) -> tuple[bool, int]:
             client = getattr(local, "client", None)
             if client is None:
-                local.client = client = Client(self.view.endpoints_for(p), timeout=10.0)
+                local.client = client = self.view.client(self.view.endpoints_for(p), 10.0)
                 clients.append(client)
             return _send(client, self.table, p, chunk, batch_id(self.load_id, p, number),
                          self.max_attempts)

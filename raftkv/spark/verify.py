@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from raftkv.client import Client, ClientError, Unavailable
+from raftkv.client import ClientError, Unavailable
 from raftkv.spark.cluster import PartitionInfo, SparkJobError, TableView, table_view
 from raftkv.spark.progress import Progress
 from raftkv.spark.rows import ValueFn
@@ -116,13 +116,15 @@ class VerifyReport:
 def verify(df: DataFrame, table: str, key_col: str,
            value_cols: Sequence[str] | None = None, value_fn: ValueFn | None = None, *,
            cluster: str | list[str] = "127.0.0.1:8080", diff_limit: int = DEFAULT_DIFF_LIMIT,
-           timeout: float = 60.0, progress: bool = False, out: Any = None) -> VerifyReport:
+           timeout: float = 60.0, progress: bool = False, out: Any = None,
+           token: str | None = None) -> VerifyReport:
     """Compare ``df`` (read as ``bulk_load`` would load it) with every replica of
-    ``table``. Returns the report (``.ok``), also printed to ``out`` (stdout)."""
+    ``table``. Returns the report (``.ok``), also printed to ``out`` (stdout).
+    ``token``: a read token, as for ``bulk_load``."""
     out = out or sys.stdout
     if (value_cols is None) == (value_fn is None):
         raise SparkJobError("give exactly one of value_cols and value_fn")
-    view = table_view(cluster, table)
+    view = table_view(cluster, table, token=token)
     check_columns(df.columns, key_col, value_cols)
     n = len(view.partitions)
     t0 = time.monotonic()
@@ -186,7 +188,7 @@ class _Digester:
 def _check_partition(view: TableView, info: PartitionInfo, exp: Expected, diff_limit: int,
                      timeout: float) -> tuple[int, list[Mismatch]]:
     """(replicas checked, mismatches) for one partition."""
-    client = Client(list(view.endpoints), timeout=timeout + 10)
+    client = view.client(list(view.endpoints), timeout + 10)
     try:
         answers: dict[str, dict[str, Any] | str] = {}
         # The first replica that serves a linearizable digest (the leader, if it is known)

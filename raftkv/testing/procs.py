@@ -9,6 +9,10 @@ come from the kernel (bind to port 0), so parallel runs do not collide.
 (``raftkv.certs``) and runs HTTPS and mutual TLS between peers; endpoints are then
 ``https://``, and ``client`` and the harness's own requests verify them against that CA
 and present the ``client`` certificate (so ``--client-cert-auth`` may be added).
+
+``auth=True`` makes the nodes check bearer tokens: the cluster writes a tokens file with
+one token per role (``tokens``; ``token.<role>`` files hold each alone, for the CLI's
+``--token-file``), and its own calls and clients use the admin token. The two combine.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import socket
 import ssl
@@ -30,6 +35,7 @@ from typing import Any, Self
 
 from raftkv.certs import CertFiles, issue, make_ca
 from raftkv.client import Client
+from raftkv.server.auth import Role
 from raftkv.tls import client_context
 
 
@@ -73,9 +79,12 @@ def free_ports(n: int, taken: Iterable[int] = ()) -> list[int]:
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, method: str | None = None,
-              timeout: float = 2.0, context: ssl.SSLContext | None = None) -> tuple[int, Any]:
+              timeout: float = 2.0, context: ssl.SSLContext | None = None,
+              token: str | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method or ("POST" if data else "GET"))
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -135,8 +144,10 @@ class ProcCluster:
     tick: float = 0.05
     election_ticks: int = 10
     faults: bool = True
+    auth: bool = False
     extra_args: list[str] = field(default_factory=list)
     nodes: dict[str, ProcNode] = field(default_factory=dict)
+    tokens: dict[Role, str] = field(default_factory=dict)
     tls: bool = False
 
     def __post_init__(self) -> None:
@@ -144,6 +155,13 @@ class ProcCluster:
         self.secret_file = os.path.join(self.base_dir, "secret")
         with open(self.secret_file, "wb") as f:
             f.write(self.secret)
+        self.tokens_file = os.path.join(self.base_dir, "tokens")
+        if self.auth:
+            self.tokens = {r: secrets.token_urlsafe(24) for r in Role}
+            lines = [f"{r.label} {r.label} {t}\n" for r, t in self.tokens.items()]
+            self._private(self.tokens_file, "".join(lines))
+            for r, t in self.tokens.items():
+                self._private(self.token_file(r), t + "\n")
         self.tls_dir = os.path.join(self.base_dir, "tls")
         self.ca: CertFiles | None = None
         self.client_cert: CertFiles | None = None
@@ -157,6 +175,21 @@ class ProcCluster:
         for i in range(1, self.size + 1):
             self._new_node(f"n{i}")
         self.founders = dict(self.peers())
+
+    @staticmethod
+    def _private(path: str, text: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+
+    def token_file(self, role: Role) -> str:
+        """The file holding the token of ``role`` alone (with ``auth``)."""
+        return os.path.join(self.base_dir, f"token.{role.label}")
+
+    @property
+    def admin_token(self) -> str | None:
+        """What the cluster's own calls send: the admin token, None without ``auth``."""
+        return self.tokens.get(Role.ADMIN)
 
     def _new_node(self, node_id: str) -> ProcNode:
         # Distinct from every port of this cluster: two independent picks could coincide
@@ -196,6 +229,8 @@ class ProcCluster:
             ]
             if join:
                 args.append("--join")
+            if self.auth:
+                args += ["--tokens-file", self.tokens_file]
             if self.faults:
                 args.append("--enable-test-faults")
             with open(n.log_path, "ab") as log:
@@ -231,9 +266,8 @@ class ProcCluster:
             try:
                 status, body = http_json(n.endpoint + "/health", timeout=0.5,
                                          context=self.ssl_context)
-                # 503 "no leader" is a node that serves, waiting for an election.
-                if status == 200 or (status == 503 and isinstance(body, dict)
-                                     and body.get("status") == "no leader"):
+                # "starting": HTTP is up, the node is still replaying its log.
+                if status == 200 and isinstance(body, dict) and body.get("status") != "starting":
                     return
             except OSError:
                 pass
@@ -274,7 +308,7 @@ class ProcCluster:
     def status(self, node_id: str) -> dict[str, Any] | None:
         try:
             code, body = http_json(self.nodes[node_id].endpoint + "/v1/cluster", timeout=2.0,
-                                   context=self.ssl_context)
+                                   context=self.ssl_context, token=self.admin_token)
         except OSError:
             return None
         return body if code == 200 else None
@@ -313,11 +347,15 @@ class ProcCluster:
             return all(gs) and len({g["applied"] for g in gs if g}) == 1
         self.wait_until(same, timeout, "replicas applying the same index")
 
-    def client(self, ids: list[str] | None = None, timeout: float = 10.0) -> Client:
+    def client(self, ids: list[str] | None = None, timeout: float = 10.0,
+               role: Role = Role.ADMIN) -> Client:
+        """A client of ``ids`` (default: every node): with ``tls``, verifying them against
+        the cluster's CA and presenting the client certificate; with ``auth``, sending
+        ``role``'s token."""
         cc = self.client_cert
         return Client([self.nodes[i].endpoint for i in (ids or list(self.nodes))], timeout,
                       cacert=cc.ca if cc else None, cert=cc.cert if cc else None,
-                      key=cc.key if cc else None)
+                      key=cc.key if cc else None, token=self.tokens.get(role))
 
     def partition(self, *sides: list[str]) -> None:
         """Cut traffic between the given sides (each node blocks everyone not on its side)."""
@@ -326,19 +364,20 @@ class ProcCluster:
             for nid in side:
                 block = sorted(everyone - set(side))
                 code, body = http_json(self.nodes[nid].endpoint + "/v1/test/partition",
-                                       {"block": block}, context=self.ssl_context)
+                                       {"block": block}, context=self.ssl_context,
+                                       token=self.admin_token)
                 if code != 200:
                     raise RuntimeError(f"partition on {nid} failed: {body}")
 
     def heal(self) -> None:
         for nid in self.alive_ids():
             http_json(self.nodes[nid].endpoint + "/v1/test/partition", {"block": []},
-                      context=self.ssl_context)
+                      context=self.ssl_context, token=self.admin_token)
 
     def digest(self, node_id: str) -> dict[str, Any]:
         """``{"count", "digest", "applied"}`` of a replica's local state."""
         code, body = http_json(self.nodes[node_id].endpoint + "/v1/digest?stale=true",
-                               context=self.ssl_context)
+                               context=self.ssl_context, token=self.admin_token)
         if code != 200:
             raise RuntimeError(f"digest of {node_id} failed: {body}")
         return dict(body)
