@@ -56,18 +56,15 @@ import itertools
 import json
 import logging
 import os
-import random
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgpack
 from pysyncobj.monotonic import monotonic
-from pysyncobj.pipe_notifier import PipeNotifier
-from pysyncobj.poller import createPoller
 
 from raftkv.core import (
     ConfChange,
@@ -92,21 +89,17 @@ from raftkv.node.group_storage import (
     pack_chunks,
     persist_together,
 )
+from raftkv.node.runtime import Runtime, ThreadRuntime
 from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import StateStore
 from raftkv.tls import TlsConfig
 from raftkv.transport import codec
-from raftkv.transport.tcp import Connection, Transport
+from raftkv.transport.tcp import Connection
 
 log = logging.getLogger(__name__)
 
-# Worker threads, by job (``Node._pool``): "persist" commits several log environments'
-# Readies at once (see _handle_readies), about the number of commits whose syncs the file
-# system can fold together; "checkpoint" syncs state stores (see _checkpoint_due). Apart,
-# so that a backlog of checkpoints never holds up a turn's persist, which the loop awaits.
-POOL_THREADS = {"persist": 8, "checkpoint": 4}
 DEFAULT_TICK = 0.05  # 50 ms: with election_tick=10, elections time out in 0.5-1 s
 DEFAULT_REQUEST_TIMEOUT = 5.0
 COMPACT_EVERY = 1.0
@@ -209,14 +202,17 @@ class NodeConfig:
 class Node:
     """Hosts Raft groups on one transport and one loop thread. See the module docstring."""
 
-    def __init__(self, config: NodeConfig, metrics: Metrics | None = None) -> None:
+    def __init__(self, config: NodeConfig, metrics: Metrics | None = None,
+                 runtime: Runtime | None = None) -> None:
+        """``runtime``: the clock, randomness, transport and threads (``raftkv.node.
+        runtime``); production's by default, a simulator's in ``raftkv.testing``."""
         self.cfg = config
         self.id = config.node_id
         self.metrics: Metrics = metrics or NoMetrics()
+        self.runtime: Runtime = runtime or ThreadRuntime()
+        self.clock = self.runtime.clock
         self.groups: dict[str, Group] = {}
-        self._pools: dict[str, ThreadPoolExecutor] = {}  # see _pool
         self._checkpointing: dict[str, tuple[Group, Future[int]]] = {}  # _checkpoint_due
-        self.poller = createPoller("auto")
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         # Proposals from other threads (deque appends and pops are atomic).
         self._inbox: deque[tuple[str, bytes, Future[Any]]] = deque()
@@ -233,19 +229,13 @@ class Node:
         # (group, peer) -> None while its image is packed, or the newer request to pack next
         self._imaging: dict[tuple[str, str], Message | None] = {}
         self._lock = threading.Lock()
-        self._notifier = PipeNotifier(self.poller)
         addresses = dict(self._load_addresses())
         addresses.update(config.peers)
-        self.transport = Transport(
-            self.id, config.raft_addr, config.secret, self.poller, self._on_items,
-            addresses=addresses, on_address=self._on_address,
-            on_undelivered=self._on_undelivered, on_admin=self._on_admin,
-            faults=config.faults, tls=config.peer_tls,
-        )
+        self.transport = self.runtime.transport(self, addresses)
         # Serves admin tools' requests (raftkv.admin); None: they are refused.
         self.admin_handler: AdminHandler | None = None
         # Random start: a restarted node must not reuse request ids a leader may still answer.
-        self._seq = itertools.count(random.getrandbits(62))
+        self._seq = itertools.count(self.runtime.random().getrandbits(62))
         # request id -> (future, deadline, group, command, the leader it went to)
         self._forwarded: dict[int, tuple[Future[Any], float, str, bytes, str]] = {}
         self._stopping = False
@@ -255,6 +245,7 @@ class Node:
         # Peers whose connection is down or silent, as last reported to the cores.
         self._down: set[str] = set()
         self._ticks = 0
+        self._next_tick = self.clock() + config.tick_seconds
 
     # ================================================================ setup ============
     def add_group(
@@ -288,7 +279,7 @@ class Node:
                 quiesce=self.cfg.quiesce,
                 incarnation=ident.incarnation, newborn=ident.newborn and not birth_known,
             ),
-            storage.log, random.Random(),
+            storage.log, self.runtime.random(),
         )
         for peer in sorted(self._down):  # what the other cores have been told already
             raft.peer_down(peer)
@@ -334,7 +325,7 @@ class Node:
         """Stop the loop, fail what is pending, close the transport and the stores."""
         if self._thread is not None and self._thread.is_alive():
             self._stopping = True
-            self._notifier.notify()
+            self.runtime.notify()
             self._thread.join(timeout=10)
             if self._thread.is_alive():
                 log.error("node %s: the loop did not stop; leaving its stores open", self.id)
@@ -373,7 +364,7 @@ class Node:
         # so an item is either drained by the current pass or followed by a wake-up.
         if not self._woken:
             self._woken = True
-            self._notifier.notify()
+            self.runtime.notify()
 
     def propose(self, group: str, data: bytes,
                 shape: Callable[[int, Any], Any] | None = None) -> Future[Any]:
@@ -402,7 +393,7 @@ class Node:
             def start() -> None:
                 ctx = f"{self.id}/{next(self._seq)}"
                 g.raft.read_index(ctx)
-                g.reads[ctx] = _Read(fn, out, monotonic() + self.cfg.request_timeout)
+                g.reads[ctx] = _Read(fn, out, self.clock() + self.cfg.request_timeout)
 
             self._when_leader(g, start, out)
 
@@ -418,7 +409,7 @@ class Node:
             g = self._group(group)
             index = g.raft.propose_conf_change(cc)
             g.pending[index] = (g.raft.term, out)
-            g.deadlines.append((monotonic() + self.cfg.request_timeout, index))
+            g.deadlines.append((self.clock() + self.cfg.request_timeout, index))
 
         self._chain(self.call(run), out)
         return out
@@ -433,7 +424,7 @@ class Node:
                 out.set_result(None)
                 return
             g.raft.transfer_leadership(to)
-            g.transfers.append((to, out, monotonic() + 2 * self._election_seconds()))
+            g.transfers.append((to, out, self.clock() + 2 * self._election_seconds()))
 
         self._chain(self.call(run), out)
         return out
@@ -453,39 +444,44 @@ class Node:
 
     # ============================================================ the loop =============
     def _run(self) -> None:
-        tick = self.cfg.tick_seconds
-        next_tick = monotonic() + tick
         try:
             while not self._stopping:
-                self.poller.poll(max(0.0, next_tick - monotonic()))
-                self._run_calls()
-                now = monotonic()
-                if now >= next_tick:
-                    next_tick = max(next_tick + tick, now)
-                    self._tick(now)
-                self._flush_proposals()
-                # Only groups something happened to can have a Ready: with hundreds of
-                # groups, asking each one after every frame dominates an idle node.
-                dirty, self._dirty = self._dirty, set()
-                ready = [g for gid in dirty
-                         if (g := self.groups.get(gid)) is not None and g.raft.has_ready()]
-                if ready:
-                    self._handle_readies(ready)
-                self.transport.flush()
+                self.runtime.poll(max(0.0, self._next_tick - self.clock()))
+                self.turn()
         except BaseException as e:  # the loop must not die silently
             log.critical("node %s: driver loop failed", self.id, exc_info=True)
             self.failure = e
             # A persist job that failed leaves the others of its turn running: wait for
             # them before closing the stores they write.
-            self._stop_pools()
+            self.runtime.shutdown()
             self._fail_everything(NodeStopped(f"node {self.id}: driver loop failed: {e!r}"))
             raise
         finally:
-            self._stop_pools()
+            self.runtime.shutdown()
 
-    def _stop_pools(self) -> None:
-        for pool in self._pools.values():
-            pool.shutdown(wait=True)
+    def turn(self) -> None:
+        """One loop turn (steps 2-5 of the module docstring), after the runtime's poll
+        delivered what arrived. The loop thread calls it; a simulator calls it directly
+        when a node's tick is due or something woke it."""
+        self._run_calls()
+        now = self.clock()
+        if now >= self._next_tick:
+            self._next_tick = max(self._next_tick + self.cfg.tick_seconds, now)
+            self._tick(now)
+        self._flush_proposals()
+        # Only groups something happened to can have a Ready: with hundreds of
+        # groups, asking each one after every frame dominates an idle node.
+        dirty, self._dirty = self._dirty, set()
+        ready = [g for gid in dirty
+                 if (g := self.groups.get(gid)) is not None and g.raft.has_ready()]
+        if ready:
+            self._handle_readies(ready)
+        self.transport.flush()
+
+    @property
+    def next_tick(self) -> float:
+        """When the loop's next tick is due (``clock()`` time)."""
+        return self._next_tick
 
     def _run_calls(self) -> None:
         self._woken = False
@@ -497,7 +493,7 @@ class Node:
                 _fail(fut, UnknownGroup(f"node {self.id} does not host group {group!r}"))
             elif g.leader is None:
                 g.parked.append((self._forward_later(g, data, fut), fut,
-                                 monotonic() + self.cfg.request_timeout))
+                                 self.clock() + self.cfg.request_timeout))
             else:
                 try:
                     self._propose_or_forward(g, data, fut)
@@ -602,20 +598,12 @@ class Node:
                 except SnapshotFailed as e:  # nothing written, nothing lost: not fatal
                     _log_snapshot_failed(self.id, g, "checkpoint", e)
             else:
-                self._checkpointing[g.id] = (g, self._pool("checkpoint").submit(sync))
+                self._checkpointing[g.id] = (g, self.runtime.executor("checkpoint", self.id).submit(sync))
             return
         at = st.checkpoint_deadline()
         if at is not None and at != g.checkpoint_at:
             g.checkpoint_at = at
             heapq.heappush(self._checkpoint_at, (at, next(self._checkpoint_seq), g))
-
-    def _pool(self, job: str) -> ThreadPoolExecutor:
-        """The worker threads for ``job`` (see POOL_THREADS), started on first use."""
-        pool = self._pools.get(job)
-        if pool is None:
-            pool = self._pools[job] = ThreadPoolExecutor(
-                POOL_THREADS[job], thread_name_prefix=f"{job}-{self.id}")
-        return pool
 
     def _liveness(self, now: float) -> None:
         """Ping every known peer once per heartbeat interval and tell the cores which
@@ -651,7 +639,7 @@ class Node:
         if g.leader is not None:
             fn()
         else:
-            g.parked.append((fn, fut, monotonic() + self.cfg.request_timeout))
+            g.parked.append((fn, fut, self.clock() + self.cfg.request_timeout))
 
     def _expire(self, g: Group, now: float) -> None:
         # Every tick, every group: most wait for nothing, so say so first. Proposal
@@ -720,7 +708,7 @@ class Node:
                 continue
             term = g.raft.term
             first = last - len(queued) + 1
-            deadline = monotonic() + self.cfg.request_timeout
+            deadline = self.clock() + self.cfg.request_timeout
             for i, (_, fut) in enumerate(queued):
                 old = g.pending.get(first + i)
                 if old is not None:  # an earlier term's proposal here was truncated away
@@ -751,7 +739,7 @@ class Node:
                 g.storage.persist(rd)
         jobs = list(units.values())
         if len(jobs) > 1:
-            timed = list(self._pool("persist").map(_timed_persist, jobs))
+            timed = list(self.runtime.executor("persist", self.id).map(_timed_persist, jobs))
         else:
             timed = [_timed_persist(j) for j in jobs]
         for (key, unit), seconds in zip(units.items(), timed, strict=True):
@@ -837,7 +825,7 @@ class Node:
 
             self.call(send)
 
-        threading.Thread(target=pack, name=f"image-{g.id}-{m.to}", daemon=True).start()
+        self.runtime.spawn(pack, f"image-{g.id}-{m.to}")
 
     def _apply(self, g: Group, rd: Ready) -> None:
         entries = rd.committed_entries
@@ -908,7 +896,7 @@ class Node:
         if lead is None or lead == self.id:
             raise NotLeader(self.id, None)
         rid = next(self._seq)
-        self._forwarded[rid] = (fut, monotonic() + self.cfg.request_timeout, g.id, data, lead)
+        self._forwarded[rid] = (fut, self.clock() + self.cfg.request_timeout, g.id, data, lead)
         self.transport.send(lead, codec.encode_forward(rid, g.id, data))
 
     @staticmethod

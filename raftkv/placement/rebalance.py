@@ -294,8 +294,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
-from pysyncobj.monotonic import monotonic
-
 from raftkv.core import (
     CampaignRejected,
     ConfChange,
@@ -411,10 +409,10 @@ class _Change:
     term: int
     target: frozenset[str]
     origin: str  # "pending" (the listener) or "api" (a direct change_peers call)
+    started: float  # node clock
     waiters: list[Future[None]] = field(default_factory=list)
     inflight: str | None = None  # the membership change proposed and not yet answered
     handed_over: bool = False  # removing ourselves: leadership is being transferred
-    started: float = field(default_factory=monotonic)
 
 
 @dataclass
@@ -484,7 +482,7 @@ class PlacementManager:
         self.admin_timeout = admin_timeout
         self.metrics: Counter[str] = Counter()
         self.errors: list[dict[str, Any]] = []
-        self._timer = TickTimer()
+        self._timer = TickTimer(self.node.clock)
         self._kv: dict[bytes, VersionedValue] = {}
         self._tables: dict[str, TableDescriptor] = {}
         self._parts: dict[str, _Partition] = {}
@@ -498,7 +496,7 @@ class PlacementManager:
         self._loop_ident: int | None = None
         self._backoffs = {"watch": Backoff(self.retry), "address": Backoff(self.retry),
                           "incarnation": Backoff(self.retry)}
-        self.incarnation = os.urandom(8).hex().encode()
+        self.incarnation = b"%016x" % self.node.runtime.random().getrandbits(64)
         self._incarnation_rev = 0  # the revision our incarnation key was written at
 
     # ================================================================ lifecycle =========
@@ -699,7 +697,7 @@ class PlacementManager:
     def _failed(self, part: _Partition, kind: str, exc: BaseException) -> None:
         """onReconfigurationError: back off and retry, or record exhaustion."""
         bo = self._backoff(part, kind)
-        delay = bo.failed(exc, monotonic())
+        delay = bo.failed(exc, self.node.clock())
         self.metrics[f"errors.{kind}"] += 1
         if delay is None:
             self.metrics["retries_exhausted"] += 1
@@ -721,14 +719,14 @@ class PlacementManager:
     def _register_address(self) -> None:
         key, addr = address_key(self.id), self.node.cfg.raft_addr.encode()
         bo = self._backoffs["address"]
-        bo.ready("address", monotonic())
+        bo.ready("address", self.node.clock())
 
         def done(f: Future[Any]) -> None:
             exc = f.exception()
             if exc is None:
                 bo.succeeded()
             elif not isinstance(exc, NodeStopped):
-                delay = bo.failed(exc, monotonic())
+                delay = bo.failed(exc, self.node.clock())
                 if delay is not None:
                     self._timer.after(delay, lambda: self._defer(self._register_address))
 
@@ -740,7 +738,7 @@ class PlacementManager:
         (every holds key of an earlier incarnation is void from now on), then the first
         read of the metastore."""
         bo = self._backoffs["incarnation"]
-        bo.ready("incarnation", monotonic())
+        bo.ready("incarnation", self.node.clock())
 
         def done(f: Future[Any]) -> None:
             exc = f.exception()
@@ -749,7 +747,7 @@ class PlacementManager:
                 self._incarnation_rev = int(f.result().revision)
                 self._resync()
             elif not isinstance(exc, NodeStopped):
-                delay = bo.failed(exc, monotonic())
+                delay = bo.failed(exc, self.node.clock())
                 if delay is None:
                     bo.succeeded()
                     delay = self.retry.cap
@@ -791,8 +789,8 @@ class PlacementManager:
         if isinstance(exc, NodeStopped):
             return
         bo = self._backoffs["watch"]
-        bo.ready("watch", monotonic())
-        delay = bo.failed(exc, monotonic())
+        bo.ready("watch", self.node.clock())
+        delay = bo.failed(exc, self.node.clock())
         self.metrics["errors.watch"] += 1
         if delay is None:  # never give up on the metastore: keep polling at the cap
             bo.succeeded()
@@ -1019,7 +1017,7 @@ class PlacementManager:
             # knows the table before `source`.
             return
         bo = self._backoff(part, "plan")
-        if not bo.ready(source, monotonic()):
+        if not bo.ready(source, self.node.clock()):
             return
         calc = encode_nodes(calc_assignments(desc.name, part.index, nodes, desc.replicas))
         part.plan_inflight = True
@@ -1316,7 +1314,7 @@ class PlacementManager:
         (lost,) = voters - {self.id}
         if not self._survivor_case(part, lost, self._kv):
             return
-        if monotonic() < part.survive_after:
+        if self.node.clock() < part.survive_after:
             self._wait(part)
             return
         part.survive_inflight = True
@@ -1336,7 +1334,7 @@ class PlacementManager:
                     or g.raft.conf.voters != voters or not self._survivor_case(part, lost, kv)):
                 self._kick(part.group)
                 return
-            part.survive_after = monotonic() + 2 * self.node.cfg.election_tick * \
+            part.survive_after = self.node.clock() + 2 * self.node.cfg.election_tick * \
                 self.node.cfg.tick_seconds
             try:
                 g.raft.campaign_without(lost)
@@ -1452,7 +1450,7 @@ class PlacementManager:
     def _start_partition(self, part: _Partition, desc: TableDescriptor,
                          voters: list[str] | None) -> None:
         bo = self._backoff(part, "start")
-        if not self._current(part) or not bo.ready("start", monotonic()):
+        if not self._current(part) or not bo.ready("start", self.node.clock()):
             return
         try:
             if desc.storage == PERSISTENT:
@@ -1577,7 +1575,7 @@ class PlacementManager:
         if part.switch_key == key:
             return
         bo = self._backoff(part, "switch")
-        if not bo.ready(key, monotonic()):
+        if not bo.ready(key, self.node.clock()):
             return
         part.switch_key = key
         calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(table_key(part.table)))
@@ -1616,7 +1614,7 @@ class PlacementManager:
             return ch
         if ch is not None:
             self._abort_change(part, StaleTerm(f"term {ch.term} is over (now {term})"))
-        part.change = _Change(term, target, origin)
+        part.change = _Change(term, target, origin, self.node.clock())
         log.info("node %s: %s changePeers(term %d, %s)", self.id, part.group, term,
                  sorted(target))
         return part.change
@@ -1658,7 +1656,7 @@ class PlacementManager:
                 return
             others = sorted(extra - {self.id})
             cc = ConfChange(ConfChangeOp.REMOVE, others[0] if others else self.id)
-        if not self._backoff(part, "change").ready((ch.term, target), monotonic()):
+        if not self._backoff(part, "change").ready((ch.term, target), self.node.clock()):
             return
         ch.inflight = cc.describe()
         self.metrics["conf_changes"] += 1
@@ -1713,7 +1711,7 @@ class PlacementManager:
         if part.finishing == key:
             return
         bo = self._backoff(part, "done")
-        if not bo.ready(key, monotonic()):
+        if not bo.ready(key, self.node.clock()):
             return
         part.finishing = key
 
@@ -1781,7 +1779,7 @@ class PlacementManager:
         if part.cancel_key == key:
             return
         bo = self._backoff(part, "cancel")
-        if not bo.ready(key, monotonic()):
+        if not bo.ready(key, self.node.clock()):
             return
         part.cancel_key = key
 
@@ -1831,7 +1829,7 @@ class PlacementManager:
             entry["change"] = None if ch is None else {
                 "term": ch.term, "target": sorted(ch.target), "origin": ch.origin,
                 "inflight": ch.inflight, "handed_over": ch.handed_over,
-                "seconds": round(monotonic() - ch.started, 3),
+                "seconds": round(self.node.clock() - ch.started, 3),
             }
             entry["retries"] = {k: b.describe() for k, b in part.backoffs.items() if b.failures}
             parts[gid] = entry

@@ -18,8 +18,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from pysyncobj.monotonic import monotonic
-
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -76,7 +74,8 @@ class TickTimer:
     ``on_tick`` hook). Hooks run while the driver iterates its groups, so callbacks must
     not add or remove groups themselves: they should only queue work (``Node.call``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
 
@@ -84,10 +83,10 @@ class TickTimer:
         heapq.heappush(self._heap, (when, next(self._seq), fn))
 
     def after(self, delay: float, fn: Callable[[], None]) -> None:
-        self.at(monotonic() + delay, fn)
+        self.at(self._clock() + delay, fn)
 
     def on_tick(self, _group: object = None) -> None:
-        now = monotonic()
+        now = self._clock()
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, _, fn = heapq.heappop(heap)

@@ -22,8 +22,6 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from pysyncobj.monotonic import monotonic
-
 from raftkv.futures import then
 from raftkv.node.driver import Group, Node
 from raftkv.node.errors import NodeStopped
@@ -91,7 +89,7 @@ class MetaService:
             if batch.events:
                 out.set_result(batch)
             else:
-                self._watches.append((prefix, from_revision, out, monotonic() + timeout))
+                self._watches.append((prefix, from_revision, out, self.node.clock() + timeout))
 
         def failed(f: Future[Any]) -> None:
             exc = f.exception()
@@ -106,7 +104,7 @@ class MetaService:
         and empty-handed those past their deadline."""
         if not self._watches:
             return
-        now = monotonic()
+        now = self.node.clock()
         waiting = []
         for prefix, rev, fut, deadline in self._watches:
             if fut.done():
