@@ -300,6 +300,7 @@ from raftkv.core import (
     ConfChangeOp,
     LeaderStepping,
     NotLeader,
+    Raft,
     RaftError,
     Role,
 )
@@ -342,6 +343,7 @@ from raftkv.placement.catalog import (
 from raftkv.placement.meta_commands import (
     BranchResult,
     Cond,
+    Condition,
     Do,
     If,
     InvokeResult,
@@ -441,6 +443,7 @@ class _Partition:
     wait_scheduled: bool = False
     switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
     declared: bool = False  # bug C's in-memory case: we recorded our loss in switch.reduce
+    tidy_inflight: bool = False  # removing a stray learner (_drop_stray_learners)
     survive_inflight: bool = False  # the survivor check's linearizable read is under way
     survive_after: float = 0.0  # no survivor election before this (monotonic) time
     survive_refused: str = ""  # the core's last reason to refuse one (logged once)
@@ -539,16 +542,7 @@ class PlacementManager:
             topo = self.meta.get(TOPOLOGY_KEY).result(self.admin_timeout)
             nodes = decode_nodes(topo.value) if topo is not None else []
             desc = TableDescriptor.new(name, partitions, replicas, storage, nodes)
-            ops = [Op.put(key, desc.encode())]
-            for p in range(partitions):
-                pk, sw = partition_keys(name, p), steps.switch_keys(name, p)
-                ops.append(Op.put(pk.stable, encode_nodes(desc.initial[p])))
-                # Leftovers of a dropped table of this name (a late invoke of a node
-                # that had not seen the drop yet) must not steer the new one.
-                ops += [Op.remove(k) for k in (pk.pending, pk.planned, pk.trigger,
-                                               sw.reduce, sw.append)]
-            guard = Cond.revision(TOPOLOGY_KEY).eq(topo.mod_revision if topo else 0)
-            res = self.meta.invoke([Cond.not_exists(key), guard], ops).result(self.admin_timeout)
+            res = self.meta.invoke(*create_table_invoke(desc, topo)).result(self.admin_timeout)
             assert isinstance(res, InvokeResult)
             if res.succeeded:
                 return desc
@@ -564,9 +558,8 @@ class PlacementManager:
             cur = self.meta.get(key).result(self.admin_timeout)
             if cur is None:
                 raise UnknownTable(name)
-            new = TableDescriptor.decode(cur.value).with_replicas(replicas)
-            res = self.meta.invoke([Cond.revision(key).eq(cur.mod_revision)],
-                                   [Op.put(key, new.encode())]).result(self.admin_timeout)
+            res = self.meta.invoke(*set_replicas_invoke(key, cur, replicas)).result(
+                self.admin_timeout)
             assert isinstance(res, InvokeResult)
             if res.succeeded:
                 return res.revision
@@ -1529,6 +1522,39 @@ class PlacementManager:
             part.change = None  # someone finished it (pending is empty)
         if part.change is not None:
             self._advance(part, g)
+        elif not pending:
+            self._drop_stray_learners(part, g)
+
+    def _drop_stray_learners(self, part: _Partition, g: Group) -> None:
+        """With nothing pending, stable is final, so a learner outside it is a leftover:
+        a leader whose metastore replica lagged began a change towards a pending that
+        had already moved on, and the change was dropped when its view caught up with
+        pending empty, with the learner it had added still there (placement simulator,
+        seed 30; it waited for ever). Remove such learners one at a time. A learner never
+        counts toward a quorum, so removing one is always safe; should pending name it
+        again, that change adds it back."""
+        stray = sorted(g.raft.conf.learners - set(self._nodes(part.keys.stable)))
+        if not stray or part.tidy_inflight:
+            return
+        if not _conf_settled(g.raft):
+            self._timer.after(self.node.cfg.tick_seconds * self.node.cfg.election_tick,
+                              lambda: self._kick(part.group))
+            return
+        part.tidy_inflight = True
+        log.info("node %s: %s removes learner %s (not in stable, nothing pending)",
+                 self.id, part.group, stray[0])
+
+        def done(f: Future[Any]) -> None:
+            part.tidy_inflight = False
+            exc = f.exception()
+            if exc is None or isinstance(exc, (NotLeader, NodeStopped, UnknownGroup)):
+                self._kick(part.group)
+            else:
+                self._failed(part, "change", exc)
+
+        self.metrics["conf_changes"] += 1
+        self._on_loop(self.node.change_membership(
+            part.group, ConfChange(ConfChangeOp.REMOVE, stray[0])), done)
 
     def _unblock_pending(self, part: _Partition, blocked: set[str]) -> None:
         """Pending names nodes of switch.reduce that are not voters: they wait, not
@@ -1633,11 +1659,8 @@ class PlacementManager:
         if raft.role != Role.LEADER or raft.term != ch.term:
             self._abort_change(part, StaleTerm(f"{self.id} no longer leads term {ch.term}"))
             return
-        if ch.inflight is not None or raft.lead_transferee is not None:
+        if ch.inflight is not None or not _conf_settled(raft):
             return
-        log_ = raft.log
-        if raft.confs[-1][0] > log_.committed or log_.term_or_zero(log_.committed) != raft.term:
-            return  # a change is in flight, or no entry of our term has committed: wait
         conf = raft.conf
         target = ch.target
         stale = sorted(conf.learners - target)
@@ -1843,6 +1866,32 @@ class PlacementManager:
         }
 
 
+def create_table_invoke(desc: TableDescriptor, topo: VersionedValue | None,
+                        ) -> tuple[list[Condition], list[Op]]:
+    """The invoke that creates ``desc`` (computed from the topology ``topo``): the
+    descriptor and each partition's initial stable assignment, if no table of that name
+    exists and the topology has not moved since it was read."""
+    key = table_key(desc.name)
+    ops = [Op.put(key, desc.encode())]
+    for p in range(desc.partitions):
+        pk, sw = partition_keys(desc.name, p), steps.switch_keys(desc.name, p)
+        ops.append(Op.put(pk.stable, encode_nodes(desc.initial[p])))
+        # Leftovers of a dropped table of this name (a late invoke of a node that had
+        # not seen the drop yet) must not steer the new one.
+        ops += [Op.remove(k) for k in (pk.pending, pk.planned, pk.trigger,
+                                       sw.reduce, sw.append)]
+    guard = Cond.revision(TOPOLOGY_KEY).eq(topo.mod_revision if topo else 0)
+    return [Cond.not_exists(key), guard], ops
+
+
+def set_replicas_invoke(key: bytes, cur: VersionedValue, replicas: int,
+                        ) -> tuple[list[Condition], list[Op]]:
+    """The invoke that sets the replica count of the table whose descriptor ``key`` was
+    read as ``cur``, if it has not changed since (the seed's trigger)."""
+    new = TableDescriptor.decode(cur.value).with_replicas(replicas)
+    return [Cond.revision(key).eq(cur.mod_revision)], [Op.put(key, new.encode())]
+
+
 def join_metastore_as_learner(meta: MetaService, node_id: str, raft_addr: str) -> Future[Any]:
     """Admit ``node_id`` (whose MetaService started with ``voters=None``) as a metastore
     learner that is never promoted: it gets a replica to read and watch, while the
@@ -1854,6 +1903,15 @@ def join_metastore_as_learner(meta: MetaService, node_id: str, raft_addr: str) -
 
 
 _EMPTY = VersionedValue(b"", 0, 0)
+
+
+def _conf_settled(raft: Raft) -> bool:
+    """Whether the leader may propose a membership change now: no transfer under way,
+    the last configuration committed, and an entry of its own term committed (the
+    known fix for single-server changes)."""
+    log_ = raft.log
+    return (raft.lead_transferee is None and raft.confs[-1][0] <= log_.committed
+            and log_.term_or_zero(log_.committed) == raft.term)
 
 
 def _tracked(key: bytes) -> bool:

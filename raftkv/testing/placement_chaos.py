@@ -93,8 +93,9 @@ class _Intents:
     """Draws valid intents and tracks the topology and replica count they leave."""
 
     def __init__(self, rng: random.Random, storage: str, topology: list[str],
-                 replicas: int) -> None:
+                 replicas: int, pool: list[str]) -> None:
         self.rng = rng
+        self.pool = pool
         self.storage = storage
         self.topology = sorted(topology)
         self.replicas = replicas
@@ -105,17 +106,17 @@ class _Intents:
     def draw(self, kinds: tuple[str, ...] = ("join", "leave", "replicas")) -> tuple[str,
                                                                                     Intent]:
         options = []
-        if "join" in kinds and len(self.topology) < len(POOL):
+        if "join" in kinds and len(self.topology) < len(self.pool):
             options.append("join")
         if "leave" in kinds and len(self.topology) > max(self._min_nodes(), self.replicas):
             options.append("leave")
         if "replicas" in kinds and self.storage == PERSISTENT:
             options.append("replicas")  # in memory, 3 replicas: a restart needs a majority
         if not options:
-            options.append("join" if len(self.topology) < len(POOL) else "leave")
+            options.append("join" if len(self.topology) < len(self.pool) else "leave")
         kind = self.rng.choice(options)
         if kind == "join":
-            n = self.rng.choice([n for n in POOL if n not in self.topology])
+            n = self.rng.choice([n for n in self.pool if n not in self.topology])
             self.topology = sorted([*self.topology, n])
             return kind, ("nodes", list(self.topology))
         if kind == "leave":
@@ -131,14 +132,15 @@ REQUIRED = ("join", "leave", "replicas", "burst", "crash_meta", "crash_leader")
 
 
 def plan_scenario(seed: int, steps: int, storage: str | None = None,
-                  partitions: tuple[int, int] = (4, 8)) -> Scenario:
+                  partitions: tuple[int, int] = (4, 8), pool: list[str] = POOL) -> Scenario:
     """The seed's scenario: ``steps`` actions (at least one of each kind in ``REQUIRED``
-    when ``steps`` allows, in a seeded order), settles sprinkled between them."""
+    when ``steps`` allows, in a seeded order), settles sprinkled between them, over the
+    nodes of ``pool`` (the first three found the metastore)."""
     rng = random.Random(seed)
     parts = rng.randint(*partitions)
     storage = storage or rng.choice([PERSISTENT, PERSISTENT, MEMORY])
     replicas = 3 if storage == MEMORY else rng.choice([2, 3])
-    intents = _Intents(rng, storage, META, replicas)
+    intents = _Intents(rng, storage, META, replicas, pool)
     kinds = list(REQUIRED[:steps]) if steps >= len(REQUIRED) else rng.sample(REQUIRED, steps)
     kinds += [rng.choice(REQUIRED) for _ in range(steps - len(kinds))]
     rng.shuffle(kinds)
