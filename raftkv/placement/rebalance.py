@@ -444,6 +444,8 @@ class _Partition:
     switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
     declared: bool = False  # bug C's in-memory case: we recorded our loss in switch.reduce
     tidy_inflight: bool = False  # removing a stray learner (_drop_stray_learners)
+    pending_read: tuple[int, int] = (0, -1)  # (term, pending rev) confirmed by a read
+    pending_reading: bool = False  # that read is under way
     survive_inflight: bool = False  # the survivor check's linearizable read is under way
     survive_after: float = 0.0  # no survivor election before this (monotonic) time
     survive_refused: str = ""  # the core's last reason to refuse one (logged once)
@@ -977,7 +979,15 @@ class PlacementManager:
         if wanted and not hosted:
             self._on_partition_start(part, desc, stable, pending)
         elif hosted and not wanted and part.cleanup_rev != stable_rev:
-            self._stop_partition(part)  # step (3): on stable updates only
+            if pending and self.id in self.node.groups[part.group].raft.conf.voters:
+                # Step (3) waits while a change is under way and we are a voter of the
+                # configuration we know: a cancel dropped us from pending after our
+                # promotion, and the configuration may need us for a quorum until the
+                # leader removes us (placement simulator seed 6: {us, leader} left
+                # alone). Once pending is empty, stable is the applied configuration.
+                stable_rev = part.cleanup_rev
+            else:
+                self._stop_partition(part)  # step (3): on stable updates only
         part.cleanup_rev = stable_rev
         g = self.node.groups.get(part.group) if part.group in self._hosted else None
         self._routes[part.group] = Route(part.group, part.table, part.index, tuple(stable),
@@ -1514,6 +1524,8 @@ class PlacementManager:
             target = frozenset(pending)
             ch = part.change
             if ch is None or ch.target != target:
+                if not self._pending_confirmed(part, term):
+                    return
                 self._begin_change(part, term, target, "pending")
             planned = self._kv.get(part.keys.planned)
             if planned is not None and planned.value:
@@ -1555,6 +1567,41 @@ class PlacementManager:
         self.metrics["conf_changes"] += 1
         self._on_loop(self.node.change_membership(
             part.group, ConfChange(ConfChangeOp.REMOVE, stray[0])), done)
+
+    def _pending_confirmed(self, part: _Partition, term: int) -> bool:
+        """Whether the cached pending is the metastore's, as of a linearizable read made
+        while leading in ``term``; if not, start that read (the reconcile it kicks
+        begins the change).
+
+        onLeaderElected "starts changePeersAsync from the pending key" (seed 004,
+        failover): a read of the key, not the cache. This node's metastore replica may
+        lag (a learner, or a voter cut off for a while), and the cache can hold a
+        pending that onRebalanceDone has since replaced. A change begun from it moved
+        the configuration away from a stable written after it, and nothing moved it
+        back: placement simulator seed 88 ended with two voters for a stable of three
+        (the handover removed the new leader itself), seed 30 with a stray learner."""
+        cached = self._kv.get(part.keys.pending)
+        rev = cached.mod_revision if cached is not None else 0
+        if part.pending_read == (term, rev):
+            return True
+        if part.pending_reading:
+            return False
+        part.pending_reading = True
+
+        def read(f: Future[Any]) -> None:
+            part.pending_reading = False
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "change", exc)
+                return
+            got = f.result()
+            if (got.mod_revision if got is not None else 0) == rev:
+                part.pending_read = (term, rev)
+            # else the watch brings the newer pending (and a reconcile) soon
+            self._kick(part.group)
+
+        self._on_loop(self.meta.get(part.keys.pending), read)
+        return False
 
     def _unblock_pending(self, part: _Partition, blocked: set[str]) -> None:
         """Pending names nodes of switch.reduce that are not voters: they wait, not

@@ -12,7 +12,7 @@ on real LMDB files. It is the same code that ``raftkv serve`` runs; only the
 - **Time** is a virtual clock (``World.now``, seconds) advanced by an event heap ordered
   by (time, sequence number). A node's loop turn (``Node.turn``) is an event: at its next
   tick, or at once when something woke it (a queued call, a delivered frame).
-- **Randomness**: one ``random.Random(seed)`` makes every choice (the scenario, the
+- **Randomness**: generators seeded from the seed make every choice (the scenario, the
   network's fates, every core's election timeouts, request ids, incarnations), and no
   decision depends on wall time, so a seed replays the same schedule exactly. String
   hashing is fixed too (``python -m raftkv.sim`` runs with ``PYTHONHASHSEED=0``), because
@@ -135,7 +135,13 @@ class World:
 
     def __init__(self, seed: int) -> None:
         self.now = 0.0
-        self.rng = random.Random(seed)
+        # One stream per concern, so that a change in how many draws one makes (a code
+        # change that adds an election, say) does not reshuffle the others: a kept seed
+        # then still plans the same faults at the same points.
+        self.rng = random.Random(f"{seed}/nodes")
+        self.net_rng = random.Random(f"{seed}/network")
+        self.client_rng = random.Random(f"{seed}/clients")
+        self.fault_rng = random.Random(f"{seed}/faults")
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
 
@@ -279,7 +285,7 @@ class Network:
         return a in self.cut or b in self.cut
 
     def send(self, src: Host, dst: str, items: list[Any]) -> None:
-        sim, f, rng = self.sim, self.faults, self.sim.world.rng
+        sim, f, rng = self.sim, self.faults, self.sim.world.net_rng
         if self.severed(src.id, dst) or rng.random() < f.drop:
             return
         frame = msgpack.packb(items, use_bin_type=True)
@@ -470,7 +476,7 @@ class Clients:
         self.counts[what] = self.counts.get(what, 0) + 1
 
     def _target(self, key: bytes) -> Node | None:
-        sim, rng = self.sim, self.sim.world.rng
+        sim, rng = self.sim, self.sim.world.client_rng
         live = [h for h in sim.hosts.values() if h.up]
         if not live:
             return None
@@ -493,7 +499,7 @@ class Clients:
         if not self.running:
             self.busy[c] = False
             return
-        sim, rng = self.sim, self.sim.world.rng
+        sim, rng = self.sim, self.sim.world.client_rng
         key = rng.choice(self.keys)
         kb = key.encode()
         node = self._target(kb)
@@ -595,7 +601,7 @@ class PlacementSim:
         pool = [f"n{i}" for i in range(1, nodes + 1)]
         self.scenario: Scenario = plan_scenario(seed, steps, pool=pool)
         self.faults = faults
-        rng = self.world.rng
+        rng = self.world.fault_rng
         self.net = Network(self, NetFaults(
             drop=rng.choice([0.0, 0.01, 0.03]) if "drop" in faults else 0.0,
             dup=rng.choice([0.0, 0.02]) if "dup" in faults else 0.0,
@@ -692,7 +698,7 @@ class PlacementSim:
             if not live:
                 self.world.after(0.2, attempt)
                 return
-            meta = self.world.rng.choice(live).meta
+            meta = self.world.fault_rng.choice(live).meta
             assert meta is not None
             retried = [False]
 
@@ -864,7 +870,7 @@ class PlacementSim:
     def random_fault(self) -> None:
         """One node or network fault between the scenario's actions (at most one node
         down or cut off at a time: the scenarios' topologies tolerate one failure)."""
-        rng = self.world.rng
+        rng = self.world.fault_rng
         kinds = [f for f in ("crash", "wipe", "partition") if f in self.faults]
         if not kinds or rng.random() < 0.4:
             return
@@ -895,16 +901,18 @@ class PlacementSim:
             self.settle(f"after the {kind} of {victim.id}")
 
     def _survivable_loss(self, victim: Host) -> bool:
-        """Whether every partition that counts on ``victim`` keeps a majority of its
-        stable assignment and of the Raft voters ``victim`` knows without it."""
+        """Whether every partition that counts on ``victim`` keeps a majority without it:
+        of the table's replica count, of its stable and pending assignments (a change
+        under way moves the configuration to pending), and of the Raft voters
+        ``victim`` knows."""
         meta = self._meta_view()
-        if meta is None or victim.node is None:
+        if meta is None or victim.node is None or self.replicas < 3:
             return False
         for p in range(self.scenario.partitions):
             pk = partition_keys(TABLE, p)
-            stable = self._nodes_at(meta, pk.stable)
-            if victim.id in stable + self._nodes_at(meta, pk.pending) and len(stable) < 3:
-                return False
+            for nodes in (self._nodes_at(meta, pk.stable), self._nodes_at(meta, pk.pending)):
+                if victim.id in nodes and len(nodes) < 3:
+                    return False
             g = victim.node.groups.get(partition_group(TABLE, p))
             if g is not None and victim.id in g.raft.conf.voters and \
                     len(g.raft.conf.voters) < 3:
@@ -926,8 +934,8 @@ class PlacementSim:
             gid = META_GROUP
         else:
             pick = still or moving
-            p = (self.world.rng.choice(pick) if pick
-                 else self.world.rng.randrange(self.scenario.partitions))
+            p = (self.world.fault_rng.choice(pick) if pick
+                 else self.world.fault_rng.randrange(self.scenario.partitions))
             gid = partition_group(TABLE, p)
             victim = self.wait(lambda: self.leader_of(gid), 20, f"a leader of {gid}")
         self.count("crash_mid_rebalance" if still else "crash_leader")
