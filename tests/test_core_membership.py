@@ -247,6 +247,31 @@ def test_remove_leader_transfers_leadership_first():
     assert c.raft("n3").log.committed == i
 
 
+def test_without_auto_handover_the_transferee_leaves_the_removal_to_its_owner():
+    """§3.10 transfer for a leader removing itself, with ``Config.auto_handover`` off (the
+    placement layer's partition groups, issue 14 item 4): the transferee is elected but
+    does not propose the removal its predecessor asked for, because the owner's target
+    may have moved to keep the old leader by then; the owner proposes what its target
+    says (here: nothing, then the removal), one change at a time as usual."""
+    c = started(seed=7, auto_handover=False)
+    c.cut("n1", "n3")
+    c.propose("n1", cmd(1))
+    c.heal()
+    term = c.raft("n1").term
+    with pytest.raises(LeaderStepping):
+        c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n1"))
+    c.stabilize()
+    assert c.leader() == "n2" and c.raft("n2").term == term + 1
+    for n in N3:  # nobody removed n1: its owner's target may keep it
+        assert c.raft(n).conf == ConfState(V3)
+    assert c.raft("n2").log.committed == c.raft("n2").log.last_index()
+    # The owner still wants n1 gone: the new leader proposes it like any removal.
+    c.raft("n2").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n1"))
+    c.stabilize()
+    for n in ("n2", "n3"):
+        assert c.raft(n).conf == ConfState(frozenset({"n2", "n3"}))
+
+
 @pytest.mark.parametrize("how", ["prevote", "vote"])
 def test_removed_node_with_higher_term_cannot_disrupt(how):
     """Dissertation §4.2.3 (disruptive servers) via the Kudu rule ("a pre-vote check that

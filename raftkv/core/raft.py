@@ -385,6 +385,13 @@ class Config:
     # cannot tell a group's birth from its own loss of state.
     incarnation: int = 0
     newborn: bool = False
+    # A leader that must remove or demote itself hands leadership over with the change
+    # in TimeoutNow, and the transferee proposes it once it has committed an entry of
+    # its term (``propose_conf_change``, ``_on_commit``). An owner that drives its
+    # membership towards a target of its own (the placement layer: a partition's
+    # pending assignment) turns this off: by then the target may keep the old leader,
+    # and its own next step computes the removal from the target it holds then.
+    auto_handover: bool = True
 
 
 def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
@@ -1554,6 +1561,8 @@ class Raft:
                 self._leader_read(frm, ctx)
         if self.pending_handover is not None:
             cc, self.pending_handover = self.pending_handover, None
+            if not self.cfg.auto_handover:
+                return
             try:
                 self.propose_conf_change(cc)
             except (ConfChangeRejected, ProposalDropped):

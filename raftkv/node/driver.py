@@ -250,7 +250,7 @@ class Node:
     # ================================================================ setup ============
     def add_group(
         self, group_id: str, storage: GroupStorage, voters: list[str] | None,
-        birth_known: bool = False,
+        birth_known: bool = False, auto_handover: bool = True,
     ) -> Group:
         """Host a group. ``voters`` bootstraps an empty log with that membership; None
         joins with an empty log and waits for a leader to add this node. Call before
@@ -261,7 +261,10 @@ class Node:
         ``raftkv.core.raft``), which exists because a node alone cannot tell a birth from
         its own loss of state, does not apply. The placement layer decides from the
         metastore (a table's descriptor, IGNITE-16668's holds keys) when a partition is
-        bootstrapped fresh; a founder started from the command line cannot know."""
+        bootstrapped fresh; a founder started from the command line cannot know.
+
+        ``auto_handover``: see ``Config.auto_handover`` (off for groups whose owner
+        drives membership towards its own target)."""
         if group_id in self.groups:
             raise ValueError(f"group {group_id!r} is already hosted")
         if voters is not None:
@@ -278,6 +281,7 @@ class Node:
                 snapshot_timeout=SNAPSHOT_TIMEOUT_ELECTIONS * self.cfg.election_tick,
                 quiesce=self.cfg.quiesce,
                 incarnation=ident.incarnation, newborn=ident.newborn and not birth_known,
+                auto_handover=auto_handover,
             ),
             storage.log, self.runtime.random(),
         )

@@ -40,8 +40,11 @@ pending, one membership change at a time (Kudu's one-by-one design):
 2. add each missing member as a PRE_FOLLOWER learner (several may catch up at once; the
    core promotes each one to voter when it is within ``promote_lag``);
 3. once every target member is a voter, remove the departing voters one by one, the
-   leader last: removing itself raises ``LeaderStepping`` and the transferee, once
-   elected, performs that removal (``Raft.pending_handover``) and resumes the change;
+   leader last: removing itself raises ``LeaderStepping`` (the core transfers
+   leadership), and the transferee, once elected, resumes the change from the pending
+   it reads then, which removes the old leader if pending still excludes it (partition
+   groups run with ``Config.auto_handover`` off, so the core does not propose that
+   removal on its own);
 4. when the voters equal the target, no learner is left and the configuration entry is
    committed, ``onNewPeersConfigurationApplied`` runs onRebalanceDone (stable :=
    applied peers, pending := planned or empty; retried on DONE_RETRY).
@@ -1467,8 +1470,12 @@ class PlacementManager:
             # record (a new table, or IGNITE-16668's full restart: no node holds the
             # state); a replica that lost its state joins empty instead. So the core's
             # newborn vote rule, which would wait for every founder, does not apply.
+            # The removal of a leader that stepped down for its change is made by the
+            # next leader's own changePeers step, towards the pending it reads then
+            # (Config.auto_handover): not the core's handover, which would remove it
+            # even if pending has since moved to keep it.
             g = self.node.add_group(part.group, storage, voters,
-                                    birth_known=voters is not None)
+                                    birth_known=voters is not None, auto_handover=False)
         except Exception as e:  # noqa: BLE001  # storage errors: retried, then recorded
             self._failed(part, "start", e)
             return

@@ -21,10 +21,11 @@ on real LMDB files. It is the same code that ``raftkv serve`` runs; only the
   while both ends run; it is "dialed" on demand (the turn's items are undelivered, as
   over TCP, and the link is up a moment later) and drops at once when either end
   crashes. Each frame is msgpack-encoded and decoded, so nothing is shared by
-  reference. Faults: frames dropped, delayed (so reordered) or, for Raft messages only,
-  duplicated (TCP never duplicates a forwarded write, and a duplicated one would be a
-  second client request, not a fault); partitions that cut a node off in both
-  directions silently, as the real transport's fault switch does.
+  reference, and frames on one link arrive in order, as over one TCP connection.
+  Faults: frames dropped, links stalled (a frame and those behind it delayed) and, for
+  Raft messages only, frames duplicated (TCP never duplicates a forwarded write, and a
+  duplicated one would be a second client request, not a fault); partitions that cut a
+  node off in both directions silently, as the real transport's fault switch does.
 - **Worker threads** run inline; an image is packed a moment later on the loop.
 - **Crashes**: a crashed node's stores are closed and its objects dropped; its LMDB
   files stay as a SIGKILL leaves them (the page cache keeps what was written). A *wipe*
@@ -280,6 +281,7 @@ class Network:
         self.sim = sim
         self.faults = faults
         self.cut: set[str] = set()  # nodes partitioned from every other node
+        self._last: dict[tuple[str, str], float] = {}  # each link's last delivery time
 
     def severed(self, a: str, b: str) -> bool:
         return a in self.cut or b in self.cut
@@ -291,18 +293,25 @@ class Network:
         frame = msgpack.packb(items, use_bin_type=True)
         delay = 0.001 + rng.random() * 0.004
         if rng.random() < f.delay:
-            delay += rng.random() * 0.3
+            delay += rng.random() * 0.3  # a stall: the frames behind it wait too
         target = sim.hosts.get(dst)
         if target is None:
             return
         gen = target.gen
-        sim.world.after(delay, lambda: self._deliver(src.id, target, gen, frame))
+        # In order on each link, as over one TCP connection: the real transport never
+        # reorders frames, and the core's quiescence counts on it (a stale quiesce
+        # heartbeat overtaking a newer one would quiet a follower below the commit
+        # index until the next write).
+        link = (src.id, dst)
+        at = max(sim.world.now + delay, self._last.get(link, 0.0) + 1e-6)
+        self._last[link] = at
+        sim.world.at(at, lambda: self._deliver(src.id, target, gen, frame))
         if rng.random() < f.dup:
             raft = [i for i in items if codec.item_kind(i) == codec.RAFT]
             if raft:
                 again = msgpack.packb(raft, use_bin_type=True)
-                sim.world.after(delay + rng.random() * 0.2,
-                                lambda: self._deliver(src.id, target, gen, again))
+                self._last[link] = at + 1e-6
+                sim.world.at(at + 1e-6, lambda: self._deliver(src.id, target, gen, again))
 
     def _deliver(self, src: str, target: Host, gen: int, frame: bytes) -> None:
         if target.gen != gen or not target.up or self.severed(src, target.id):
@@ -887,35 +896,46 @@ class PlacementSim:
             self.net.cut.discard(victim.id)
             self.log(f"heal {victim.id}")
             return
-        # Two voters cannot survive the loss of one's state (a wipe; see "The lone
-        # holder of a two-voter configuration" in raftkv.placement.rebalance for what
-        # the survivor rule can prove): that is an unsafe-reset, not a fault to
-        # recover from. A crash keeps the files.
-        wipe = kind == "wipe" and self._survivable_loss(victim)
-        kind = "wipe" if wipe else "crash"
-        # In memory, a restart is a loss of state: wait for IGNITE-16668's re-add
-        # before another (a second loss first could leave a minority holding it).
+        # A loss of state (a wipe, or any crash of an in-memory table's node) only where
+        # the partitions can survive it (``_survivable_loss``); a crash keeps the files.
+        memory = self.scenario.storage == MEMORY
+        loses = kind == "wipe" or memory
+        if loses and not self._survivable_loss(victim):
+            if memory:
+                return
+            kind = "crash"
         self.count(kind)
-        self.restart_later(victim, rng.uniform(0.1, 2.0), wipe=wipe)
-        if wipe or self.scenario.storage == MEMORY:
+        self.restart_later(victim, rng.uniform(0.1, 2.0), wipe=kind == "wipe")
+        if loses:
+            # IGNITE-16668's re-add must finish before another loss: a second one
+            # first could leave a minority holding the state.
             self.settle(f"after the {kind} of {victim.id}")
 
     def _survivable_loss(self, victim: Host) -> bool:
-        """Whether every partition that counts on ``victim`` keeps a majority without it:
-        of the table's replica count, of its stable and pending assignments (a change
-        under way moves the configuration to pending), and of the Raft voters
-        ``victim`` knows."""
+        """Whether every partition can lose ``victim``'s state and still make progress:
+        where it is involved (in stable, in pending, or a voter of the configuration
+        it knows), each of those has at least three members, so a majority remains;
+        or the partition is the lone-holder case the survivor rule covers ("The lone
+        holder of a two-voter configuration" in ``raftkv.placement.rebalance``:
+        stable and voters are {victim, a}, a is up, pending is empty or names a).
+        Anything else is two losses for some group: unsafe-reset territory, not a
+        fault to recover from."""
         meta = self._meta_view()
-        if meta is None or victim.node is None or self.replicas < 3:
+        if meta is None or victim.node is None:
             return False
         for p in range(self.scenario.partitions):
             pk = partition_keys(TABLE, p)
-            for nodes in (self._nodes_at(meta, pk.stable), self._nodes_at(meta, pk.pending)):
-                if victim.id in nodes and len(nodes) < 3:
-                    return False
+            stable = self._nodes_at(meta, pk.stable)
+            pending = self._nodes_at(meta, pk.pending)
             g = victim.node.groups.get(partition_group(TABLE, p))
-            if g is not None and victim.id in g.raft.conf.voters and \
-                    len(g.raft.conf.voters) < 3:
+            voters = sorted(g.raft.conf.voters) if g is not None else []
+            groups = [m for m in (stable, pending, voters) if victim.id in m]
+            if all(len(m) >= 3 for m in groups):
+                continue
+            others = [n for n in stable if n != victim.id]
+            lone = (len(stable) == 2 and voters == stable and len(others) == 1
+                    and self.hosts[others[0]].up and (not pending or others[0] in pending))
+            if not lone:
                 return False
         return True
 
@@ -938,6 +958,11 @@ class PlacementSim:
                  else self.world.fault_rng.randrange(self.scenario.partitions))
             gid = partition_group(TABLE, p)
             victim = self.wait(lambda: self.leader_of(gid), 20, f"a leader of {gid}")
+        if self.scenario.storage == MEMORY and not self._survivable_loss(self.hosts[victim]):
+            self.log(f"not stopping {victim}: in memory, its loss is not survivable now")
+            for n in late:
+                self.start(n)
+            return
         self.count("crash_mid_rebalance" if still else "crash_leader")
         self.log(f"stop {victim}, leader of {gid} (pending on {still})")
         self.restart_later(self.hosts[victim], action.down)
