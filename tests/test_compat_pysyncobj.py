@@ -306,6 +306,32 @@ def test_a_snapshot_that_cannot_be_encoded_fails_loudly_and_keeps_the_log(
     assert g["checkpoint"] == 0 and g["first_index"] == 1, "the log must be kept"
 
 
+def test_force_log_compaction_of_a_state_that_cannot_be_encoded_is_logged(
+        tmp_path: Path, destroy_later: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """The migration guide's check: ``forceLogCompaction()`` returns at once, as
+    PySyncObj's does, and its failure names the attribute in the log (it was silent)."""
+    class Holder(SyncObj):
+        def __init__(self, addr: str, conf: SyncObjConf) -> None:
+            super().__init__(addr, [], conf)
+            self.__n = 0
+
+        @replicated
+        def spoil(self) -> None:
+            self.__n += 1
+            self.__bad = object()
+
+    node = Holder(addresses(1)[0], conf(tmp_path, "f", logCompactionMinEntries=10 ** 9))
+    destroy_later.append(node)
+    node.spoil(sync=True, timeout=15)
+    with caplog.at_level(logging.ERROR):
+        assert node.forceLogCompaction() is None
+        wait_until(lambda: any("forceLogCompaction" in r.getMessage()
+                               and "Holder._Holder__bad" in r.getMessage()
+                               for r in caplog.records),
+                   what="a logged forceLogCompaction failure naming the attribute")
+    assert raft_group(node)["checkpoint"] == 0, "nothing may be written"
+
+
 # -- consumers: ReplDict and ReplLockManager ------------------------------------------------------
 def lock_table(lm: ReplLockManager) -> dict[Any, Any]:
     return dict(lm._consumer()._ReplLockManagerImpl__locks)  # type: ignore[attr-defined]

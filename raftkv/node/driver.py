@@ -537,7 +537,7 @@ class Node:
                 try:
                     g.storage.maybe_compact(raft.conf_at)
                 except SnapshotFailed as e:
-                    _log_snapshot_failed(self.id, g, "compacting its log", e)
+                    log_snapshot_failed(self.id, g, "compacting its log", e)
             self._expire(g, now)
             for hook in g.on_tick:
                 hook(g)
@@ -600,7 +600,7 @@ class Node:
                 try:
                     st.checkpoint()
                 except SnapshotFailed as e:  # nothing written, nothing lost: not fatal
-                    _log_snapshot_failed(self.id, g, "checkpoint", e)
+                    log_snapshot_failed(self.id, g, "checkpoint", e)
             else:
                 self._checkpointing[g.id] = (g, self.runtime.executor("checkpoint", self.id).submit(sync))
             return
@@ -798,7 +798,7 @@ class Node:
             chunks = g.state.snapshot_chunks()
         except SnapshotFailed as e:
             del self._imaging[key]
-            _log_snapshot_failed(self.id, g, f"imaging a snapshot for {m.to}", e)
+            log_snapshot_failed(self.id, g, f"imaging a snapshot for {m.to}", e)
             return
         assert m.snapshot is not None
         meta = m.snapshot.meta
@@ -1238,7 +1238,7 @@ def _fail(fut: Future[Any], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
-def _log_snapshot_failed(node: str, g: Group, doing: str, e: SnapshotFailed) -> None:
+def log_snapshot_failed(node: str, g: Group, doing: str, e: SnapshotFailed) -> None:
     """A state machine could not snapshot its state: nothing was written, the checkpoint
     did not advance, and the log after it is kept. Loud, but not fatal to the loop."""
     log.error("node %s group %s: %s failed, so the log after index %d is kept: %s", node,

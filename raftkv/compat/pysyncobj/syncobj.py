@@ -94,8 +94,9 @@ from raftkv.core import (
 )
 from raftkv.core.membership import ConfChange
 from raftkv.embedded import EmbeddedNode
+from raftkv.node.driver import log_snapshot_failed
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout
-from raftkv.node.user_state import UserStateStore
+from raftkv.node.user_state import SnapshotFailed, UserStateStore
 from raftkv.statemachine import decode_value, encode_value
 from raftkv.storage.commands import MAX_COMMAND_BYTES
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
@@ -1268,11 +1269,23 @@ class SyncObj:
                  False, None)
 
     def forceLogCompaction(self) -> None:
-        """Checkpoint the state machine now (raftkv then compacts the log by its policy)."""
+        """Checkpoint the state machine now (raftkv then compacts the log by its policy).
+        Returns at once, as PySyncObj's does; a state that cannot be encoded is logged
+        as an error naming the attribute, as the periodic checkpoint's is (nothing is
+        written, and the log is kept)."""
         e = self.__e()
         g = e._group()
         if g is not None and e.embedded is not None:
-            e.embedded.node.call(g.state.checkpoint)
+            node = e.embedded.node
+
+            def failed(f: Future[Any]) -> None:
+                exc = f.exception()
+                if isinstance(exc, SnapshotFailed):
+                    log_snapshot_failed(node.id, g, "forceLogCompaction's checkpoint", exc)
+                elif exc is not None:
+                    log.error("node %s: forceLogCompaction failed: %s", node.id, exc)
+
+            node.call(g.state.checkpoint).add_done_callback(failed)
 
     def _forceLogCompaction(self) -> None:
         self.forceLogCompaction()
