@@ -94,7 +94,7 @@ from raftkv.placement.catalog import (
     partition_group,
     table_key,
 )
-from raftkv.placement.meta_commands import InvokeResult
+from raftkv.placement.meta_commands import InvokeResult, decode_revision
 from raftkv.placement.rebalance import (
     PlacementManager,
     create_table_invoke,
@@ -934,10 +934,20 @@ class PlacementSim:
                 continue
             others = [n for n in stable if n != victim.id]
             lone = (len(stable) == 2 and voters == stable and len(others) == 1
-                    and self.hosts[others[0]].up and (not pending or others[0] in pending))
+                    and self.hosts[others[0]].up and (not pending or others[0] in pending)
+                    and self._planned(meta, pk))
             if not lone:
                 return False
         return True
+
+    @staticmethod
+    def _planned(meta: MetaService, pk: Any) -> bool:
+        """Whether step (1) has run for the latest intent (the topology's and the
+        descriptor's revisions), so pending is not about to change under the check."""
+        trig = meta.store.get_entry(pk.trigger)
+        seen = decode_revision(trig.value) if trig is not None and trig.value else 0
+        intents = [meta.store.get_entry(k) for k in (TOPOLOGY_KEY, table_key(TABLE))]
+        return all(v is None or v.mod_revision <= seen for v in intents)
 
     def crash_mid_rebalance(self, action: Action, meta: bool) -> None:
         """The chaos test's crash_meta/crash_leader: write the intent, stop a leader once
