@@ -9,6 +9,7 @@ The fast suite runs ``FAST_SEEDS``; ``-m long`` runs ``RAFTKV_PLACEMENT_SEEDS`` 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -48,11 +49,18 @@ def test_regression_seed(seed: int, found: str) -> None:
     assert r.ok, f"{found}:\n{_explain(r)}"
 
 
+def _timeless(trace: list[str]) -> list[str]:
+    # Recovery reports measure their own (wall-clock) speed; nothing else may differ.
+    return [re.sub(r" in [0-9.]+s \([0-9,]+ entries/s\)", "", line) for line in trace]
+
+
 def test_a_seed_replays_exactly() -> None:
-    """Same seed, same run: every logged step at the same simulated time."""
+    """Same seed, same run: every logged step of every node at the same simulated time,
+    incarnations and request ids included."""
     first, again = run_placement_seed(1003, verbose=True), run_placement_seed(1003,
                                                                                verbose=True)
-    assert first.trace == again.trace
+    assert len(first.trace) > 100
+    assert _timeless(first.trace) == _timeless(again.trace)
     assert first.counts == again.counts and first.sim_seconds == again.sim_seconds
 
 

@@ -105,6 +105,7 @@ from raftkv.placement.rebalance_steps import switch_keys
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import META_GROUP, MetaService
 from raftkv.storage.commands import encode_cas, encode_put
+from raftkv.storage.identity import seeded
 from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.placement_chaos import (
     META,
@@ -638,8 +639,9 @@ class PlacementSim:
 
         class Capture(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
+                text = record.getMessage().replace(sim.root, "<root>")
                 sim.trace.append(f"{sim.world.now:8.3f} [{sim.current}] "
-                                 f"{record.levelname} {record.getMessage()}")
+                                 f"{record.levelname} {text}")
 
         level = logging.INFO if self.verbose else logging.ERROR
         handler = Capture(level)
@@ -1036,6 +1038,8 @@ class PlacementSim:
         lost: list[str] = []
         keys = table_keys(s.partitions)
         handler = self._capture()
+        incarnations = seeded(random.Random(f"{self.seed}/incarnations"))
+        incarnations.__enter__()
         try:
             self.log(s.describe().replace("\n", " |"))
             for nid in META:
@@ -1068,6 +1072,7 @@ class PlacementSim:
             stuck = str(e)
             self.log(f"STUCK {stuck}")
         finally:
+            incarnations.__exit__(None, None, None)
             root = logging.getLogger("raftkv")
             root.removeHandler(handler)
             root.setLevel(self._log_state[0])
