@@ -115,18 +115,18 @@ def _record_starts(monkeypatch: pytest.MonkeyPatch, c: Cluster, victim: str,
     orig = Node.add_group
 
     def add_group(self: Node, group_id: str, storage: Any, voters: list[str] | None,
-                  birth_known: bool = False) -> Any:
+                  **kwargs: Any) -> Any:
         if self.id == victim and group_id == GID:
             leaders = {}
             for nid, node in list(c.nodes.items()):
                 g = node.groups.get(GID) if node is not self else None
                 if g is not None and g.raft.role == Role.LEADER:
                     leaders[nid] = (sorted(g.raft.conf.voters), sorted(g.raft.conf.learners))
-            g = orig(self, group_id, storage, voters, birth_known)
+            g = orig(self, group_id, storage, voters, **kwargs)
             starts.append({"voters": voters, "leaders": leaders, "vote": g.raft.vote,
                            "own_voters": sorted(g.raft.conf.voters)})
             return g
-        return orig(self, group_id, storage, voters, birth_known)
+        return orig(self, group_id, storage, voters, **kwargs)
 
     monkeypatch.setattr(Node, "add_group", add_group)
     return starts

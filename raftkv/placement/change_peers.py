@@ -1,0 +1,481 @@
+"""The leader's changePeers (seed 004 step 2), failover and Approach 2's cancel; the
+change's phases are ``partition_state.ChangePhase``.
+
+**Step (2), pending.** A node in ``pending ∪ stable`` hosts the partition's group: a
+founding member (``TableDescriptor.initial``) bootstraps the founding configuration, any
+other node joins empty (``voters=None``) and waits for the leader to add it. On the
+group's leader only, ``change_peers(term, pending)`` moves the Raft configuration to
+pending, one membership change at a time (Kudu's one-by-one design):
+
+1. remove learners that are not in the target (left over from a cancelled change);
+2. add each missing member as a PRE_FOLLOWER learner (several may catch up at once; the
+   core promotes each one to voter when it is within ``promote_lag``);
+3. once every target member is a voter, remove the departing voters one by one, the
+   leader last: removing itself raises ``LeaderStepping`` (the core transfers
+   leadership), and the transferee, once elected, resumes the change from the pending
+   it reads then, which removes the old leader if pending still excludes it (partition
+   groups run with ``Config.auto_handover`` off, so the core does not propose that
+   removal on its own);
+4. when the voters equal the target, no learner is left and the configuration entry is
+   committed, ``onNewPeersConfigurationApplied`` runs onRebalanceDone (stable :=
+   applied peers, pending := planned or empty; retried on DONE_RETRY).
+
+A change belongs to the term it started in. Every step checks that this node still leads
+in that term, and ``change_peers`` with another term is refused with ``StaleTerm`` (seed:
+"changePeersAsync from old terms must be skipped").
+
+
+**Failover.** A newly elected leader reconciles through ``on_leader`` and resumes the
+pending change (a fresh change of its own term). A membership change that fails
+(``ConfChangeRejected``, ``ProposalDropped`` during a transfer, ``RequestTimeout``) or a
+metastore invoke that fails is retried with exponential back-off (``retry.Backoff``),
+timed by ``retry.TickTimer`` on the metastore group's ``on_tick`` hook: no extra thread.
+After ``RetryPolicy.max_attempts`` failures in one context (leader term + target), the
+action stops until the context changes, and the error is recorded in ``status()["errors"]``
+and counted in ``status()["metrics"]`` (seed: "notify node's failure handler").
+
+**Adjustable changePeers (Approach 2).** When planned is set while the leader is still
+*catching up* (some member of pending is not yet a voter), the leader cancels: one
+invoke guarded by the revisions of pending and planned moves planned into pending
+(``move_planned_to_pending``). The next reconcile retargets the change, and its first
+action removes the learners that are not in the new target. Once every pending member is
+a voter (the removal phase), planned waits for ``onNewPeersConfigurationApplied``.
+
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from typing import Any
+
+from raftkv.core import (
+    ConfChange,
+    ConfChangeOp,
+    LeaderStepping,
+    NotLeader,
+    Raft,
+    Role,
+)
+from raftkv.node.driver import Group
+from raftkv.node.errors import NodeStopped, UnknownGroup
+from raftkv.placement import rebalance_steps as steps
+from raftkv.placement.assignments import (
+    DONE_CLEARED,
+    DONE_PLANNED_MOVED,
+    DONE_RETRY,
+    calc_assignments,
+    decode_nodes,
+)
+from raftkv.placement.catalog import (
+    ADDRESS_PREFIX,
+    TOPOLOGY_KEY,
+    TableDescriptor,
+    table_key,
+)
+from raftkv.placement.manager_base import (
+    ManagerBase,
+    fail,
+)
+from raftkv.placement.meta_commands import (
+    BranchResult,
+    VersionedValue,
+)
+from raftkv.placement.partition_state import (
+    Change,
+    ChangePhase,
+    ChangeSuperseded,
+    PartitionState,
+    StaleTerm,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ChangePeers(ManagerBase):
+    """The change in progress on a partition's leader (see the module docstring)."""
+
+    # ================================================= loop thread: the leader =========
+    def _lead(self, part: PartitionState, g: Group, pending: list[str]) -> None:
+        term = g.raft.term
+        ch = part.change
+        if ch is not None and ch.term != term:
+            self._abort_change(part, StaleTerm(f"term {ch.term} is over (now {term})"))
+        reduce = self._kv.get(part.sw.reduce)
+        if not pending and reduce is not None and reduce.value:
+            self._trigger_switch_reduce(part, reduce)
+        if pending:
+            blocked = (set(pending) & set(self._nodes(part.sw.reduce))) - g.raft.conf.voters
+            if blocked and set(pending) - blocked:
+                self._unblock_pending(part, blocked)
+                return  # the change resumes once pending is rewritten
+            target = frozenset(pending)
+            ch = part.change
+            if ch is None or ch.target != target:
+                if not self._pending_confirmed(part, term):
+                    return
+                self._begin_change(part, term, target, "pending")
+            planned = self._kv.get(part.keys.planned)
+            if planned is not None and planned.value:
+                self._maybe_cancel(part, g, target, planned)
+        elif part.change is not None and part.change.origin == "pending":
+            part.change = None  # someone finished it (pending is empty)
+        if part.change is not None:
+            self._advance(part, g)
+        elif not pending:
+            self._drop_stray_learners(part, g)
+
+    def _drop_stray_learners(self, part: PartitionState, g: Group) -> None:
+        """With nothing pending, stable is final, so a learner outside it is a leftover:
+        a leader whose metastore replica lagged began a change towards a pending that
+        had already moved on, and the change was dropped when its view caught up with
+        pending empty, with the learner it had added still there (placement simulator,
+        seed 30; it waited for ever). Remove such learners one at a time. A learner never
+        counts toward a quorum, so removing one is always safe; should pending name it
+        again, that change adds it back."""
+        stray = sorted(g.raft.conf.learners - set(self._nodes(part.keys.stable)))
+        if not stray or part.tidy_inflight:
+            return
+        if not conf_settled(g.raft):
+            self._timer.after(self.node.cfg.tick_seconds * self.node.cfg.election_tick,
+                              lambda: self._kick(part.group))
+            return
+        part.tidy_inflight = True
+        log.info("node %s: %s removes learner %s (not in stable, nothing pending)",
+                 self.id, part.group, stray[0])
+
+        def done(f: Future[Any]) -> None:
+            part.tidy_inflight = False
+            exc = f.exception()
+            if exc is None or isinstance(exc, (NotLeader, NodeStopped, UnknownGroup)):
+                self._kick(part.group)
+            else:
+                self._failed(part, "change", exc)
+
+        self.metrics["conf_changes"] += 1
+        self._on_loop(self.node.change_membership(
+            part.group, ConfChange(ConfChangeOp.REMOVE, stray[0])), done)
+
+    def _pending_confirmed(self, part: PartitionState, term: int) -> bool:
+        """Whether the cached pending is the metastore's, as of a linearizable read made
+        while leading in ``term``; if not, start that read (the reconcile it kicks
+        begins the change).
+
+        onLeaderElected "starts changePeersAsync from the pending key" (seed 004,
+        failover): a read of the key, not the cache. This node's metastore replica may
+        lag (a learner, or a voter cut off for a while), and the cache can hold a
+        pending that onRebalanceDone has since replaced. A change begun from it moved
+        the configuration away from a stable written after it, and nothing moved it
+        back: placement simulator seed 88 ended with two voters for a stable of three
+        (the handover removed the new leader itself), seed 30 with a stray learner."""
+        cached = self._kv.get(part.keys.pending)
+        rev = cached.mod_revision if cached is not None else 0
+        if part.pending_read == (term, rev):
+            return True
+        if part.pending_reading:
+            return False
+        part.pending_reading = True
+
+        def read(f: Future[Any]) -> None:
+            part.pending_reading = False
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "change", exc)
+                return
+            got = f.result()
+            if (got.mod_revision if got is not None else 0) == rev:
+                part.pending_read = (term, rev)
+            # else the watch brings the newer pending (and a reconcile) soon
+            self._kick(part.group)
+
+        self._on_loop(self.meta.get(part.keys.pending), read)
+        return False
+
+    def _unblock_pending(self, part: PartitionState, blocked: set[str]) -> None:
+        """Pending names nodes of switch.reduce that are not voters: they wait, not
+        started, to be removed, so they would never catch up as learners. Drop them from
+        pending (``rebalance_steps.leave_pending_for_switch_reduce``); onRebalanceDone
+        re-adds them through switch.append."""
+        pending, reduce = self._kv.get(part.keys.pending), self._kv.get(part.sw.reduce)
+        assert pending is not None
+        key = (pending.mod_revision, reduce.mod_revision if reduce is not None else 0)
+        if part.unblock_key == key:
+            return
+        part.unblock_key = key
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                part.unblock_key = None
+                self._failed(part, "switch", exc)
+                return
+            if f.result().tag == 1:
+                self.metrics["pending_unblocked"] += 1
+                log.info("node %s: %s pending named %s of switch.reduce, not voters: "
+                         "dropped from pending", self.id, part.group, sorted(blocked))
+            self._kick(part.group)
+
+        self._on_loop(self.meta.iif(self._if_table(part, steps.leave_pending_for_switch_reduce(
+            part.keys, part.sw, blocked, pending, reduce))), done)
+
+    def _calc(self, part: PartitionState, topo: VersionedValue | None,
+              dkv: VersionedValue | None) -> list[str]:
+        """calcPartAssignments() from a topology and a descriptor (stable without them)."""
+        if topo is None or dkv is None:
+            return self._nodes(part.keys.stable)
+        try:
+            desc = TableDescriptor.decode(dkv.value)
+        except ValueError:
+            return self._nodes(part.keys.stable)
+        return calc_assignments(desc.name, part.index, decode_nodes(topo.value), desc.replicas)
+
+    def _trigger_switch_reduce(self, part: PartitionState, reduce: VersionedValue) -> None:
+        """IGNITE-16668: the leader's watch on switch.reduce (pending is empty)."""
+        stable = self._kv.get(part.keys.stable)
+        key = (reduce.mod_revision, stable.mod_revision if stable is not None else 0)
+        if part.switch_key == key:
+            return
+        bo = self._backoff(part, "switch")
+        if not bo.ready(key, self.node.clock()):
+            return
+        part.switch_key = key
+        calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(table_key(part.table)))
+        tree = self._if_table(
+            part, steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable))
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                part.switch_key = None
+                self._failed(part, "switch", exc)
+                return
+            bo.succeeded()
+            if f.result().tag == steps.SWITCH_PENDING_WRITTEN:
+                self.metrics["switch_reduce_triggered"] += 1
+                log.info("node %s: %s switch.reduce %s: pending := %s - reduce", self.id,
+                         part.group, decode_nodes(reduce.value), calc)
+
+        self._on_loop(self.meta.iif(tree), done)
+
+    def _check_term(self, g: Group, term: int) -> None:
+        if g.raft.role != Role.LEADER or g.raft.term != term:
+            raise StaleTerm(
+                f"changePeers for term {term} refused: {self.id} is "
+                f"{g.raft.role.name.lower()} in term {g.raft.term} of {g.id}")
+
+    def _begin_change(self, part: PartitionState, term: int, target: frozenset[str],
+                      origin: str) -> Change:
+        ch = part.change
+        if ch is not None and ch.term == term:
+            if ch.target != target:
+                for w in ch.waiters:
+                    fail(w, ChangeSuperseded(f"{part.group}: target is now {sorted(target)}"))
+                ch.waiters = []
+                ch.retarget(target, origin)
+            return ch
+        if ch is not None:
+            self._abort_change(part, StaleTerm(f"term {ch.term} is over (now {term})"))
+        part.change = Change(term, target, origin, self.node.clock())
+        log.info("node %s: %s changePeers(term %d, %s)", self.id, part.group, term,
+                 sorted(target))
+        return part.change
+
+    def _abort_change(self, part: PartitionState, err: Exception) -> None:
+        ch, part.change = part.change, None
+        if ch is not None:
+            for w in ch.waiters:
+                fail(w, err)
+
+    def _advance(self, part: PartitionState, g: Group) -> None:
+        """Take the next one-by-one step towards the change's target, if one is due."""
+        ch = part.change
+        assert ch is not None
+        raft = g.raft
+        if raft.role != Role.LEADER or raft.term != ch.term:
+            self._abort_change(part, StaleTerm(f"{self.id} no longer leads term {ch.term}"))
+            return
+        if ch.inflight is not None or not conf_settled(raft):
+            return
+        conf = raft.conf
+        target = ch.target
+        stale = sorted(conf.learners - target)
+        missing = sorted(target - conf.voters - conf.learners)
+        if stale:
+            ch.move(ChangePhase.TRIMMING)
+            cc = ConfChange(ConfChangeOp.REMOVE, stale[0])
+        elif missing:
+            ch.move(ChangePhase.ADDING)
+            cc = ConfChange(ConfChangeOp.ADD_LEARNER, missing[0],
+                            self._address(missing[0]).encode())
+        elif conf.learners:
+            # Catching up: the core promotes each learner once it is close enough.
+            ch.move(ChangePhase.CATCHING_UP)
+            return
+        else:
+            extra = conf.voters - target
+            if not extra:
+                ch.move(ChangePhase.APPLIED)
+                self._configuration_applied(part, ch, frozenset(conf.voters))
+                return
+            ch.move(ChangePhase.REMOVING)
+            others = sorted(extra - {self.id})
+            cc = ConfChange(ConfChangeOp.REMOVE, others[0] if others else self.id)
+        if not self._backoff(part, "change").ready((ch.term, target), self.node.clock()):
+            return
+        ch.inflight = cc.describe()
+        self.metrics["conf_changes"] += 1
+        self._on_loop(self.node.change_membership(part.group, cc),
+                      lambda f: self._conf_change_done(part, ch, f))
+
+    def _conf_change_done(self, part: PartitionState, ch: Change, f: Future[Any]) -> None:
+        ch.inflight = None
+        exc = f.exception()
+        if part.change is not ch:
+            self._kick(part.group)
+            return
+        if exc is None:
+            self._backoff(part, "change").succeeded()
+        elif isinstance(exc, LeaderStepping):
+            # Removing ourselves: the transferee performs it once elected and resumes the
+            # change in its own term. If the transfer fails we are still leader: try again
+            # after the core abandons it (an election timeout), counting it as a failure.
+            if ch.handovers:
+                self._failed(part, "change", exc)
+            ch.handovers += 1
+            ch.move(ChangePhase.HANDING_OVER)
+            self.metrics["leader_handovers"] += 1
+            wait = 2 * self.node.cfg.election_tick * self.node.cfg.tick_seconds
+            self._timer.after(wait, lambda: self._kick(part.group))
+            return
+        elif isinstance(exc, (NotLeader, NodeStopped, UnknownGroup)):
+            self._abort_change(part, StaleTerm(f"{part.group}: {exc}"))
+        else:
+            self._failed(part, "change", exc)
+            return
+        self._kick(part.group)
+
+    def _configuration_applied(self, part: PartitionState, ch: Change,
+                               voters: frozenset[str]) -> None:
+        """The voters equal the target (committed, no learners left)."""
+        for w in ch.waiters:
+            if not w.done():
+                w.set_result(None)
+        ch.waiters = []
+        pending = self._kv.get(part.keys.pending)
+        if pending is None or frozenset(decode_nodes(pending.value)) != voters:
+            if ch.origin == "api":
+                part.change = None
+            return
+        self._on_new_peers_configuration_applied(part, ch.term, voters, pending)
+
+    def _on_new_peers_configuration_applied(
+        self, part: PartitionState, term: int, voters: frozenset[str], pending: VersionedValue,
+    ) -> None:
+        """Seed 004: stable = applied peers; pending = planned (or empty); guarded."""
+        key = (term, pending.mod_revision)
+        if part.finishing == key:
+            return
+        bo = self._backoff(part, "done")
+        if not bo.ready(key, self.node.clock()):
+            return
+        part.finishing = key
+
+        keys = [part.keys.stable, part.keys.pending, part.keys.planned, part.sw.reduce,
+                part.sw.append, TOPOLOGY_KEY, table_key(part.table)]
+
+        def attempt(retries: int) -> None:
+            def read(f: Future[Any]) -> None:
+                exc = f.exception()
+                if exc is not None:
+                    fail(exc)
+                    return
+                st, pe, pl, red, app, topo, dkv = f.result()
+                done = steps.rebalance_done_switch(
+                    part.keys, part.sw, voters, st, pe, pl, red, app,
+                    self._calc(part, topo, dkv))
+                if done.tree is None:
+                    bo.succeeded()
+                    self.metrics["done_stale"] += 1
+                    return
+                log.info("node %s: %s onRebalanceDone(%s): reduce %s append %s -> pending %s",
+                         self.id, part.group, done.resolved_stable, done.reduce, done.append,
+                         done.pending)
+                self._on_loop(self.meta.iif(done.tree), lambda r: result(r, retries))
+
+            self._on_loop(self.meta.get_many(keys), read)
+
+        def fail(exc: BaseException) -> None:
+            part.finishing = None
+            self._failed(part, "done", exc)
+
+        def result(f: Future[Any], retries: int) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            res = f.result()
+            tag = res.tag if isinstance(res, BranchResult) else None
+            if tag == DONE_RETRY:  # planned moved between our read and the invoke
+                if retries < self.retry.max_attempts:
+                    attempt(retries + 1)
+                else:
+                    fail(RuntimeError("planned kept changing"))
+                return
+            bo.succeeded()
+            if tag in (steps.DONE_SWITCH_APPEND, steps.DONE_SWITCH_REDUCE):
+                self.metrics["switch_append" if tag == steps.DONE_SWITCH_APPEND
+                             else "switch_reduce"] += 1
+            if tag in (DONE_CLEARED, DONE_PLANNED_MOVED, steps.DONE_SWITCH_APPEND,
+                       steps.DONE_SWITCH_REDUCE):
+                self.metrics["rebalances_done"] += 1
+                log.info("node %s: %s rebalanced to %s", self.id, part.group, sorted(voters))
+            else:
+                self.metrics["done_stale"] += 1
+
+        attempt(0)
+
+    def _maybe_cancel(self, part: PartitionState, g: Group, target: frozenset[str],
+                      planned: VersionedValue) -> None:
+        """Approach 2: a change still catching up gives way to planned."""
+        if not target - g.raft.conf.voters:
+            return  # every pending member is a voter: too late, planned waits for done
+        pending = self._kv[part.keys.pending]
+        key = (pending.mod_revision, planned.mod_revision)
+        if part.cancel_key == key:
+            return
+        bo = self._backoff(part, "cancel")
+        if not bo.ready(key, self.node.clock()):
+            return
+        part.cancel_key = key
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                part.cancel_key = None
+                self._failed(part, "cancel", exc)
+                return
+            bo.succeeded()
+            res = f.result()
+            if isinstance(res, BranchResult) and res.tag == steps.MOVED:
+                self.metrics["changes_cancelled"] += 1
+                log.info("node %s: %s cancelled changePeers(%s) for planned %s", self.id,
+                         part.group, sorted(target), decode_nodes(planned.value))
+
+        self._on_loop(self.meta.iif(steps.move_planned_to_pending(part.keys, pending, planned)),
+                      done)
+
+    def _address(self, node: str) -> str:
+        v = self._kv.get(ADDRESS_PREFIX + node.encode())
+        if v is not None:
+            return v.value.decode(errors="replace")
+        peer = self.node.transport.peers.get(node)
+        return peer.addr if peer is not None and peer.addr else ""
+
+
+def conf_settled(raft: Raft) -> bool:
+    """Whether the leader may propose a membership change now: no transfer under way,
+    the last configuration committed, and an entry of its own term committed (the
+    known fix for single-server changes)."""
+    log_ = raft.log
+    return (raft.lead_transferee is None and raft.confs[-1][0] <= log_.committed
+            and log_.term_or_zero(log_.committed) == raft.term)

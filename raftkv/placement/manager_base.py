@@ -1,0 +1,185 @@
+"""``ManagerBase``: the state every part of a node's placement manager shares, and the
+plumbing that runs its work on the node's loop thread (deferred calls, coalesced
+reconciles, retries with back-off, recorded errors).
+
+``PlacementManager`` (``raftkv.placement.rebalance``) is assembled from one class per
+concern, each in its own module and each a ``ManagerBase``:
+
+- ``metastore_view.MetastoreView``: the cache of the placement keys and the watch;
+- ``partition_files.PartitionFiles``: a partition's files on disk;
+- ``safe_restart.SafeRestart``: IGNITE-16668's restart path and the survivor rule;
+- ``change_peers.ChangePeers``: the leader's change in progress (seed 004 step 2);
+- ``rebalance.PlacementManager``: the admin calls, reconcile (steps 1 and 3), starting
+  and stopping partition groups, status.
+
+Everything but the admin calls and queries runs on the loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
+from typing import Any
+
+from raftkv.node.driver import Node
+from raftkv.placement.assignments import (
+    decode_nodes,
+)
+from raftkv.placement.catalog import (
+    TableDescriptor,
+    parse_partition_key,
+    table_key,
+)
+from raftkv.placement.meta_commands import (
+    Cond,
+    Do,
+    If,
+    VersionedValue,
+)
+from raftkv.placement.partition_state import PartitionState
+from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
+from raftkv.placement.service import MetaService
+from raftkv.storage.lmdb_log import LogEnv
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_PREFIX = b"placement."
+ADMIN_ATTEMPTS = 5
+DROPPED = 0xD0D  # the tag of an invoke that found its table gone (``_if_table``)
+GEN_FILE = "table.gen"  # in groups/<gid>/: the descriptor's create revision (generation)
+# How often a persistent partition's state store checkpoints (CheckpointPolicy). Each
+# checkpoint is an fsync of that partition's own file: at the one second the default
+# group uses, a node with 256 partitions under write load ran 256 of them a second,
+# and table writes were about a tenth slower for it (steady state, 2 cores). Ten
+# seconds bounds what a crash replays from a partition's log to ten seconds of its
+# writes (Ignite checkpoints every three minutes by default).
+PARTITION_CHECKPOINT_SECONDS = 10.0
+EMPTY = VersionedValue(b"", 0, 0)  # what a missing key reads as
+
+
+
+
+class ManagerBase:
+    """Shared state (set by ``PlacementManager.__init__``) and loop-thread plumbing."""
+
+    meta: MetaService
+    node: Node
+    id: str
+    data_dir: str | None
+    durable: bool
+    checkpoint_seconds: float
+    retry: RetryPolicy
+    watch_timeout: float
+    admin_timeout: float
+    metrics: Counter[str]
+    errors: list[dict[str, Any]]
+    incarnation: bytes
+    _logs: LogEnv | None
+    _timer: TickTimer
+    _kv: dict[bytes, VersionedValue]
+    _tables: dict[str, TableDescriptor]
+    _parts: dict[str, PartitionState]
+    _hosted: set[str]
+    _routes: dict[str, Any]
+    _dirty: set[str]
+    _drain_queued: bool
+    _revision: int
+    _synced: bool
+    _stopped: bool
+    _loop_ident: int | None
+    _backoffs: dict[str, Backoff]
+    _incarnation_rev: int
+
+    # Implemented by the concerns (see the module docstring).
+    def _reconcile_group(self, gid: str) -> None:
+        raise NotImplementedError
+
+    # ================================================= loop thread: plumbing ============
+    def _not_on_loop(self) -> None:
+        if self._loop_ident is not None and threading.get_ident() == self._loop_ident:
+            raise RuntimeError("a blocking PlacementManager call on the node's loop thread")
+
+    def _defer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop thread in a call of its own: never inside the driver's
+        iteration over its groups (hooks), so it may add and remove groups."""
+        self.node.call(lambda: self._guard(fn))
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        if self._stopped:
+            return
+        try:
+            fn()
+        except Exception as e:  # a bug must not go unseen, nor kill the loop
+            log.exception("node %s: placement manager error", self.id)
+            self.metrics["internal_errors"] += 1
+            self._record("-", "internal", e, 0)
+
+    def _on_loop(self, fut: Future[Any], fn: Callable[[Future[Any]], None]) -> None:
+        fut.add_done_callback(lambda f: self._defer(lambda: fn(f)))
+
+    def _kick(self, group: str) -> None:
+        """Reconcile ``group`` soon (coalesced; safe from hooks)."""
+        self._dirty.add(group)
+        if not self._drain_queued:
+            self._drain_queued = True
+            self._defer(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_queued = False
+        dirty, self._dirty = self._dirty, set()
+        for gid in sorted(dirty):
+            self._guard(partial(self._reconcile_group, gid))
+
+    def _backoff(self, part: PartitionState, kind: str) -> Backoff:
+        bo = part.backoffs.get(kind)
+        if bo is None:
+            bo = part.backoffs[kind] = Backoff(self.retry)
+        return bo
+
+    def _failed(self, part: PartitionState, kind: str, exc: BaseException) -> None:
+        """onReconfigurationError: back off and retry, or record exhaustion."""
+        bo = self._backoff(part, kind)
+        delay = bo.failed(exc, self.node.clock())
+        self.metrics[f"errors.{kind}"] += 1
+        if delay is None:
+            self.metrics["retries_exhausted"] += 1
+            self._record(part.group, kind, exc, bo.failures)
+            log.error("node %s: %s of %s failed %d times, giving up until the leader or the "
+                      "target changes: %s", self.id, kind, part.group, bo.failures, exc)
+        else:
+            self.metrics["retries"] += 1
+            log.info("node %s: %s of %s failed (%s); retry in %.2fs",
+                     self.id, kind, part.group, exc, delay)
+            self._timer.after(delay, lambda: self._kick(part.group))
+
+    def _record(self, group: str, kind: str, exc: BaseException, attempts: int) -> None:
+        self.errors.append({"partition": group, "kind": kind, "attempts": attempts,
+                            "error": f"{type(exc).__name__}: {exc}", "at": time.time()})
+        del self.errors[:-100]
+
+    def _current(self, part: PartitionState) -> bool:
+        """``part`` is still the manager's partition (its table was not dropped since)."""
+        return self._parts.get(part.group) is part
+
+    def _if_table(self, part: PartitionState, tree: If | Do) -> If:
+        """Run ``tree`` only while the table exists (else tag ``DROPPED``): a node that
+        has not seen a drop yet must not write the dropped table's keys back."""
+        return If(Cond.exists(table_key(part.table)), tree, Do(DROPPED))
+
+    def _nodes(self, key: bytes) -> list[str]:
+        v = self._kv.get(key)
+        return decode_nodes(v.value) if v is not None else []
+
+
+def tracked(key: bytes) -> bool:
+    return key.startswith(PLACEMENT_PREFIX) or parse_partition_key(key) is not None
+
+
+def fail(fut: Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

@@ -1,0 +1,167 @@
+"""What one node's placement manager knows and has under way for each partition
+(``PartitionState``), and the leader's change in progress (``Change``), whose progress is
+an explicit ``ChangePhase`` checked against ``CHANGE_TRANSITIONS``.
+
+The change's phases
+-------------------
+A changePeers (``raftkv.placement.change_peers``) moves a partition group's Raft
+configuration to a target, one membership change at a time. Each step is chosen from
+the configuration as it is (level-triggered: a lost answer or a leader change is
+repaired by the next look), and the phase names what that step is:
+
+- ``NEW``: the target is adopted and no step taken yet (a target from pending is
+  adopted only once a read of the key confirmed the cache, as seed 004's
+  onLeaderElected reads the key);
+- ``TRIMMING``: removing learners outside the target (a cancelled change's);
+- ``ADDING``: adding a missing member as a PRE_FOLLOWER learner;
+- ``CATCHING_UP``: learners catch up; the core promotes each one automatically;
+- ``REMOVING``: every target member is a voter; departing voters are removed, the
+  leader last;
+- ``HANDING_OVER``: removing ourselves: leadership is being transferred (the next leader
+  resumes the change in its own term, and this one ends with our term);
+- ``APPLIED``: voters equal the target, no learner left, all committed:
+  onNewPeersConfigurationApplied runs onRebalanceDone.
+
+For one target and one term the steps only move forward, with two exceptions the core
+can cause: a target member whose storage was wiped is readmitted by the core as a
+learner (``REMOVING`` or ``APPLIED`` back to ``CATCHING_UP``), and a transfer that fails
+leaves us leading (``HANDING_OVER`` back to ``REMOVING``). A new target in the same term
+(pending rewritten, Approach 2's cancel) starts over from ``NEW``
+(``Change.retarget``). Any other move is a bug, raised as ``IllegalTransition``, which
+the manager records as an internal error and the placement simulator as a violation.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+from raftkv.core import RaftError
+from raftkv.placement import rebalance_steps as steps
+from raftkv.placement.assignments import PartitionKeys
+from raftkv.placement.retry import Backoff
+
+NO_SWITCH = steps.SwitchKeys(b"", b"")
+
+
+class ChangePhase(Enum):
+    # Values appear in status() output; names are what the docstring above uses.
+    NEW = "new"
+    TRIMMING = "trimming"
+    ADDING = "adding"
+    CATCHING_UP = "catching_up"
+    REMOVING = "removing"
+    HANDING_OVER = "handing_over"
+    APPLIED = "applied"
+
+
+_P = ChangePhase
+# phase -> the phases the next step may be in (for the same target and term).
+CHANGE_TRANSITIONS: dict[ChangePhase, frozenset[ChangePhase]] = {
+    _P.NEW: frozenset({_P.TRIMMING, _P.ADDING, _P.CATCHING_UP,
+                             _P.REMOVING, _P.APPLIED}),
+    _P.TRIMMING: frozenset({_P.TRIMMING, _P.ADDING, _P.CATCHING_UP, _P.REMOVING,
+                            _P.APPLIED}),
+    _P.ADDING: frozenset({_P.ADDING, _P.CATCHING_UP, _P.REMOVING, _P.APPLIED}),
+    _P.CATCHING_UP: frozenset({_P.CATCHING_UP, _P.REMOVING, _P.APPLIED}),
+    _P.REMOVING: frozenset({_P.REMOVING, _P.HANDING_OVER, _P.CATCHING_UP, _P.APPLIED}),
+    _P.HANDING_OVER: frozenset({_P.HANDING_OVER, _P.REMOVING}),
+    _P.APPLIED: frozenset({_P.APPLIED, _P.CATCHING_UP}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class StaleTerm(RaftError):
+    """``change_peers`` named a term this node does not lead in (seed 004: a changePeers
+    from an old term is skipped). The leader of the current term carries on."""
+
+
+class ChangeSuperseded(RaftError):
+    """A newer ``change_peers`` replaced this one's target before it finished."""
+
+
+class TableExists(ValueError):
+    pass
+
+
+class UnknownTable(KeyError):
+    pass
+
+
+class TableDropped(RaftError):
+    """The table was dropped while this operation on one of its partitions was under way."""
+
+
+class Route(NamedTuple):
+    group: str
+    table: str
+    partition: int
+    nodes: tuple[str, ...]  # stable
+    leader: str | None  # a hint: the leader this node last knew, if it hosts the group
+
+
+@dataclass
+class Change:
+    """One changePeers on the leader: valid only in ``term``."""
+
+    term: int
+    target: frozenset[str]
+    origin: str  # "pending" (the listener) or "api" (a direct change_peers call)
+    started: float  # node clock
+    waiters: list[Future[None]] = field(default_factory=list)
+    inflight: str | None = None  # the membership change proposed and not yet answered
+    phase: ChangePhase = ChangePhase.NEW
+    handovers: int = 0  # transfers started to remove ourselves (each a LeaderStepping)
+
+    def move(self, to: ChangePhase) -> None:
+        """Enter ``to``; ``IllegalTransition`` unless ``CHANGE_TRANSITIONS`` allows it."""
+        if to not in CHANGE_TRANSITIONS[self.phase]:
+            raise IllegalTransition(f"changePeers(term {self.term}, {sorted(self.target)}): "
+                                    f"{self.phase.name} -> {to.name}")
+        self.phase = to
+
+    def retarget(self, target: frozenset[str], origin: str) -> None:
+        """A new target in the same term: the steps start over."""
+        self.target, self.origin, self.phase = target, origin, ChangePhase.NEW
+
+
+@dataclass
+class PartitionState:
+    table: str
+    index: int
+    group: str
+    keys: PartitionKeys
+    change: Change | None = None
+    plan_done: int = 0  # the trigger source revision whose step (1) finished here
+    plan_inflight: bool = False
+    finishing: tuple[int, int] | None = None  # (term, pending rev) done was issued for
+    cancel_key: tuple[int, int] | None = None  # (pending rev, planned rev) cancel issued for
+    cleanup_rev: int = -1  # stable's mod revision when step (3) last looked
+    backoffs: dict[str, Backoff] = field(default_factory=dict)
+    # IGNITE-16668 (see "Safe restart" in the module docstring).
+    sw: steps.SwitchKeys = NO_SWITCH
+    preexisting: bool = False  # the table existed before this incarnation registered
+    rejoin: bool | None = None  # None: not decided; True: on the restart path
+    start_inflight: bool = False  # our holds key is being written before the start
+    reduce_inflight: bool = False  # the switch.reduce retry loop is running
+    reduce_added: bool = False  # we are in switch.reduce (our cache may not show it yet)
+    leave_pending: bool = False  # lost our state while only in pending: leave it first
+    left_at: int = 0  # the revision of our leave-pending invoke (wait for the cache)
+    unblock_key: tuple[int, int] | None = None  # (pending rev, reduce rev) unblocked for
+    wait_scheduled: bool = False
+    switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
+    declared: bool = False  # bug C's in-memory case: we recorded our loss in switch.reduce
+    tidy_inflight: bool = False  # removing a stray learner (_drop_stray_learners)
+    pending_read: tuple[int, int] = (0, -1)  # (term, pending rev) confirmed by a read
+    pending_reading: bool = False  # that read is under way
+    survive_inflight: bool = False  # the survivor check's linearizable read is under way
+    survive_after: float = 0.0  # no survivor election before this (monotonic) time
+    survive_refused: str = ""  # the core's last reason to refuse one (logged once)
+    gen: int = 0  # the descriptor's create revision: which incarnation of the table
+
+

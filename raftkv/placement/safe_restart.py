@@ -1,0 +1,574 @@
+"""IGNITE-16668's safe restart of in-memory partitions (and of persistent ones whose
+files were wiped), and the survivor rule for the lone holder of a two-voter
+configuration.
+
+**Safe restart of in-memory partitions (IGNITE-16668).** A replica of a table with
+``storage="memory"`` loses its Raft log *and its vote* with its process: rejoining as the
+voter it was could let it vote twice in one term (two leaders). A persistent partition
+whose files were wiped ("cleaned-up PDS") is the same. So such a replica is removed from
+its group and re-added fresh, and its Raft node is not started before the removal:
+
+- *onPartitionStart* (``_on_partition_start``), for a partition this node is assigned in
+  stable, of a table that existed before this start, and either in memory or without a
+  local log directory (the storage self-check): if a majority of stable is *available*,
+  add this node to ``<table>.<p>.assignments.switch.reduce`` (the seed's retry loop:
+  invoke guarded by ``empty`` or by the key's revision, re-read and retried when it
+  moved) and do NOT start the group; if it is a *full-partition restart*, start normally,
+  bootstrapping the stable configuration fresh; otherwise wait (retried on a timer and on
+  every change of the keys involved). Once stable no longer names the node (written only
+  after a configuration without it applied) and pending does, it starts the group empty
+  (``voters=None``): a learner the leader adds, catches up and promotes.
+- *The leader's watch on switch.reduce* (``_trigger_switch_reduce``): with pending empty,
+  ``pending = calcPartAssignments() - switch.reduce; trigger = event.revision`` under the
+  seed's trigger guard (``rebalance_steps.trigger_switch_reduce``).
+- *onRebalanceDone* (``_on_new_peers_configuration_applied`` ->
+  ``rebalance_steps.rebalance_done_switch``): the seed's reduced/added/switch.reduce'/
+  switch.append'/pendingReduction/pendingAddition, three branches (re-add, reduce,
+  common done moving planned to pending), each invoke guarded by the revisions of stable,
+  pending, switch.reduce, switch.append and planned, re-read and retried on DONE_RETRY.
+
+*Available* and *full restart* use two kinds of metastore keys: ``placement.incarnation.
+<node>`` (a random id each manager writes when it starts, before it hosts anything) and
+``placement.holds.<table>.<p>.<node>`` (the incarnation in which the node started hosting
+the partition, written *before* it starts the group). A node holds a partition's state iff
+its holds key names its current incarnation (a restart voids all its holds keys at once;
+a node that stops hosting removes its own). A stable member is *available* if it holds the
+state, is not in switch.reduce, and is alive: connected to this node (the transport dials
+on demand, so an unconnected peer is probed and counted as down until it connects).
+*Full-partition restart*: nobody holds the state, decided on a linearizable read of the
+``placement.`` keys and committed by writing our holds key in an invoke guarded by the
+revision of every known node's holds key (no node can start holding the state in
+between). Such a holds key is ``<incarnation>/<epoch>``: the fresh history's id (the
+first restarter's incarnation). While fewer than a majority hold the state and every
+holder is of one epoch E, another restarted member joins E as a late founder, unless its
+own (void) holds key is of E: it voted in E already, and lost that vote.
+
+The lone holder of a two-voter configuration (issue 14, "no reachable state waits for ever")
+--------------------------------------------------------------------------------------------
+IGNITE-16668's onPartitionStart waits ("otherwise: do nothing") when fewer than a majority
+of stable hold the state and someone does. With stable [a, b] and b restarted without its
+state that is for ever: the majority rule needs two holders besides b, the full-restart
+rule does not apply because a holds the state, and the Raft group {a, b} can never again
+elect a leader. Tables with two replicas reach it on any restart; three-replica tables
+reach it whenever a switch.reduce leaves two voters and one of them is lost before the
+re-add completes (chaos seed 102: stable [n1, n3], pending [n1, n3, n4] re-adding n4,
+then n1 restarted). The rule:
+
+- *b, restarted:* a two-member stable whose other member a is alive, holds the state and
+  is not in switch.reduce counts as available (``_majority_available``): b records itself
+  in switch.reduce and does not start, as it would with a majority.
+- *a, the holder* (``_maybe_survive``): hosting the group, not its leader, whose Raft
+  voters are {a, b}; on a linearizable read, b is in switch.reduce and does not hold the
+  partition (its holds key does not name its current incarnation), a holds it, is not in
+  switch.reduce, is in stable, and pending is empty or names a. Then a runs a survivor
+  election, ``Raft.campaign_without(b)`` (at most once per two election timeouts): it
+  wins with its own vote and the grants of the learners that may have been promoted
+  and, if the change to {a, b} removed a third voter z and a does not know it
+  committed, z's (chaos seed 102 reached that too). Its first entry as leader removes
+  b. As leader it then follows the switch path: the reduce trigger writes pending =
+  calc - switch.reduce, onRebalanceDone moves b to switch.append, and b joins as a
+  fresh learner once stable no longer names it.
+- *Bug C's in-memory case* (``_declare_lost``): a node that hosted the partition before
+  this start (holds key of an earlier incarnation), lost its state, and is named by
+  neither stable nor pending while pending is non-empty may be a voter the change under
+  way still counts on (chaos seeds 13 and 25: a cancel dropped it from pending after its
+  promotion). A persistent one rejoins with its log; one without state records itself in
+  switch.reduce (once per incarnation) and takes the restart path: the leader removes
+  it, or, if the configuration is just it and one holder, the holder continues alone.
+  If pending names it again later it joins empty, as any re-added member.
+
+Why this is safe. The core's rule ("The lone survivor of two voters" in
+``raftkv.core.raft``) proves the election safe for the configurations it accepts (it
+refuses the others) given two facts it cannot see; the metastore read establishes them:
+
+(A) *b's state is lost.* Only b itself writes b into switch.reduce, when its storage
+    self-check finds the state gone (in memory, or no log); the leader's unblock invoke
+    only moves nodes already there. b's holds key does not name b's current incarnation,
+    and a node writes its holds key before it starts a group, so b has not started the
+    group since. A node runs one incarnation at a time (each start writes a new
+    ``placement.incarnation`` key before it hosts anything), so the b the configuration
+    counts on is gone, and the new b starts the group only as an empty joiner, after a
+    configuration without b applied. A new b re-added and promoted would have written
+    its holds key, and the read would fail.
+(B) *No configuration that removes or demotes a exists beyond a's log.* The placement
+    layer never demotes, and the core READMITs a only if a's storage incarnation
+    changed, which a holder's has not. The placement layer removes a voter only in
+    changePeers' removal phase, towards a pending without it. After that, pending
+    changes only by onRebalanceDone, which writes stable = that pending (without a), or
+    by a cancel, which happens only while some pending member is not yet a voter, never
+    once the removal phase began. So a in stable and pending empty or naming a means no
+    such removal was made. (A direct ``change_peers`` call by an operator is outside
+    this argument.)
+
+(A) is about the past, and a removal of a appended after the read could commit only
+under {b} or {b, z}, which needs b. Only one side of a pair is ever a survivor: b runs
+the election against a only if a is in switch.reduce, which only a new, state-less a
+writes. If a lost its state too it does not hold the partition: neither member holds
+it, and the full-partition restart applies.
+A member of the electorate (a learner that may have been promoted, or z) that is down
+or lost its own state makes the election wait: it may hold the only copy of what b
+committed with it, and two losses are beyond this rule.
+
+Two replicas still cannot survive one failure: while b is down (not yet restarted) {a,
+b} has no quorum, and while a is alone one more loss loses acknowledged writes. So the
+HTTP API refuses two replicas for an in-memory table unless ``allow_unsafe`` is given
+(``raftkv.server.tables``).
+
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import Future
+from typing import Any
+
+from raftkv.core import (
+    CampaignRejected,
+    Role,
+)
+from raftkv.node.driver import Group
+from raftkv.placement import rebalance_steps as steps
+from raftkv.placement.assignments import (
+    decode_nodes,
+)
+from raftkv.placement.catalog import (
+    INCARNATION_PREFIX,
+    MEMORY,
+    TableDescriptor,
+    holds_key,
+    holds_prefix,
+    incarnation_key,
+    table_key,
+)
+from raftkv.placement.manager_base import (
+    DROPPED,
+    EMPTY,
+    ManagerBase,
+)
+from raftkv.placement.meta_commands import (
+    Cond,
+    InvokeResult,
+    Op,
+    VersionedValue,
+)
+from raftkv.placement.partition_state import (
+    PartitionState,
+)
+from raftkv.storage.layout import group_paths
+from raftkv.transport import codec
+
+log = logging.getLogger(__name__)
+
+
+class SafeRestart(ManagerBase):
+    """onPartitionStart, switch.reduce and the survivor rule (see the module docstring)."""
+
+    # ============================================ loop thread: IGNITE-16668 restart ====
+    def _in_memory(self, desc: TableDescriptor) -> bool:
+        return desc.storage == MEMORY or self.data_dir is None
+
+    def _has_log(self, part: PartitionState) -> bool:
+        """The local storage self-check: does the partition have a log here (in the
+        shared environment, or still in a directory of its own from before)?"""
+        return self._logs is not None and (
+            self._logs.has(part.group)
+            or os.path.isdir(group_paths(self.data_dir or "", part.group)[0]))
+
+    def _holds(self, part: PartitionState, node: str,
+               kv: dict[bytes, VersionedValue] | None = None) -> bool:
+        """``node`` started hosting the partition in its current incarnation (in ``kv``,
+        by default the cache)."""
+        kv = self._kv if kv is None else kv
+        h = kv.get(holds_key(part.table, part.index, node))
+        inc = kv.get(incarnation_key(node))
+        return (h is not None and inc is not None and bool(h.value)
+                and h.value.split(b"/")[0] == inc.value)
+
+    def _alive(self, node: str) -> bool:
+        if node == self.id:
+            return True
+        peer = self.node.transport.peers.get(node)
+        if peer is not None and peer.conn is not None:
+            return True
+        # Not connected (connections are made on demand): probe with an item the peer
+        # ignores (a reply to no request) so the transport dials; ask again later.
+        self.node.transport.send(node, codec.encode_reply(0, False, []))
+        return False
+
+    def _majority_available(self, part: PartitionState, stable: list[str],
+                            reduce: list[str]) -> bool:
+        """A majority of stable is alive, holds its state, and is not being switched out;
+        or stable is two nodes and the other one is such a holder: it can continue alone
+        ("The lone holder of a two-voter configuration")."""
+        holders = [n for n in stable if n != self.id and n not in reduce
+                   and self._holds(part, n) and self._alive(n)]
+        if len(stable) == 2 and self.id in stable and len(holders) == 1:
+            return True
+        return len(holders) >= len(stable) // 2 + 1
+
+    def _restart_epoch(self, part: PartitionState, kv: dict[bytes, VersionedValue]) -> bytes | None:
+        """The full-partition restart we may take part in, or None. Nobody holds the
+        state (every holds key is of an earlier incarnation): a new one, named by our
+        incarnation. Every holder holds it from one full restart E (holds value
+        ``<incarnation>/E``) and our own (void) holds key is not of E: join E, as a late
+        founder of that fresh history (we never voted in it). Anything else: None."""
+        prefix = holds_prefix(part.table, part.index)
+        epochs = set()
+        for k, v in kv.items():
+            if k.startswith(prefix) and v.value:
+                inc = kv.get(INCARNATION_PREFIX + k[len(prefix):])
+                inc_id, _, epoch = v.value.partition(b"/")
+                if inc is not None and inc.value == inc_id:
+                    if not epoch:
+                        return None  # a holder of the history before any full restart
+                    epochs.add(epoch)
+        if not epochs:
+            return self.incarnation
+        if len(epochs) > 1:
+            return None
+        (epoch,) = epochs
+        mine = kv.get(holds_key(part.table, part.index, self.id))
+        if mine is not None and mine.value.partition(b"/")[2] == epoch:
+            return None  # we took part in E and lost our state (and vote) since
+        return epoch
+
+    def _on_partition_start(self, part: PartitionState, desc: TableDescriptor,
+                            stable: list[str], pending: list[str]) -> None:
+        """The seed's onPartitionStart (see the module docstring)."""
+        if part.start_inflight or part.reduce_inflight:
+            return
+        if part.rejoin is None:
+            self._clear_stale_files(part)
+            lost = self._in_memory(desc) or not self._has_log(part)
+            part.rejoin = part.preexisting and self.id in stable and lost
+            if (not part.rejoin and part.preexisting and lost and self.id in pending
+                    and len(set(pending) - {self.id}) > 0 and self._held_before(part)):
+                # A member of pending only (learner, or promoted voter) that lost its
+                # state: the same rule as for stable; leave pending, be re-added fresh.
+                part.rejoin = part.leave_pending = True
+            if part.rejoin:
+                self.metrics["restarts_detected"] += 1
+                log.info("node %s: %s lost its state (%s): safe restart", self.id, part.group,
+                         "in-memory" if self._in_memory(desc) else "no local log")
+        if not part.rejoin:
+            founders = desc.initial[part.index]
+            fresh = not part.preexisting or (not self._in_memory(desc) and self._has_log(part))
+            self._start_with_holds(part, desc, list(founders)
+                                   if self.id in founders and fresh else None)
+            return
+        reduce = self._nodes(part.sw.reduce)
+        if self.id not in stable:
+            if part.leave_pending:
+                self._leave_pending(part)
+                return
+            if self.id in reduce or self._revision < part.left_at:
+                # stable without us is written together with reduce (or our own
+                # leave-pending invoke has not reached our cache yet)
+                self._wait(part)
+                return
+            # Removed from the configuration (stable excludes us only once a configuration
+            # without us applied), and now in pending: come back as a fresh learner.
+            part.rejoin = False
+            self.metrics["partitions_rejoined"] += 1
+            log.info("node %s: %s re-added after its removal: joining empty", self.id,
+                     part.group)
+            self._start_with_holds(part, desc, None)
+            return
+        majority = self._majority_available(part, stable, reduce)
+        if not majority and self._restart_epoch(part, self._kv) is not None:
+            self._full_restart(part, desc)
+        elif self.id in reduce or part.reduce_added:
+            self._wait(part)  # the leader removes us
+        elif majority:
+            self._add_to_switch_reduce(part)
+        else:
+            self._wait(part)  # neither: retry later
+
+    def _held_before(self, part: PartitionState) -> bool:
+        """Our holds key names an earlier incarnation: we hosted the partition before
+        this start and never stopped hosting it (a stop removes the key)."""
+        h = self._kv.get(holds_key(part.table, part.index, self.id))
+        return (h is not None and bool(h.value)
+                and h.value.split(b"/")[0] != self.incarnation)
+
+    def _leave_pending(self, part: PartitionState) -> None:
+        """``rebalance_steps.leave_pending_for_switch_reduce``, retried while the keys
+        move; then wait (not started) until the leader has removed us and re-adds us."""
+        part.reduce_inflight = True
+
+        def attempt() -> None:
+            self._on_loop(self.meta.get_many([part.keys.pending, part.sw.reduce]), read)
+
+        def read(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            pending, reduce = f.result()
+            if pending is None or self.id not in decode_nodes(pending.value) or len(
+                    set(decode_nodes(pending.value)) - {self.id}) == 0:
+                done_leaving(0)  # no longer in pending (or alone in it): nothing to leave
+                return
+            tree = steps.leave_pending_for_switch_reduce(part.keys, part.sw, [self.id],
+                                                         pending, reduce)
+            self._on_loop(self.meta.iif(self._if_table(part, tree)), result)
+
+        def result(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            res = f.result()
+            if res.tag == DROPPED or not self._current(part):
+                part.reduce_inflight = False
+                return
+            if res.tag != 1:
+                self.metrics["switch_reduce_retries"] += 1
+                attempt()
+                return
+            self.metrics["pending_left"] += 1
+            log.info("node %s: %s lost its state while only in pending: left pending, "
+                     "recorded in switch.reduce", self.id, part.group)
+            done_leaving(res.revision)
+
+        def done_leaving(revision: int) -> None:
+            part.reduce_inflight = False
+            part.leave_pending = False
+            part.left_at = revision
+            self._backoff(part, "reduce").succeeded()
+            self._kick(part.group)
+
+        def fail(exc: BaseException | None) -> None:
+            part.reduce_inflight = False
+            self._failed(part, "reduce", exc or RuntimeError("?"))
+
+        attempt()
+
+    def _wait(self, part: PartitionState) -> None:
+        if part.wait_scheduled:
+            return
+        part.wait_scheduled = True
+
+        def again() -> None:
+            part.wait_scheduled = False
+            self._kick(part.group)
+
+        self._timer.after(max(0.1, self.node.cfg.election_tick * self.node.cfg.tick_seconds),
+                          again)
+
+    def _add_to_switch_reduce(self, part: PartitionState) -> None:
+        """The seed's retry loop: switch.reduce ∪= {us}, guarded by its revision."""
+        part.reduce_inflight = True
+
+        def attempt() -> None:
+            self._on_loop(self.meta.get(part.sw.reduce), read)
+
+        def read(f: Future[Any]) -> None:
+            if f.exception() is not None:
+                fail(f.exception())
+                return
+            tree = steps.add_to_switch_reduce(part.sw, self.id, f.result())
+            self._on_loop(self.meta.iif(self._if_table(part, tree)), result)
+
+        def result(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            if f.result().tag == DROPPED or not self._current(part):
+                part.reduce_inflight = False
+                return
+            if f.result().tag != 1:
+                self.metrics["switch_reduce_retries"] += 1
+                attempt()  # switch.reduce moved since our read
+                return
+            part.reduce_inflight = False
+            part.reduce_added = True
+            self._backoff(part, "reduce").succeeded()
+            self.metrics["switch_reduce_added"] += 1
+            log.info("node %s: %s recorded in switch.reduce; not starting it", self.id,
+                     part.group)
+            self._kick(part.group)
+
+        def fail(exc: BaseException | None) -> None:
+            part.reduce_inflight = False
+            self._failed(part, "reduce", exc or RuntimeError("?"))
+
+        attempt()
+
+    def _declare_lost(self, part: PartitionState) -> None:
+        """Bug C's in-memory case (``_reconcile``): record our loss in switch.reduce once
+        per incarnation, and take the restart path from then on, so that when pending
+        names us again we join as a fresh learner (never leave pending as a lost
+        pending-only member)."""
+        if part.declared or part.reduce_inflight or self.id in self._nodes(part.sw.reduce):
+            return
+        part.declared = True
+        part.rejoin = True
+        part.reduce_added = False
+        self.metrics["restarts_detected"] += 1
+        log.info("node %s: %s lost its state while the configuration may count on it "
+                 "(hosted before this start, in neither stable nor pending)", self.id,
+                 part.group)
+        self._add_to_switch_reduce(part)
+
+    # ======================= loop thread: the lone holder of a two-voter configuration ==
+    def _survivor_case(self, part: PartitionState, lost: str,
+                       kv: dict[bytes, VersionedValue]) -> bool:
+        """The metastore side of the rule (module docstring): ``lost`` declared the loss
+        of its state and does not hold it, we hold ours and nobody asked to remove us."""
+        def nodes(key: bytes) -> list[str]:
+            v = kv.get(key)
+            return decode_nodes(v.value) if v is not None else []
+
+        reduce, stable, pending = (nodes(part.sw.reduce), nodes(part.keys.stable),
+                                   nodes(part.keys.pending))
+        return (lost in reduce and self.id not in reduce and self.id in stable
+                and (not pending or self.id in pending)
+                and not self._holds(part, lost, kv) and self._holds(part, self.id, kv))
+
+    def _maybe_survive(self, part: PartitionState, g: Group) -> None:
+        """Not the leader of a two-voter configuration {us, lost} whose other voter
+        declared the loss of its state: confirm on a linearizable read, then run a
+        survivor election (``Raft.campaign_without``), at most once per two election
+        timeouts."""
+        voters = g.raft.conf.voters
+        if part.survive_inflight or len(voters) != 2 or self.id not in voters:
+            return
+        (lost,) = voters - {self.id}
+        if not self._survivor_case(part, lost, self._kv):
+            return
+        if self.node.clock() < part.survive_after:
+            self._wait(part)
+            return
+        part.survive_inflight = True
+        keys = [part.sw.reduce, part.keys.stable, part.keys.pending,
+                holds_key(part.table, part.index, lost), incarnation_key(lost),
+                holds_key(part.table, part.index, self.id), incarnation_key(self.id)]
+
+        def read(f: Future[Any]) -> None:
+            part.survive_inflight = False
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "survive", exc)
+                return
+            kv = {k: v for k, v in zip(keys, f.result(), strict=True) if v is not None}
+            now_g = self.node.groups.get(part.group) if part.group in self._hosted else None
+            if (not self._current(part) or now_g is not g or g.raft.role == Role.LEADER
+                    or g.raft.conf.voters != voters or not self._survivor_case(part, lost, kv)):
+                self._kick(part.group)
+                return
+            part.survive_after = self.node.clock() + 2 * self.node.cfg.election_tick * \
+                self.node.cfg.tick_seconds
+            try:
+                g.raft.campaign_without(lost)
+            except CampaignRejected as e:
+                self.metrics["survivor_refused"] += 1
+                if str(e) != part.survive_refused:  # once per reason, not every retry
+                    part.survive_refused = str(e)
+                    log.info("node %s: %s survivor election refused: %s", self.id,
+                             part.group, e)
+                self._wait(part)
+                return
+            part.survive_refused = ""
+            self.metrics["survivor_elections"] += 1
+            log.info("node %s: %s: %s lost its state; the lone holder campaigns without it",
+                     self.id, part.group, lost)
+            self._wait(part)  # look again if it did not win
+
+        self._on_loop(self.meta.get_many(keys), read)
+
+    def _full_restart(self, part: PartitionState, desc: TableDescriptor) -> None:
+        """Nobody holds the partition's state: bootstrap the stable configuration fresh.
+        Decided on a linearizable read, and our holds key is written guarded by the
+        revision of every known node's holds key, so no node can have started holding
+        the state in between (each one writes its holds key before it starts)."""
+        part.start_inflight = True
+
+        def read(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            kv = {k: v for k, v in f.result().items}
+            st = self._kv.get(part.keys.stable)
+            epoch = self._restart_epoch(part, kv)
+            if epoch is None or st is None:
+                part.start_inflight = False
+                self._kick(part.group)
+                return
+            nodes = [k[len(INCARNATION_PREFIX):].decode() for k in kv
+                     if k.startswith(INCARNATION_PREFIX)]
+            conds = [Cond.revision(part.keys.stable).eq(st.mod_revision),
+                     Cond.value(incarnation_key(self.id)).eq(self.incarnation),
+                     Cond.exists(table_key(part.table))]
+            for n in nodes:
+                hk = holds_key(part.table, part.index, n)
+                conds.append(Cond.revision(hk).eq(kv[hk].mod_revision if hk in kv else 0))
+            voters = decode_nodes(st.value)
+            ops = [Op.put(holds_key(part.table, part.index, self.id),
+                          self.incarnation + b"/" + epoch)]
+            self._on_loop(self.meta.invoke(conds, ops), lambda r: written(r, voters))
+
+        def written(f: Future[Any], voters: list[str]) -> None:
+            part.start_inflight = False
+            exc = f.exception()
+            if exc is not None:
+                fail(exc)
+                return
+            if not f.result().succeeded or not self._current(part):
+                self._kick(part.group)  # something moved: decide again
+                return
+            part.rejoin = False
+            self.metrics["full_restarts"] += 1
+            log.info("node %s: %s full-partition restart: bootstrapping %s", self.id,
+                     part.group, voters)
+            self._start_partition(part, desc, voters)
+
+        def fail(exc: BaseException) -> None:
+            part.start_inflight = False
+            self._failed(part, "start", exc)
+
+        self._on_loop(self.meta.range(b"placement."), read)
+
+    def _start_with_holds(self, part: PartitionState, desc: TableDescriptor,
+                          voters: list[str] | None) -> None:
+        """Write our holds key (this incarnation), then start the group.
+
+        Started as a member of stable or pending, or (``_reconcile``'s rule for a node
+        that hosted the partition before this start) not named by either while pending
+        is non-empty: that is checked again once the key is written. Writing the key
+        voids the rule's own test (the key no longer names an earlier incarnation), so
+        the check after it must not require a name: it did, and the node that the
+        configuration counted on never started (chaos seed 25: a voter that a cancel had
+        dropped from pending, needed to commit the removal under way)."""
+        part.start_inflight = True
+        key = holds_key(part.table, part.index, self.id)
+        named = self.id in self._nodes(part.keys.stable) or self.id in self._nodes(
+            part.keys.pending)
+
+        def done(f: Future[Any]) -> None:
+            part.start_inflight = False
+            if not self._current(part):
+                return  # the table was dropped meanwhile
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "start", exc)
+                return
+            if isinstance(f.result(), InvokeResult) and not f.result().succeeded:
+                return  # the table is gone (the drop's event is on its way)
+            stable, pending = self._nodes(part.keys.stable), self._nodes(part.keys.pending)
+            still = self.id in stable or self.id in pending or (not named and bool(pending))
+            if part.group not in self._hosted and still:
+                self._start_partition(part, desc, voters)
+            self._kick(part.group)
+
+        if self._kv.get(key, EMPTY).value == self.incarnation:
+            done_f: Future[Any] = Future()
+            done_f.set_result(None)
+            done(done_f)
+            return
+        self._on_loop(self.meta.invoke([Cond.exists(table_key(part.table))],
+                                       [Op.put(key, self.incarnation)]), done)
+
