@@ -272,6 +272,32 @@ def test_without_auto_handover_the_transferee_leaves_the_removal_to_its_owner():
         assert c.raft(n).conf == ConfState(frozenset({"n2", "n3"}))
 
 
+def test_a_handover_that_timed_out_goes_to_another_voter_next_time():
+    """Kudu's leader removal hands over to "the most up-to-date follower"; §3.10 abandons
+    a transfer that does not finish within an election timeout. If that follower cannot
+    take over (here it is cut off; in placement, its replica lost its state and waits
+    stopped to be removed), the retry must not pick it again for ever: it goes to the
+    next voter."""
+    c = started(seed=7)
+    c.cut("n1", "n3")
+    c.propose("n1", cmd(1))  # n2 is now strictly more up to date than n3
+    c.heal()
+    c.cut("n1", "n2")
+    c.cut("n3", "n2")
+    remove = ConfChange(ConfChangeOp.REMOVE, "n1")
+    with pytest.raises(LeaderStepping) as ei:
+        c.raft("n1").propose_conf_change(remove)
+    assert ei.value.transferee == "n2"
+    c.tick(n=12)  # more than an election timeout: the transfer is abandoned
+    assert c.raft("n1").role == Role.LEADER and c.raft("n1").lead_transferee is None
+    with pytest.raises(LeaderStepping) as ei:
+        c.raft("n1").propose_conf_change(remove)
+    assert ei.value.transferee == "n3"
+    c.stabilize()
+    assert c.leader() == "n3"
+    assert c.raft("n3").conf == ConfState(frozenset({"n2", "n3"}))
+
+
 @pytest.mark.parametrize("how", ["prevote", "vote"])
 def test_removed_node_with_higher_term_cannot_disrupt(how):
     """Dissertation §4.2.3 (disruptive servers) via the Kudu rule ("a pre-vote check that

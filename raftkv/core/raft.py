@@ -483,6 +483,9 @@ class Raft:
         self.heartbeat_elapsed = 0
         self.randomized_election_timeout = 0
         self.lead_transferee: str | None = None
+        # Transfers this leader started that ran out of time, by transferee: the next
+        # handover prefers another voter (see _most_up_to_date_voter).
+        self._transfer_timeouts: dict[str, int] = {}
         # The change this leader is handing over with the transfer (removing itself).
         self.transfer_change: ConfChange | None = None
         # (change, term): the change we were handed by TimeoutNow, valid if we win `term`.
@@ -853,6 +856,7 @@ class Raft:
         lost = self._survivor
         self._reset(self.term)
         self.lead = self.id
+        self._transfer_timeouts = {}
         self.role = Role.LEADER
         last = self.log.last_index()
         # Sorted: set order varies between processes, and a seed must replay exactly.
@@ -1333,6 +1337,8 @@ class Raft:
             if self.lead_transferee is not None:
                 # §3.10: a transfer that did not finish within an election timeout is
                 # abandoned so the leader can serve proposals again.
+                late = self.lead_transferee
+                self._transfer_timeouts[late] = self._transfer_timeouts.get(late, 0) + 1
                 self._abort_transfer()
         for pr in self.prs.values():
             if pr.state == ProgressState.SNAPSHOT:
@@ -1709,11 +1715,20 @@ class Raft:
         self.transfer_change = None
 
     def _most_up_to_date_voter(self) -> str | None:
+        """The voter to hand leadership to (Kudu: "the most up-to-date follower"), among
+        those that may answer: fewest transfers to it timed out under this leader
+        first, then one not reported unreachable and recently active, then the highest
+        match. A voter that cannot take over (its process runs, but it does not host
+        the group: placement's restart path keeps a replica that lost its state
+        stopped until it is removed) was otherwise picked again at every retry, for
+        ever, whenever its stale match was the highest (placement simulator, seed 138)."""
         candidates = [
-            (pr.match, nid) for nid, pr in self.prs.items()
+            (-self._transfer_timeouts.get(nid, 0),
+             pr.recent_active and nid not in self._unreachable, pr.match, nid)
+            for nid, pr in self.prs.items()
             if nid != self.id and nid in self.conf.voters
         ]
-        return max(candidates)[1] if candidates else None
+        return max(candidates)[3] if candidates else None
 
     # ============================================================== membership ========
     def _conf_change_blocker(self) -> str | None:

@@ -240,7 +240,11 @@ class SafeRestart(ManagerBase):
             return
         if part.rejoin is None:
             self._clear_stale_files(part)
-            lost = self._in_memory(desc) or not self._has_log(part)
+            # Nothing to have lost if we never hosted it: a founder whose manager
+            # registered after the table was created (placement simulator seed 63: two
+            # of three founders took the restart path at creation and waited for ever).
+            lost = ((self._in_memory(desc) or not self._has_log(part))
+                    and not self._never_held(part))
             part.rejoin = part.preexisting and self.id in stable and lost
             if (not part.rejoin and part.preexisting and lost and self.id in pending
                     and len(set(pending) - {self.id}) > 0 and self._held_before(part)):
@@ -253,7 +257,8 @@ class SafeRestart(ManagerBase):
                          "in-memory" if self._in_memory(desc) else "no local log")
         if not part.rejoin:
             founders = desc.initial[part.index]
-            fresh = not part.preexisting or (not self._in_memory(desc) and self._has_log(part))
+            fresh = (not part.preexisting or self._never_held(part)
+                     or (not self._in_memory(desc) and self._has_log(part)))
             self._start_with_holds(part, desc, list(founders)
                                    if self.id in founders and fresh else None)
             return
@@ -284,6 +289,14 @@ class SafeRestart(ManagerBase):
             self._add_to_switch_reduce(part)
         else:
             self._wait(part)  # neither: retry later
+
+    def _never_held(self, part: PartitionState) -> bool:
+        """We have no holds key for the partition: we never started its group (a node
+        writes the key before it starts hosting, and removes it only when it stops,
+        once the configuration no longer names it), so we never voted or acknowledged
+        anything in it, and starting it fresh is a first start, not a restart."""
+        h = self._kv.get(holds_key(part.table, part.index, self.id))
+        return h is None or not h.value
 
     def _held_before(self, part: PartitionState) -> bool:
         """Our holds key names an earlier incarnation: we hosted the partition before
