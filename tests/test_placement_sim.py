@@ -12,11 +12,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
 from raftkv import sim
-from raftkv.testing.placement_sim import PlacementResult, run_placement_seed
+from raftkv.placement.catalog import MEMORY
+from raftkv.testing.placement_chaos import META, Scenario
+from raftkv.testing.placement_sim import PlacementResult, PlacementSim, run_placement_seed
 
 FAST_SEEDS = range(1000, 1012)
 
@@ -52,6 +55,52 @@ def test_regression_seed(seed: int, found: str) -> None:
 def _timeless(trace: list[str]) -> list[str]:
     # Recovery reports measure their own (wall-clock) speed; nothing else may differ.
     return [re.sub(r" in [0-9.]+s \([0-9,]+ entries/s\)", "", line) for line in trace]
+
+
+def _scripted(seed: int, storage: str, replicas: int,
+              script: Callable[[PlacementSim], None]) -> PlacementResult:
+    """One partition on n1..n3, clients on, then ``script``; no random faults."""
+    scenario = Scenario(seed, 1, storage, replicas, list(META), [], list(META), replicas)
+    return PlacementSim(seed, scenario=scenario, faults=(), verbose=True).run(script)
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_two_replica_in_memory_partition_whose_replica_restarts_converges(victim: int,
+                                                                          ) -> None:
+    """Issue 14, "a reachable state waits for ever": stable [a, b] in memory, one of them
+    restarts without its state. The lone holder continues alone ("The lone holder of a
+    two-voter configuration" in raftkv.placement.safe_restart), the restarted one is
+    removed and re-added fresh; nothing acknowledged is lost (the run's checks)."""
+    def script(sim: PlacementSim) -> None:
+        stable = sim.assignment(0)[0]
+        assert len(stable) == 2
+        sim.restart_later(sim.hosts[stable[victim]], 0.5)
+        sim.sleep(2.0)
+
+    r = _scripted(5000 + victim, MEMORY, 2, script)
+    assert r.ok, _explain(r)
+    assert any("campaigns without it" in line for line in r.trace), "no survivor election"
+
+
+def test_seed_102_a_two_voter_stable_left_by_a_re_add_survives_a_second_loss() -> None:
+    """Chaos seed 102's sequence, in the simulator: a three-replica in-memory partition
+    loses one replica's state, so IGNITE-16668 removes it (stable: two voters) and
+    re-adds it (pending: three); while the re-add is under way one of the two stable
+    voters restarts too. It must converge with nothing acknowledged lost."""
+    def script(sim: PlacementSim) -> None:
+        first = sim.assignment(0)[0][2]
+        sim.restart_later(sim.hosts[first], 0.3)
+        sim.wait(lambda: (len(sim.assignment(0)[0]) == 2
+                          and len(sim.assignment(0)[1]) == 3), 60,
+                 "the re-add under way (stable of two, pending of three)")
+        second = sim.assignment(0)[0][0]
+        sim.log(f"second loss: {second} while {sim.assignment(0)}")
+        sim.restart_later(sim.hosts[second], 0.3)
+        sim.sleep(2.0)
+
+    r = _scripted(5102, MEMORY, 3, script)
+    assert r.ok, _explain(r)
+    assert any("second loss" in line for line in r.trace)
 
 
 def test_a_seed_replays_exactly() -> None:

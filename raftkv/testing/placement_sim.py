@@ -600,16 +600,18 @@ class PlacementSim:
 
     def __init__(self, seed: int, *, nodes: int = 5, steps: int = DEFAULT_STEPS,
                  faults: tuple[str, ...] = ALL_FAULTS, clients: int = 3,
-                 root: str | None = None, verbose: bool = False) -> None:
+                 root: str | None = None, verbose: bool = False,
+                 scenario: Scenario | None = None) -> None:
         """``nodes``: the pool (n1..nN, at least 4; n1..n3 found the metastore).
-        ``verbose``: the trace holds the nodes' log lines too (a replay's detail)."""
+        ``verbose``: the trace holds the nodes' log lines too (a replay's detail).
+        ``scenario``: the table and actions (default: ``plan_scenario`` of the seed)."""
         if nodes < 4:
             raise ValueError("the placement simulator needs at least 4 nodes")
         self.seed = seed
         self.verbose = verbose
         self.world = World(seed)
         pool = [f"n{i}" for i in range(1, nodes + 1)]
-        self.scenario: Scenario = plan_scenario(seed, steps, pool=pool)
+        self.scenario: Scenario = scenario or plan_scenario(seed, steps, pool=pool)
         self.faults = faults
         rng = self.world.fault_rng
         self.net = Network(self, NetFaults(
@@ -829,6 +831,16 @@ class PlacementSim:
         v = meta.store.get_entry(key)
         return decode_nodes(v.value) if v is not None and v.value else []
 
+    def assignment(self, p: int) -> tuple[list[str], list[str], list[str]]:
+        """Partition ``p``'s (stable, pending, planned), as the most advanced metastore
+        replica has them."""
+        meta = self._meta_view()
+        if meta is None:
+            return [], [], []
+        pk = partition_keys(TABLE, p)
+        return (self._nodes_at(meta, pk.stable), self._nodes_at(meta, pk.pending),
+                self._nodes_at(meta, pk.planned))
+
     def moving(self) -> list[int]:
         meta = self._meta_view()
         if meta is None:
@@ -1031,7 +1043,11 @@ class PlacementSim:
         else:
             raise ValueError(action.kind)
 
-    def run(self) -> PlacementResult:
+    def run(self, script: Callable[[PlacementSim], None] | None = None) -> PlacementResult:
+        """The seed's run: the table is created, the clients start, then ``script``
+        runs (default: the scenario's actions, each followed by a random fault), then
+        the faults stop and the final checks run. A scripted test drives a sequence of
+        its own through ``script`` with the same checks around it."""
         s = self.scenario
         stuck: str | None = None
         check: CheckResult | None = None
@@ -1050,6 +1066,8 @@ class PlacementSim:
             self.clients = Clients(self, s.partitions, keys, 3)
             self.clients.start()
             self.sleep(1.0)
+            if script is not None:
+                script(self)
             for action in s.actions:
                 self.run_action(action)
                 self.random_fault()
