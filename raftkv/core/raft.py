@@ -218,7 +218,7 @@ configuration of W, and each learner y of a two-voter one that is recorded (any
 learner with identities off). The caller asserts two things the core cannot see: (A)
 b's state is lost: the incarnation the group counts on will never vote or acknowledge
 again; (B) no configuration that removes or demotes a exists beyond a's log. The
-placement layer derives both from the metastore (``raftkv/placement/rebalance.py``,
+placement layer derives both from the metastore (``raftkv/placement/safe_restart.py``,
 "The lone holder of a two-voter configuration"). The simulator's opt-in ``survive``
 fault runs the rule under every other fault, and its checker recounts each survivor's
 grants from this text.

@@ -11,7 +11,7 @@ Metastore layout (next to the per-partition keys of ``assignments.partition_keys
     placement.holds.<name>.<p>.<node>  the incarnation in which <node> started hosting
                                 partition <p> (IGNITE-16668: who holds the state)
     <name>.<p>.assignments.stable|pending|planned, <name>.<p>.change.trigger.revision,
-    <name>.<p>.assignments.switch.reduce|switch.append (IGNITE-16668, see rebalance.py)
+    <name>.<p>.assignments.switch.reduce|switch.append (IGNITE-16668, see safe_restart.py)
 
 A table's ``initial`` assignments are kept in its descriptor because they are the
 *founding* configuration of each partition's Raft group: every founding member bootstraps

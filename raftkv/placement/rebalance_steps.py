@@ -27,7 +27,7 @@
   rebalance wrote pending) would set stable back and clear the newer pending.
   ``DONE_STALE``: pending no longer names these peers; nothing was written.
 
-- IGNITE-16668 (in-memory restart, see ``rebalance.py``): ``switch_keys``,
+- IGNITE-16668 (in-memory restart, see ``safe_restart.py``): ``switch_keys``,
   ``add_to_switch_reduce`` (the restarting node's invoke), ``trigger_switch_reduce`` (the
   leader's watch on ``switch.reduce``) and ``rebalance_done_switch`` (onRebalanceDone with
   the switch keys, the four retry preconditions and the planned revision).

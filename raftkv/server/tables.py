@@ -793,7 +793,7 @@ def replica_risk(replicas: int, storage: str) -> str | None:
     failure, or None. Two is the count that looks redundant and is not: a majority of two
     is two, so while either node is down its partitions take no writes; and an in-memory
     partition whose replica restarted continues on the other alone (see "The lone holder
-    of a two-voter configuration" in ``raftkv.placement.rebalance``) until the replica is
+    of a two-voter configuration" in ``raftkv.placement.safe_restart``) until the replica is
     re-added, so one more loss in that window loses acknowledged writes."""
     if replicas != 2:
         return None

@@ -930,7 +930,7 @@ class PlacementSim:
         where it is involved (in stable, in pending, or a voter of the configuration
         it knows), each of those has at least three members, so a majority remains;
         or the partition is the lone-holder case the survivor rule covers ("The lone
-        holder of a two-voter configuration" in ``raftkv.placement.rebalance``:
+        holder of a two-voter configuration" in ``raftkv.placement.safe_restart``:
         stable and voters are {victim, a}, a is up, pending is empty or names a).
         Anything else is two losses for some group: unsafe-reset territory, not a
         fault to recover from."""
