@@ -95,8 +95,25 @@ class ManagerBase:
     _backoffs: dict[str, Backoff]
     _incarnation_rev: int
 
-    # Implemented by the concerns (see the module docstring).
-    def _reconcile_group(self, gid: str) -> None:
+    # What one concern calls of another (see the module docstring); each is implemented
+    # once, by the class named, and PlacementManager inherits that one.
+    def _reconcile_group(self, gid: str) -> None:  # rebalance.PlacementManager
+        raise NotImplementedError
+
+    def _start_partition(self, part: PartitionState, desc: TableDescriptor,
+                         voters: list[str] | None) -> None:  # rebalance.PlacementManager
+        raise NotImplementedError
+
+    def _abort_change(self, part: PartitionState, err: Exception) -> None:  # ChangePeers
+        raise NotImplementedError
+
+    def _delete_files(self, gid: str) -> None:  # PartitionFiles
+        raise NotImplementedError
+
+    def _sweep_orphan_files(self) -> None:  # PartitionFiles
+        raise NotImplementedError
+
+    def _clear_stale_files(self, part: PartitionState) -> None:  # PartitionFiles
         raise NotImplementedError
 
     # ================================================= loop thread: plumbing ============

@@ -72,6 +72,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from functools import partial
 from hashlib import blake2b
 from typing import Any
 
@@ -473,7 +474,7 @@ class Clients:
         self.running = True
         for c in range(len(self.busy)):
             if not self.busy[c]:
-                self.sim.world.after(0.01 * c, lambda c=c: self._next(c))
+                self.sim.world.after(0.01 * c, partial(self._next, c))
 
     def pause(self) -> None:
         self.running = False
@@ -522,6 +523,7 @@ class Clients:
         value = f"c{c}-{self._n[c]}"
         call = sim.world.now
         r = rng.random()
+        arg: object
         if r < 0.4:
             kind, arg, fut = "get", None, node.read(gid, read_key(kb))
         elif r < 0.75:
