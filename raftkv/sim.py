@@ -35,9 +35,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Self
 
-from raftkv.testing.placement_sim import ALL_FAULTS as PLACEMENT_FAULTS
-from raftkv.testing.placement_sim import DEFAULT_STEPS as PLACEMENT_STEPS
-from raftkv.testing.placement_sim import PlacementResult, run_placement_seed
 from raftkv.testing.simulator import (
     ALL_FAULTS,
     OPT_IN_FAULTS,
@@ -104,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=5)
     ap.add_argument("--steps", type=int, default=None,
                     help=f"fault steps per seed (default {SimConfig.steps}; with --placement, "
-                    f"scenario actions, default {PLACEMENT_STEPS})")
+                    "scenario actions, default 6)")
     ap.add_argument("--faults", default=None,
                     help=f"comma-separated subset of {','.join(ALL_FAULTS + OPT_IN_FAULTS)}, "
                     "or none (default: all but the opt-in "
                     f"{','.join(OPT_IN_FAULTS)}); with --placement, of "
-                    f"{','.join(PLACEMENT_FAULTS)} (default: all)")
+                    "drop,delay,dup,partition,crash,wipe (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--state-store", action="store_true",
                     help="run nodes on the real storage path (GroupStorage + MemoryStateStore)")
@@ -121,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.placement:
-            faults = parse_faults(args.faults, PLACEMENT_FAULTS, ())
+            from raftkv.testing.placement_sim import ALL_FAULTS as placement_faults
+
+            if args.state_store or not args.quiesce:
+                raise argparse.ArgumentTypeError(
+                    "--state-store and --no-quiesce are for the core simulator, not --placement")
+            faults = parse_faults(args.faults, placement_faults, ())
             return placement_main(args, faults)
         args.faults = parse_faults(args.faults, ALL_FAULTS, OPT_IN_FAULTS)
     except argparse.ArgumentTypeError as e:
@@ -183,7 +185,9 @@ def _tally(results, verbose: bool, ticks: list[int], flags: str = "") -> tuple[i
     return violations, nonlinear
 
 
-def _placement(args: tuple[int, int, int, tuple[str, ...], bool]) -> PlacementResult:
+def _placement(args: tuple[int, int, int, tuple[str, ...], bool]) -> Any:
+    from raftkv.testing.placement_sim import run_placement_seed
+
     seed, nodes, steps, faults, verbose = args
     return run_placement_seed(seed, nodes=nodes, steps=steps, faults=faults, verbose=verbose)
 
@@ -192,13 +196,16 @@ def placement_main(args: argparse.Namespace, faults: tuple[str, ...]) -> int:
     """``--placement``: one ``PlacementSim`` per seed. The last line is
     ``seeds=N violations=V nonlinearizable=L stuck=S``; a seed counts once, under the
     first of those that it failed (lost acknowledged writes count as nonlinearizable)."""
+    from raftkv.testing.placement_sim import ALL_FAULTS as placement_faults
+    from raftkv.testing.placement_sim import DEFAULT_STEPS
+
     if args.nodes < 4:
         raise argparse.ArgumentTypeError("--placement needs --nodes 4 or more")
-    steps = PLACEMENT_STEPS if args.steps is None else args.steps
+    steps = DEFAULT_STEPS if args.steps is None else args.steps
     flags = "".join([
         f" --nodes {args.nodes}" if args.nodes != 5 else "",
-        f" --steps {steps}" if steps != PLACEMENT_STEPS else "",
-        f" --faults {','.join(faults) or 'none'}" if faults != PLACEMENT_FAULTS else "",
+        f" --steps {steps}" if steps != DEFAULT_STEPS else "",
+        f" --faults {','.join(faults) or 'none'}" if faults != placement_faults else "",
     ])
     work = [(seed, args.nodes, steps, faults, args.verbose) for seed in args.seeds]
     tally = {"violations": 0, "nonlinearizable": 0, "stuck": 0}

@@ -21,7 +21,7 @@ from raftkv.placement.catalog import MEMORY
 from raftkv.testing.placement_chaos import META, Scenario
 from raftkv.testing.placement_sim import PlacementResult, PlacementSim, run_placement_seed
 
-FAST_SEEDS = range(1000, 1008)
+FAST_SEEDS = range(1000, 1004)
 
 
 def _explain(r: PlacementResult) -> str:
@@ -36,25 +36,42 @@ def test_seed_converges_safely(seed: int) -> None:
     assert r.counts.get("put-ok", 0) > 0  # the clients got writes through
 
 
-@pytest.mark.parametrize("seed, found", [
-    # A leader whose metastore view lagged began a change towards a pending that had
-    # moved on, and dropped it with the learner it had added still in the configuration:
-    # stable reached, a stray learner for ever (PlacementManager._drop_stray_learners).
+# Seeds that found a bug, each with what it found. The fault model and the fixes have
+# changed the schedules since (a seed replays exactly only on the code it ran on), so a
+# kept seed guards its area rather than the exact interleaving; the scripted tests below
+# pin the sequences that can be written down.
+KEPT_SEEDS = [
+    # A leader whose metastore view lagged left a stray learner for ever
+    # (PlacementManager._drop_stray_learners).
     (30, "stray learner"),
-    # A leader acted on a stale cached pending after onRebalanceDone: its change (and
-    # the handover that removed it) left two voters for a stable of three, for ever
-    # (PlacementManager._pending_confirmed: read pending before acting, seed 004's
-    # onLeaderElected).
+    # A leader acted on a stale cached pending after onRebalanceDone: two voters for a
+    # stable of three, for ever (ChangePeers._pending_confirmed).
     (88, "voters below stable"),
-])
-def test_regression_seed(seed: int, found: str) -> None:
+    # Step (3) stopped a group in which the node was still a voter after a cancel
+    # dropped it from pending: {it, leader} without a quorum (rebalance._reconcile).
+    (6, "stopped a needed voter"),
+    # Frames reordered on one link: a stale quiesce heartbeat quieted a follower below
+    # the commit index (the simulated network now keeps TCP's order).
+    (120, "quiesced below the commit index"),
+    (164, "quiesced below the commit index"),
+    # Faults the partitions could not survive (two losses in one group), now excluded
+    # by PlacementSim._survivable_loss.
+    (148, "in-memory crash of a two-voter configuration"),
+    (2006, "lone-holder loss before step (1) ran"),
+    (18, "lone-holder loss with a learner not yet recorded"),
+    # Two of three founders registered after the table's creation and took the restart
+    # path for a partition they never hosted (SafeRestart._never_held).
+    (63, "founders waiting at creation"),
+    # A leader removing itself handed over, at every retry, to a voter that could not
+    # take over (Raft._most_up_to_date_voter).
+    (138, "handover to a stopped replica"),
+]
+
+
+@pytest.mark.parametrize("seed, found", KEPT_SEEDS)
+def test_kept_seed(seed: int, found: str) -> None:
     r = run_placement_seed(seed)
     assert r.ok, f"{found}:\n{_explain(r)}"
-
-
-def _timeless(trace: list[str]) -> list[str]:
-    # Recovery reports measure their own (wall-clock) speed; nothing else may differ.
-    return [re.sub(r" in [0-9.]+s \([0-9,]+ entries/s\)", "", line) for line in trace]
 
 
 def _scripted(seed: int, storage: str, replicas: int,
@@ -101,6 +118,11 @@ def test_seed_102_a_two_voter_stable_left_by_a_re_add_survives_a_second_loss() -
     r = _scripted(5102, MEMORY, 3, script)
     assert r.ok, _explain(r)
     assert any("second loss" in line for line in r.trace)
+
+
+def _timeless(trace: list[str]) -> list[str]:
+    # Recovery reports measure their own (wall-clock) speed; nothing else may differ.
+    return [re.sub(r" in [0-9.]+s \([0-9,]+ entries/s\)", "", line) for line in trace]
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -1716,19 +1716,20 @@ class Raft:
 
     def _most_up_to_date_voter(self) -> str | None:
         """The voter to hand leadership to (Kudu: "the most up-to-date follower"), among
-        those that may answer: fewest transfers to it timed out under this leader
-        first, then one not reported unreachable and recently active, then the highest
-        match. A voter that cannot take over (its process runs, but it does not host
-        the group: placement's restart path keeps a replica that lost its state
-        stopped until it is removed) was otherwise picked again at every retry, for
-        ever, whenever its stale match was the highest (placement simulator, seed 138)."""
+        those that may answer: one the driver has not reported unreachable first, then
+        the one with the fewest transfers to it timed out under this leader, then a
+        recently active one, then the highest match. A voter that cannot take over (its
+        process runs, but it does not host the group: placement's restart path keeps a
+        replica that lost its state stopped until it is removed) was otherwise picked
+        again at every retry, for ever, whenever its stale match was the highest
+        (placement simulator, seed 138)."""
         candidates = [
-            (-self._transfer_timeouts.get(nid, 0),
-             pr.recent_active and nid not in self._unreachable, pr.match, nid)
+            (nid not in self._unreachable, -self._transfer_timeouts.get(nid, 0),
+             pr.recent_active, pr.match, nid)
             for nid, pr in self.prs.items()
             if nid != self.id and nid in self.conf.voters
         ]
-        return max(candidates)[3] if candidates else None
+        return max(candidates)[4] if candidates else None
 
     # ============================================================== membership ========
     def _conf_change_blocker(self) -> str | None:

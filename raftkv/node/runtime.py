@@ -9,7 +9,8 @@ FoundationDB routes network, disk, clock and random numbers through one interfac
 
 - ``clock()``: monotonic seconds. Every deadline, tick and timer of the driver and of the
   layers hosted on it (the metastore's watches, the placement manager's retries and
-  survivor timers) reads this clock, never ``time``.
+  survivor timers) reads this clock, never ``time`` (the server's leader balancer,
+  which the simulator does not run, still does).
 - ``random()``: a generator for one Raft core's election timeouts, or the node's
   request ids.
 - ``transport(node, addresses)``: the peer transport, delivering received items to
@@ -17,9 +18,9 @@ FoundationDB routes network, disk, clock and random numbers through one interfac
 - ``notify()``: wake the loop (another thread queued a call).
 - ``poll(timeout)``: wait for network events or a wake-up, at most ``timeout`` seconds,
   dispatching received frames (the loop thread's only blocking point).
-- ``executor(job)``: worker threads for a job (persisting several log environments at
-  once, background checkpoints).
-- ``spawn(fn)``: run ``fn`` off the loop (packing a snapshot image).
+- ``executor(job, node_id)``: worker threads for a job (persisting several log
+  environments at once, background checkpoints).
+- ``spawn(fn, name)``: run ``fn`` off the loop (packing a snapshot image).
 
 ``ThreadRuntime`` is production: PySyncObj's monotonic clock, poller and wake-up pipe,
 the TCP transport (``raftkv.transport.tcp``), thread pools. The placement simulator

@@ -62,8 +62,6 @@ PARTITION_CHECKPOINT_SECONDS = 10.0
 EMPTY = VersionedValue(b"", 0, 0)  # what a missing key reads as
 
 
-
-
 class ManagerBase:
     """Shared state (set by ``PlacementManager.__init__``) and loop-thread plumbing."""
 

@@ -22,13 +22,17 @@ repaired by the next look), and the phase names what that step is:
 - ``APPLIED``: voters equal the target, no learner left, all committed:
   onNewPeersConfigurationApplied runs onRebalanceDone.
 
-For one target and one term the steps only move forward, with two exceptions the core
-can cause: a target member whose storage was wiped is readmitted by the core as a
-learner (``REMOVING`` or ``APPLIED`` back to ``CATCHING_UP``), and a transfer that fails
-leaves us leading (``HANDING_OVER`` back to ``REMOVING``). A new target in the same term
-(pending rewritten, Approach 2's cancel) starts over from ``NEW``
-(``Change.retarget``). Any other move is a bug, raised as ``IllegalTransition``, which
-the manager records as an internal error and the placement simulator as a violation.
+For one target and one term the steps only move forward, with the exceptions the core
+can cause: a member whose storage was wiped is readmitted by the core as a learner, at
+any point (a target member: back to ``CATCHING_UP``; a departing one, now a learner
+outside the target: back to ``TRIMMING``), and a transfer that fails leaves us leading
+(``HANDING_OVER`` back to ``REMOVING``). A new target in the same term (pending
+rewritten, Approach 2's cancel, an API call) starts over from ``NEW``
+(``Change.retarget``); an answer to a step taken before it may still arrive then
+(``NEW`` to ``HANDING_OVER``). Going back to ``ADDING`` needs a target member to have left
+the configuration, which no step of ours and no act of the core does within one term.
+Any move the table does not list is a bug, raised as ``IllegalTransition``, which the
+manager records as an internal error and the placement simulator as a violation.
 """
 
 from __future__ import annotations
@@ -58,17 +62,19 @@ class ChangePhase(Enum):
 
 
 _P = ChangePhase
+# The core can make members learners again at any point (it readmits a member whose
+# storage was wiped: a target member, or a departing voter, which is then trimmed).
+_CORE = frozenset({_P.TRIMMING, _P.CATCHING_UP})
 # phase -> the phases the next step may be in (for the same target and term).
 CHANGE_TRANSITIONS: dict[ChangePhase, frozenset[ChangePhase]] = {
-    _P.NEW: frozenset({_P.TRIMMING, _P.ADDING, _P.CATCHING_UP,
-                             _P.REMOVING, _P.APPLIED}),
-    _P.TRIMMING: frozenset({_P.TRIMMING, _P.ADDING, _P.CATCHING_UP, _P.REMOVING,
-                            _P.APPLIED}),
-    _P.ADDING: frozenset({_P.ADDING, _P.CATCHING_UP, _P.REMOVING, _P.APPLIED}),
-    _P.CATCHING_UP: frozenset({_P.CATCHING_UP, _P.REMOVING, _P.APPLIED}),
-    _P.REMOVING: frozenset({_P.REMOVING, _P.HANDING_OVER, _P.CATCHING_UP, _P.APPLIED}),
-    _P.HANDING_OVER: frozenset({_P.HANDING_OVER, _P.REMOVING}),
-    _P.APPLIED: frozenset({_P.APPLIED, _P.CATCHING_UP}),
+    _P.NEW: frozenset({_P.TRIMMING, _P.ADDING, _P.CATCHING_UP, _P.REMOVING, _P.HANDING_OVER,
+                       _P.APPLIED}),
+    _P.TRIMMING: _CORE | {_P.ADDING, _P.REMOVING, _P.APPLIED},
+    _P.ADDING: _CORE | {_P.ADDING, _P.REMOVING, _P.APPLIED},
+    _P.CATCHING_UP: _CORE | {_P.REMOVING, _P.APPLIED},
+    _P.REMOVING: _CORE | {_P.REMOVING, _P.HANDING_OVER, _P.APPLIED},
+    _P.HANDING_OVER: _CORE | {_P.HANDING_OVER, _P.REMOVING},
+    _P.APPLIED: _CORE | {_P.APPLIED},
 }
 
 
@@ -143,7 +149,7 @@ class PartitionState:
     cancel_key: tuple[int, int] | None = None  # (pending rev, planned rev) cancel issued for
     cleanup_rev: int = -1  # stable's mod revision when step (3) last looked
     backoffs: dict[str, Backoff] = field(default_factory=dict)
-    # IGNITE-16668 (see "Safe restart" in the module docstring).
+    # IGNITE-16668 (see raftkv.placement.safe_restart).
     sw: steps.SwitchKeys = NO_SWITCH
     preexisting: bool = False  # the table existed before this incarnation registered
     rejoin: bool | None = None  # None: not decided; True: on the restart path
@@ -157,6 +163,7 @@ class PartitionState:
     switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
     declared: bool = False  # bug C's in-memory case: we recorded our loss in switch.reduce
     tidy_inflight: bool = False  # removing a stray learner (_drop_stray_learners)
+    tidy_scheduled: bool = False  # its retry timer is set
     pending_read: tuple[int, int] = (0, -1)  # (term, pending rev) confirmed by a read
     pending_reading: bool = False  # that read is under way
     survive_inflight: bool = False  # the survivor check's linearizable read is under way

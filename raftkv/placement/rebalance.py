@@ -29,15 +29,20 @@ the trigger runs it; the trigger revision makes all but the first a no-op (SKIPP
 
 **Step (3), stable.** When stable changes, the node stops (``Node.remove_group``) the
 partitions it hosts but is in neither stable nor pending, and refreshes its routing table
-(partition -> stable nodes and a leader hint).
+(partition -> stable nodes and a leader hint). While a change is under way and the node is
+a member of the configuration it knows, the stop waits until pending is empty: a cancel
+may have dropped it from pending after its promotion, and the configuration may still
+need it for a quorum.
 
 
 Choices where the seed is ambiguous or does not fit raftkv
 ----------------------------------------------------------
 - IGNITE-16668, where the seed is silent or does not fit:
   - "Restarted" means: the table's descriptor was created before this start's incarnation
-    key was written. A founder that first starts after the table's creation therefore
-    also takes the switch path (safe, one extra remove/add). A node assigned only in
+    key was written, and the node has hosted the partition (it has a holds key; see
+    ``safe_restart.SafeRestart._never_held``). A founder that first starts after the
+    table's creation, without having hosted it, bootstraps the founding configuration as
+    any founder does (it voted and acknowledged nothing). A node assigned only in
     pending (a learner, or a voter promoted before onRebalanceDone named it in stable)
     that lost its state *and* hosted the partition before this start (its holds key
     names an earlier incarnation) leaves pending instead: one invoke, guarded by the
@@ -74,7 +79,8 @@ Choices where the seed is ambiguous or does not fit raftkv
     a reduction that would empty pending falls to the common branch.
   - A restarted node in switch.reduce waits for the removal; while the leader adds it
     back it starts the group as a joiner, never bootstrapping ``TableDescriptor.initial``
-    (only fresh tables and persistent partitions with their log do).
+    (only fresh tables, founders that never hosted the partition and persistent
+    partitions with their log do).
   - The onDisappeared() optimisation and onCommonRebalance's switch handling (both
     "only an optimization" in the seed) are not implemented.
 - Step (1)'s invoke is ``rebalance_steps.plan_rebalance``, not the literal pseudocode
@@ -347,7 +353,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
         raise RuntimeError(f"table {name!r} kept changing while dropping it")
 
     def change_peers(self, group: str, term: int, peers: Iterable[str]) -> Future[None]:
-        """Move ``group``'s configuration to ``peers`` (see the module docstring). Runs on
+        """Move ``group``'s configuration to ``peers`` (see ``change_peers``). Runs on
         its leader in ``term`` only, else fails with ``StaleTerm``. Resolves once the
         voters equal ``peers``. The pending listener calls this with pending; a target
         other than pending is replaced the next time pending changes."""
@@ -431,12 +437,13 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
         if wanted and not hosted:
             self._on_partition_start(part, desc, stable, pending)
         elif hosted and not wanted and part.cleanup_rev != stable_rev:
-            if pending and self.id in self.node.groups[part.group].raft.conf.voters:
-                # Step (3) waits while a change is under way and we are a voter of the
+            if pending and self.id in self.node.groups[part.group].raft.conf.members():
+                # Step (3) waits while a change is under way and we are a member of the
                 # configuration we know: a cancel dropped us from pending after our
-                # promotion, and the configuration may need us for a quorum until the
-                # leader removes us (placement simulator seed 6: {us, leader} left
-                # alone). Once pending is empty, stable is the applied configuration.
+                # promotion (or one on its way to us), and the configuration may need us
+                # for a quorum until the leader removes us (placement simulator seed 6:
+                # {us, leader} left alone). Once pending is empty, stable is the applied
+                # configuration.
                 stable_rev = part.cleanup_rev
             else:
                 self._stop_partition(part)  # step (3): on stable updates only

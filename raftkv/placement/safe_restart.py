@@ -291,12 +291,20 @@ class SafeRestart(ManagerBase):
             self._wait(part)  # neither: retry later
 
     def _never_held(self, part: PartitionState) -> bool:
-        """We have no holds key for the partition: we never started its group (a node
-        writes the key before it starts hosting, and removes it only when it stops,
-        once the configuration no longer names it), so we never voted or acknowledged
-        anything in it, and starting it fresh is a first start, not a restart."""
+        """We hold no holds key for the partition and its history is the founding one
+        (no holds key carries a full restart's epoch): a node writes its key before it
+        starts hosting and removes it only when it stops, once a configuration without
+        it applied, after which only a re-add as an empty joiner (writing a key again)
+        brings it back into stable. So a member of stable without a key never started
+        the group in this history: it voted and acknowledged nothing there, and its
+        start is a founder's first start (bootstrapping the founding configuration,
+        which every founder's log begins with), not a restart. After a full restart the
+        history begins elsewhere, and the epoch rules decide."""
         h = self._kv.get(holds_key(part.table, part.index, self.id))
-        return h is None or not h.value
+        if h is not None and h.value:
+            return False
+        prefix = holds_prefix(part.table, part.index)
+        return not any(k.startswith(prefix) and b"/" in v.value for k, v in self._kv.items())
 
     def _held_before(self, part: PartitionState) -> bool:
         """Our holds key names an earlier incarnation: we hosted the partition before

@@ -49,7 +49,8 @@ every partition):
   a wiped node or an in-memory replica that voted with a vote it lost would be how two
   leaders of one term, or two different committed entries, come about).
 
-Once the scenario's faults stop, every node is restarted and the network heals; within
+Once the scenario's faults stop, every node that is down is started again and the
+network heals; within
 ``SETTLE_SECONDS`` of simulated time every partition's stable assignment must equal
 ``calc_assignments`` with pending, planned and the switch keys empty, hosted by exactly
 its stable nodes with one leader whose voters are stable, and every replica at the same
