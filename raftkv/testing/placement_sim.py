@@ -475,6 +475,12 @@ class Clients:
         self.running = True
         for c in range(len(self.busy)):
             if not self.busy[c]:
+                # Busy from now: a pause and start before this call runs (a settle that
+                # finds everything converged at once) must not start a second chain of
+                # requests for the same client (it did: seeds 274, 367, 389 showed one
+                # client with two operations in flight, and a get answered with the
+                # other's write).
+                self.busy[c] = True
                 self.sim.world.after(0.01 * c, partial(self._next, c))
 
     def pause(self) -> None:
