@@ -602,7 +602,8 @@ class Node:
                 except SnapshotFailed as e:  # nothing written, nothing lost: not fatal
                     log_snapshot_failed(self.id, g, "checkpoint", e)
             else:
-                self._checkpointing[g.id] = (g, self.runtime.executor("checkpoint", self.id).submit(sync))
+                pool = self.runtime.executor("checkpoint", self.id)
+                self._checkpointing[g.id] = (g, pool.submit(sync))
             return
         at = st.checkpoint_deadline()
         if at is not None and at != g.checkpoint_at:

@@ -1,5 +1,5 @@
 """Where a table's data lives: the partition of a key, the replicas of a partition, and
-the metastore keys and invokes of Ignite's rebalance (seed 004).
+the metastore keys and invokes of Ignite 3's rebalance design.
 
 - ``partition_of(key, partitions)``: a stable hash (BLAKE2b, 64 bits, mod the count).
   The server and the Spark jobs call this same function, so a row is always routed to
@@ -11,7 +11,7 @@ the metastore keys and invokes of Ignite's rebalance (seed 004).
 - Metastore keys per partition (``<table>.<p>.``): ``assignments.stable|pending|planned``
   hold a sorted, comma-separated node list; ``change.trigger.revision`` the revision of
   the event that last changed them (8 bytes big-endian, so byte order is numeric order).
-- ``write_pending_assignments``: seed 004 step (1) as ONE atomic multi-invoke.
+- ``write_pending_assignments``: step (1) of Ignite's rebalance design as ONE atomic multi-invoke.
 - ``rebalance_done``: ``onNewPeersConfigurationApplied``'s invoke.
 
 ``write_pending_assignments`` is the seed's literal pseudocode, kept as the reference the

@@ -1,5 +1,5 @@
-"""The leader's changePeers (seed 004 step 2), failover and Approach 2's cancel; the
-change's phases are ``partition_state.ChangePhase``.
+"""The leader's changePeers (step 2 of Ignite's rebalance design), failover and Approach 2's
+cancel; the change's phases are ``partition_state.ChangePhase``.
 
 **Step (2), pending.** A node in ``pending ∪ stable`` hosts the partition's group: a
 founding member (``TableDescriptor.initial``) bootstraps the founding configuration, any
@@ -187,7 +187,7 @@ class ChangePeers(ManagerBase):
         while leading in ``term``; if not, start that read (the reconcile it kicks
         begins the change).
 
-        onLeaderElected "starts changePeersAsync from the pending key" (seed 004,
+        onLeaderElected "starts changePeersAsync from the pending key" (Ignite's rebalance design,
         failover): a read of the key, not the cache. This node's metastore replica may
         lag (a learner, or a voter cut off for a while), and the cache can hold a
         pending that onRebalanceDone has since replaced. A change begun from it moved

@@ -8,7 +8,8 @@ concern, each in its own module and each a ``ManagerBase``:
 - ``metastore_view.MetastoreView``: the cache of the placement keys and the watch;
 - ``partition_files.PartitionFiles``: a partition's files on disk;
 - ``safe_restart.SafeRestart``: IGNITE-16668's restart path and the survivor rule;
-- ``change_peers.ChangePeers``: the leader's change in progress (seed 004 step 2);
+- ``change_peers.ChangePeers``: the leader's change in progress (step 2 of Ignite's rebalance
+  design);
 - ``rebalance.PlacementManager``: the admin calls, reconcile (steps 1 and 3), starting
   and stopping partition groups, status.
 

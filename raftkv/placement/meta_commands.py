@@ -3,7 +3,7 @@ if/else tree, their msgpack wire format, strict decoding, and pure evaluation.
 
 Theory of operation
 -------------------
-The rebalance protocol (seed 004, IGNITE-16668) drives everything through *atomic
+The rebalance protocol (Ignite 3's rebalance design, IGNITE-16668) drives everything through *atomic
 conditional writes* on the metastore: "if the trigger revision is older than this event and
 nothing is pending, write pending and the trigger". A command is evaluated against the
 store's state at its log index, on every replica, so evaluation must be a pure function of

@@ -3,7 +3,8 @@ conditional multi-key invoke and a watchable event history, as a ``StateStore`` 
 
 Theory of operation
 -------------------
-The placement layer (seed 004, IGNITE-16668) keeps each partition's ``assignments.*`` keys
+The placement layer (Ignite 3's rebalance design, IGNITE-16668) keeps each partition's
+``assignments.*`` keys
 in a metastore hosted by one Raft group, and drives rebalance with atomic conditional
 writes and watches. This module is that group's state machine. It keeps the ``StateStore``
 contract (``raftkv.storage.state_store``): applied index, checkpoint index, ``IndexMismatch``,

@@ -163,7 +163,8 @@ class MetastoreView(ManagerBase):
             self._kv.pop(key, None)
         else:
             old = self._kv.get(key)
-            self._kv[key] = VersionedValue(value, revision, old.create_revision if old else revision)
+            created = old.create_revision if old else revision
+            self._kv[key] = VersionedValue(value, revision, created)
         if key.startswith(TABLES_PREFIX):
             if value is not None:
                 self._learn_table(key, value)

@@ -10,7 +10,7 @@ the configuration as it is (level-triggered: a lost answer or a leader change is
 repaired by the next look), and the phase names what that step is:
 
 - ``NEW``: the target is adopted and no step taken yet (a target from pending is
-  adopted only once a read of the key confirmed the cache, as seed 004's
+  adopted only once a read of the key confirmed the cache, as the Ignite rebalance design's
   onLeaderElected reads the key);
 - ``TRIMMING``: removing learners outside the target (a cancelled change's);
 - ``ADDING``: adding a missing member as a PRE_FOLLOWER learner;
@@ -83,7 +83,8 @@ class IllegalTransition(RuntimeError):
 
 
 class StaleTerm(RaftError):
-    """``change_peers`` named a term this node does not lead in (seed 004: a changePeers
+    """``change_peers`` named a term this node does not lead in (Ignite's rebalance design: a
+    changePeers
     from an old term is skipped). The leader of the current term carries on."""
 
 

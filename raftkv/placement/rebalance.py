@@ -1,4 +1,4 @@
-"""``PlacementManager``: tables, partitions, Ignite 3's rebalance (seed 004) and the safe
+"""``PlacementManager``: tables, partitions, Ignite 3's rebalance design and the safe
 restart of in-memory partitions (IGNITE-16668) on one node.
 
 Theory of operation
@@ -72,7 +72,8 @@ Choices where the seed is ambiguous or does not fit raftkv
     which during a rebalance may also contain pending members.
   - The leader's trigger guard adds ``revision(switch.reduce) == seen && revision(stable)
     == seen`` as an alternative to ``trigger < event.revision``: the trigger key is shared
-    with seed 004 step (1), which can move it past the reduce event without acting on it.
+    with step (1) of Ignite's rebalance design, which can move it past the reduce event without
+    acting on it.
   - onRebalanceDone: the planned revision joins the four preconditions (the common branch
     copies planned); it writes nothing unless pending still names the new peers; append'
     also drops nodes already in resolvedStable (else a no-op addition repeats forever);

@@ -1,6 +1,7 @@
 """The metastore invokes the rebalance manager runs, each one atomic If tree.
 
-- ``plan_rebalance``: seed 004 step (1), with two fixes to the literal pseudocode (which
+- ``plan_rebalance``: step (1) of Ignite's rebalance design, with two fixes to the literal
+  pseudocode (which
   ``assignments.write_pending_assignments`` reproduces exactly). Both fixes are about the
   seed's own promise that the *latest* intent wins:
 
@@ -211,7 +212,8 @@ def trigger_switch_reduce(keys: PartitionKeys, sw: SwitchKeys, reduce: Versioned
             if empty(pending): pending = calculated; trigger = event.revision
 
     The third alternative of the outer condition is ours: the trigger key is shared with
-    seed 004's step (1), which may move it past the reduce event without handling it (an
+    the Ignite rebalance design's step (1), which may move it past the reduce event without
+    handling it (an
     ALREADY_PLACED topology event right after the reduce); the reduce would then never
     be acted on. "reduce and stable unchanged since read" still runs the reduce once: the
     invoke makes pending non-empty, and the rebalance it starts rewrites stable. The

@@ -1,13 +1,13 @@
 """Retries for the rebalance manager: exponential back-off per action, and a timer served
 from the driver's per-tick hook, so retries run on the loop thread without a thread of
-their own (seed 004's "failover thread" becomes deadlines checked every tick).
+their own (the Ignite rebalance design's "failover thread" becomes deadlines checked every tick).
 
 ``Backoff`` belongs to one retried action of one partition (for instance "propose the next
 membership change"). Its ``key`` names the context the attempts belong to (the leader's
 term and the target peers): a new context starts a fresh budget, because a new leader or
 a new target deserves new attempts. After ``max_attempts`` failures in one context it is
 *exhausted*: the action stops until the context changes, and the manager records and
-counts the error (seed 004: "notify node's failure handler").
+counts the error (Ignite's rebalance design: "notify node's failure handler").
 """
 
 from __future__ import annotations

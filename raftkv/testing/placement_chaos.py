@@ -1,4 +1,4 @@
-"""Seeded chaos scenarios for placement (seed 004 rebalance, IGNITE-16668 restarts) on an
+"""Seeded chaos scenarios for placement (Ignite 3's rebalance design, IGNITE-16668 restarts) on an
 in-process ``placement_cluster.Cluster``, with a client history checked for
 linearizability (``raftkv.testing.linearizability``).
 
@@ -6,8 +6,8 @@ A scenario is a pure function of its seed (``plan_scenario``): the table's parti
 storage, and a list of actions over the logical topology n1..n5 (metastore voters n1..n3;
 n4/n5 are started, and admitted to the metastore as learners, when they first join):
 
-- ``join`` / ``leave``: ``set_nodes`` with one node more / less (seed 004 trigger);
-- ``replicas``: ``set_replicas`` (seed 004 trigger);
+- ``join`` / ``leave``: ``set_nodes`` with one node more / less (a rebalance trigger);
+- ``replicas``: ``set_replicas`` (a rebalance trigger);
 - ``burst``: several intents written back to back, so later ones land in *planned* while
   an earlier one is pending (Approach 2 / onRebalanceDone): the last one must win;
 - ``crash_meta``: an intent, then, once some partition has a pending assignment, stop the
@@ -454,7 +454,8 @@ class ChaosRun:
         """Write the intent, stop a leader once some partition has a pending assignment,
         restart it. A node the intent adds to the topology that is not running yet is
         started only after that restart, so the partitions that gain it stay catching up
-        (seed 004: the learner waits, the change stays pending) across the failover."""
+        (Ignite's rebalance design: the learner waits, the change stays pending) across the
+        failover."""
         late = self.apply(action.intents[0], start=False)
         if late:
             self.log(f"{late} join the topology before starting")

@@ -1,5 +1,5 @@
 """An in-process cluster of real ``Node``s running ``MetaService`` + ``PlacementManager``
-(seed 004's rebalance), for tests: 127.0.0.1 TCP, LMDB data directories under ``root``.
+(Ignite 3's rebalance design), for tests: 127.0.0.1 TCP, LMDB data directories under ``root``.
 
 The metastore's voters are ``meta`` (n1..n3 by default); any other node hosts a metastore
 replica that joins as a non-voting learner (no auto-promotion), so it reads and watches
