@@ -59,6 +59,7 @@ KEPT_SEEDS = [
     (148, "in-memory crash of a two-voter configuration"),
     (2006, "lone-holder loss before step (1) ran"),
     (18, "lone-holder loss with a learner not yet recorded"),
+    (581, "a loss while a replica-count intent was not yet planned"),
     # Two of three founders registered after the table's creation and took the restart
     # path for a partition they never hosted (SafeRestart._never_held).
     (63, "founders waiting at creation"),
