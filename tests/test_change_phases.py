@@ -1,0 +1,65 @@
+"""The leader's change in progress as explicit phases (raftkv.placement.partition_state:
+``ChangePhase`` and ``CHANGE_TRANSITIONS``, issue 14 item 5): the moves its docstring
+names are allowed, anything else is ``IllegalTransition``."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftkv.placement.partition_state import (
+    CHANGE_TRANSITIONS,
+    Change,
+    ChangePhase,
+    IllegalTransition,
+)
+
+P = ChangePhase
+
+
+def change() -> Change:
+    return Change(3, frozenset({"n1", "n2", "n3"}), "pending", 0.0)
+
+
+def test_every_phase_has_a_row() -> None:
+    assert set(CHANGE_TRANSITIONS) == set(ChangePhase)
+
+
+@pytest.mark.parametrize("path", [
+    # The one-by-one steps of Kudu's design: trim, add, catch up, remove, done.
+    [P.TRIMMING, P.ADDING, P.ADDING, P.CATCHING_UP, P.REMOVING, P.REMOVING, P.APPLIED],
+    # The leader removes itself last: a handover, which failed, then again.
+    [P.REMOVING, P.HANDING_OVER, P.REMOVING, P.HANDING_OVER],
+    # The core readmits a wiped target member (a learner again) after its promotion.
+    [P.ADDING, P.CATCHING_UP, P.REMOVING, P.CATCHING_UP, P.APPLIED],
+    # ... or a departing voter, now a learner outside the target, to be trimmed.
+    [P.REMOVING, P.TRIMMING, P.REMOVING, P.APPLIED],
+    # Nothing to do: the configuration already is the target.
+    [P.APPLIED],
+])
+def test_documented_paths_are_legal(path: list[ChangePhase]) -> None:
+    ch = change()
+    for phase in path:
+        ch.move(phase)
+    assert ch.phase == path[-1]
+
+
+@pytest.mark.parametrize("before, after", [
+    (P.CATCHING_UP, P.ADDING),  # a target member left the configuration: no one does that
+    (P.REMOVING, P.ADDING),
+    (P.APPLIED, P.REMOVING),
+    (P.HANDING_OVER, P.APPLIED),  # the old leader cannot see the change finish
+    (P.TRIMMING, P.NEW),  # only retarget starts over
+])
+def test_other_moves_are_bugs(before: ChangePhase, after: ChangePhase) -> None:
+    ch = change()
+    ch.phase = before
+    with pytest.raises(IllegalTransition, match=f"{before.name} -> {after.name}"):
+        ch.move(after)
+
+
+def test_a_new_target_starts_over_and_a_late_answer_may_follow() -> None:
+    ch = change()
+    ch.move(P.REMOVING)
+    ch.retarget(frozenset({"n1", "n2"}), "api")
+    assert (ch.phase, ch.target, ch.origin) == (P.NEW, frozenset({"n1", "n2"}), "api")
+    ch.move(P.HANDING_OVER)  # the answer to the self-removal proposed before the retarget
