@@ -60,8 +60,16 @@ KEPT_SEEDS = [
     (2006, "lone-holder loss before step (1) ran"),
     (18, "lone-holder loss with a learner not yet recorded"),
     (581, "a loss while a replica-count intent was not yet planned"),
+    # A founder removed and re-added in the same incarnation bootstrapped the founding
+    # configuration again (or reopened its stale log) and won a term with another stale
+    # member; its leader then crashed on an acknowledgement beyond its log
+    # (SafeRestart._first_start, step (3) deletes a removed member's files).
+    (646, "a removed founder campaigned under a stale configuration"),
+    # The first version of _first_start let a removed founder named by pending again
+    # bootstrap: two leaders in one term.
+    (917, "two leaders in a term"),
     # Two of three founders registered after the table's creation and took the restart
-    # path for a partition they never hosted (SafeRestart._never_held).
+    # path for a partition they never hosted (SafeRestart._first_start).
     (63, "founders waiting at creation"),
     # A leader removing itself handed over, at every retry, to a voter that could not
     # take over (Raft._most_up_to_date_voter).

@@ -2,7 +2,8 @@
 cancel; the change's phases are ``partition_state.ChangePhase``.
 
 **Step (2), pending.** A node in ``pending ∪ stable`` hosts the partition's group: a
-founding member (``TableDescriptor.initial``) bootstraps the founding configuration, any
+founding member (``TableDescriptor.initial``) bootstraps the founding configuration on its
+first start (``SafeRestart._first_start``), any
 other node joins empty (``voters=None``) and waits for the leader to add it. On the
 group's leader only, ``change_peers(term, pending)`` moves the Raft configuration to
 pending, one membership change at a time (Kudu's one-by-one design):

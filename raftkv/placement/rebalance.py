@@ -40,7 +40,7 @@ Choices where the seed is ambiguous or does not fit raftkv
 - IGNITE-16668, where the seed is silent or does not fit:
   - "Restarted" means: the table's descriptor was created before this start's incarnation
     key was written, and the node has hosted the partition (it has a holds key; see
-    ``safe_restart.SafeRestart._never_held``). A founder that first starts after the
+    ``safe_restart.SafeRestart._first_start``). A founder that first starts after the
     table's creation, without having hosted it, bootstraps the founding configuration as
     any founder does (it voted and acknowledged nothing). A node assigned only in
     pending (a learner, or a voter promoted before onRebalanceDone named it in stable)
@@ -119,8 +119,11 @@ Choices where the seed is ambiguous or does not fit raftkv
   promoted voter, and stopping it before the leader removes it would cost availability.
 - The catch-up of a learner has no timeout: a learner on a node that is down waits until
   planned cancels the change or the node comes back. ``status()`` shows the learners.
-- A stopped persistent partition keeps its files; if the node is assigned the partition
-  again, the group reopens its old log and the leader brings it up to date.
+- A partition this node stops hosting in step (3) has its files deleted: its log may
+  still name it a voter of a configuration it has been removed from (the leader stops
+  replicating to a removed member), and reopened when pending names it again it could
+  campaign under that configuration (placement simulator, seed 646). A re-added member
+  joins empty and is caught up by a snapshot.
 - The "failover thread" is the retry timer on the loop thread's ticks.
 - A node that is not a metastore voter hosts a MetaService replica that joins the
   metastore as a learner *without* auto-promotion (``join_metastore_as_learner`` on the
@@ -448,6 +451,12 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
                 stable_rev = part.cleanup_rev
             else:
                 self._stop_partition(part)  # step (3): on stable updates only
+                # A configuration without us applied, and the leader no longer sends us
+                # anything, so our log may still name us a voter of an older
+                # configuration. Kept and reopened when pending named us again, it let
+                # us campaign under that configuration and win a term with another
+                # stale member (placement simulator, seed 646). Re-added, we join empty.
+                self._delete_files(part.group)
         part.cleanup_rev = stable_rev
         g = self.node.groups.get(part.group) if part.group in self._hosted else None
         self._routes[part.group] = Route(part.group, part.table, part.index, tuple(stable),

@@ -240,11 +240,11 @@ class SafeRestart(ManagerBase):
             return
         if part.rejoin is None:
             self._clear_stale_files(part)
-            # Nothing to have lost if we never hosted it: a founder whose manager
-            # registered after the table was created (placement simulator seed 63: two
-            # of three founders took the restart path at creation and waited for ever).
-            lost = ((self._in_memory(desc) or not self._has_log(part))
-                    and not self._never_held(part))
+            # Nothing to have lost on a founder's first start: its manager registered
+            # after the table was created (placement simulator seed 63: two of three
+            # founders took the restart path at creation and waited for ever).
+            first = self._first_start(part, desc, stable, pending)
+            lost = (self._in_memory(desc) or not self._has_log(part)) and not first
             part.rejoin = part.preexisting and self.id in stable and lost
             if (not part.rejoin and part.preexisting and lost and self.id in pending
                     and len(set(pending) - {self.id}) > 0 and self._held_before(part)):
@@ -257,7 +257,11 @@ class SafeRestart(ManagerBase):
                          "in-memory" if self._in_memory(desc) else "no local log")
         if not part.rejoin:
             founders = desc.initial[part.index]
-            fresh = (not part.preexisting or self._never_held(part)
+            # Founders bootstrap the founding configuration only on their first start
+            # (a founder removed and re-added in the same incarnation bootstrapped it
+            # again and, with another stale member, won a term: placement simulator,
+            # seed 646), or over their own log (a no-op).
+            fresh = (self._first_start(part, desc, stable, pending)
                      or (not self._in_memory(desc) and self._has_log(part)))
             self._start_with_holds(part, desc, list(founders)
                                    if self.id in founders and fresh else None)
@@ -290,19 +294,26 @@ class SafeRestart(ManagerBase):
         else:
             self._wait(part)  # neither: retry later
 
-    def _never_held(self, part: PartitionState) -> bool:
-        """We hold no holds key for the partition and its history is the founding one
-        (no holds key carries a full restart's epoch): a node writes its key before it
-        starts hosting and removes it only when it stops, once a configuration without
-        it applied, after which only a re-add as an empty joiner (writing a key again)
-        brings it back into stable. So a member of stable without a key never started
-        the group in this history: it voted and acknowledged nothing there, and its
-        start is a founder's first start (bootstrapping the founding configuration,
-        which every founder's log begins with), not a restart. After a full restart the
-        history begins elsewhere, and the epoch rules decide."""
-        h = self._kv.get(holds_key(part.table, part.index, self.id))
-        if h is not None and h.value:
+    def _first_start(self, part: PartitionState, desc: TableDescriptor, stable: list[str],
+                     pending: list[str]) -> bool:
+        """A founder's first start of the partition: stable is still the founding
+        assignment, nothing is pending, no holds key names us and none carries a full
+        restart's epoch. A node writes its holds key before it first hosts a group and
+        removes it only when it stops hosting, once a configuration without it applied;
+        to be in stable again it must be re-added, as an empty joiner that writes its key
+        again. So a founder in the founding stable with no key never started the group:
+        it voted and acknowledged nothing, and may bootstrap the founding configuration
+        every founder's log begins with.
+
+        Without "the founding stable, nothing pending" this is not so: a founder that was
+        removed (its key deleted) and is named by pending again bootstrapped the founding
+        configuration, and with another such founder elected a second leader in a term
+        (placement simulator, seed 917)."""
+        if sorted(stable) != sorted(desc.initial[part.index]) or pending:
             return False
+        h = self._kv.get(holds_key(part.table, part.index, self.id))
+        if h is not None and h.value and h.value.split(b"/")[0] != self.incarnation:
+            return False  # (a key of this incarnation is this start's own)
         prefix = holds_prefix(part.table, part.index)
         return not any(k.startswith(prefix) and b"/" in v.value for k, v in self._kv.items())
 

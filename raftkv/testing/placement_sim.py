@@ -328,6 +328,11 @@ class Network:
             node._on_items(src, items)
         except codec.WireError as e:
             self.sim.violation(f"{target.id} refused a frame from {src}: {e}")
+        except Exception as e:  # noqa: BLE001  # in the real loop: the driver dies
+            self.sim.violation(f"{target.id}: the driver loop failed on a frame from {src}: "
+                               f"{e!r}")
+            target.crash()
+            return
         target.wake()
 
 
