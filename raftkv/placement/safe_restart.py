@@ -214,15 +214,28 @@ class SafeRestart(ManagerBase):
         ``<incarnation>/E``) and our own (void) holds key is not of E: join E, as a late
         founder of that fresh history (we never voted in it). Anything else: None."""
         prefix = holds_prefix(part.table, part.index)
+        desc = self._tables.get(part.table)
+        persistent = desc is not None and not self._in_memory(desc)
+        reduce = kv.get(part.sw.reduce)
+        declared = set(decode_nodes(reduce.value) if reduce is not None and reduce.value
+                       else [])
         epochs = set()
         for k, v in kv.items():
             if k.startswith(prefix) and v.value:
+                node = k[len(prefix):].decode(errors="replace")
                 inc = kv.get(INCARNATION_PREFIX + k[len(prefix):])
                 inc_id, _, epoch = v.value.partition(b"/")
                 if inc is not None and inc.value == inc_id:
                     if not epoch:
                         return None  # a holder of the history before any full restart
                     epochs.add(epoch)
+                elif persistent and node != self.id and node not in declared:
+                    # A persistent replica that restarted keeps its log unless it says
+                    # otherwise (a restart without its log records itself in
+                    # switch.reduce): until it has, it may hold everything, and a fresh
+                    # history would lose it (placement simulator, seed 1195: a holder
+                    # restarting while the other member's files were wiped).
+                    return None
         if not epochs:
             return self.incarnation
         if len(epochs) > 1:
