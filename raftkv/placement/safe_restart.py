@@ -35,8 +35,9 @@ its holds key names its current incarnation (a restart voids all its holds keys 
 a node that stops hosting removes its own). A stable member is *available* if it holds the
 state, is not in switch.reduce, and is alive: connected to this node (the transport dials
 on demand, so an unconnected peer is probed and counted as down until it connects).
-*Full-partition restart*: nobody holds the state, decided on a linearizable read of the
-``placement.`` keys and committed by writing our holds key in an invoke guarded by the
+*Full-partition restart*: nobody holds the state (and, for a persistent table, every
+member that restarted has recorded the loss of its log in switch.reduce: until then its
+log may hold everything), decided on a linearizable read of the ``placement.`` keys and committed by writing our holds key in an invoke guarded by the
 revision of every known node's holds key (no node can start holding the state in
 between). Such a holds key is ``<incarnation>/<epoch>``: the fresh history's id (the
 first restarter's incarnation). While fewer than a majority hold the state and every
