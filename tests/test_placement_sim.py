@@ -78,19 +78,10 @@ KEPT_SEEDS = [
     # A leader removing itself handed over, at every retry, to a voter that could not
     # take over (Raft._most_up_to_date_voter).
     (138, "handover to a stopped replica"),
+    (747, "a removal left {lost, leader} of three voters; switch.reduce kept a lost voter"),
+    (920, "the same: a wiped voter kept in a two-member pending"),
+    (1202, "the same, after partitions and wipes"),
 ]
-
-
-# Found in the last long run and not fixed yet (liveness: IGNITE-16668's switch.reduce
-# leaves a two-member pending, one of which lost its state, and the partition waits).
-OPEN_SEEDS = [747, 920, 1202]
-
-
-@pytest.mark.parametrize("seed", OPEN_SEEDS)
-@pytest.mark.xfail(strict=True, reason="open: a reduced two-member pending with a lost member")
-def test_open_seed(seed: int) -> None:
-    r = run_placement_seed(seed)
-    assert r.ok, _explain(r)
 
 
 @pytest.mark.parametrize("seed, found", KEPT_SEEDS)

@@ -174,6 +174,8 @@ class Group:
     # Called on the loop thread when the known leader changes (``g.leader`` is updated).
     on_leader: list[Callable[[Group], None]] = field(default_factory=list)
     on_close: list[Callable[[Group], None]] = field(default_factory=list)
+    # The id its peers' frames carry (``Node.add_group``'s ``wire_id``).
+    wire: str = ""
 
     @property
     def state(self) -> StateStore:
@@ -244,13 +246,15 @@ class Node:
         self._next_compact = 0.0
         # Peers whose connection is down or silent, as last reported to the cores.
         self._down: set[str] = set()
+        # Hosted groups by the id their frames carry (``add_group``'s ``wire_id``).
+        self._wire: dict[str, Group] = {}
         self._ticks = 0
         self._next_tick = self.clock() + config.tick_seconds
 
     # ================================================================ setup ============
     def add_group(
         self, group_id: str, storage: GroupStorage, voters: list[str] | None,
-        birth_known: bool = False, auto_handover: bool = True,
+        birth_known: bool = False, auto_handover: bool = True, wire_id: str | None = None,
     ) -> Group:
         """Host a group. ``voters`` bootstraps an empty log with that membership; None
         joins with an empty log and waits for a leader to add this node. Call before
@@ -264,9 +268,19 @@ class Node:
         bootstrapped fresh; a founder started from the command line cannot know.
 
         ``auto_handover``: see ``Config.auto_handover`` (off for groups whose owner
-        drives membership towards its own target)."""
+        drives membership towards its own target).
+
+        ``wire_id``: the id the group's frames carry between nodes (default: ``group_id``).
+        A group whose name can be reused by an unrelated later group (a table partition:
+        a table dropped and created again) carries its generation there, so a node that
+        lags the change and still hosts the old group can neither reach the new one nor
+        be reached by it: its frames name a group nobody hosts and are dropped, as its
+        forwarded proposals are refused."""
         if group_id in self.groups:
             raise ValueError(f"group {group_id!r} is already hosted")
+        wire = wire_id or group_id
+        if wire in self._wire:
+            raise ValueError(f"wire id {wire!r} is already hosted")
         if voters is not None:
             bootstrap(storage.log, voters)
         report = storage.recover()
@@ -287,8 +301,9 @@ class Node:
         )
         for peer in sorted(self._down):  # what the other cores have been told already
             raft.peer_down(peer)
-        g = Group(group_id, raft, storage, report)
+        g = Group(group_id, raft, storage, report, wire=wire)
         self.groups[group_id] = g
+        self._wire[wire] = g
         self._dirty.add(group_id)
         self._unflushed[group_id] = g  # recovery may have replayed past the checkpoint
         self._learn_conf_addresses(g)
@@ -299,6 +314,7 @@ class Node:
         fail and its stores close; the files stay (deleting them is the caller's call)."""
         g = self.groups.pop(group_id, None)
         if g is not None:
+            del self._wire[g.wire]
             self._close_group(g, NodeStopped(f"group {group_id} is no longer hosted here"))
             self.metrics.group_removed(group_id)
 
@@ -339,6 +355,7 @@ class Node:
 
     def _fail_everything(self, err: Exception) -> None:
         # Popped as closed: a loop failure runs this, and stop() again.
+        self._wire.clear()
         while self.groups:
             self._close_group(self.groups.popitem()[1], err)
         for fut, *_ in self._forwarded.values():
@@ -442,6 +459,11 @@ class Node:
             self._group(group).raft.campaign_without(lost)
 
         return self.call(run)
+
+    def reachable(self, peer: str) -> bool:
+        """Whether ``peer`` is this node itself or was reachable at the last liveness
+        check (loop thread; see "Peer liveness")."""
+        return peer == self.id or peer not in self._down
 
     def status(self) -> Future[dict[str, Any]]:
         return self.call(self._status)
@@ -765,7 +787,7 @@ class Node:
             if m.type == MessageType.SNAPSHOT and m.snapshot is not None:
                 self._send_snapshot(g, m)
             else:
-                self.transport.send(m.to, codec.encode_message(g.id, m))
+                self.transport.send(m.to, codec.encode_message(g.wire, m))
         if rd.committed_entries or rd.snapshot is not None:
             self._unflushed[g.id] = g
         if rd.committed_entries:
@@ -825,7 +847,7 @@ class Node:
                               self.transport.max_frame, m.to)
                 elif self.groups.get(g.id) is g:
                     m.snapshot = Snapshot(meta, data)
-                    self.transport.send(m.to, codec.encode_message(g.id, m))
+                    self.transport.send(m.to, codec.encode_message(g.wire, m))
                 done()
 
             self.call(send)
@@ -902,7 +924,7 @@ class Node:
             raise NotLeader(self.id, None)
         rid = next(self._seq)
         self._forwarded[rid] = (fut, self.clock() + self.cfg.request_timeout, g.id, data, lead)
-        self.transport.send(lead, codec.encode_forward(rid, g.id, data))
+        self.transport.send(lead, codec.encode_forward(rid, g.wire, data))
 
     @staticmethod
     def _retry(fn: Callable[[], None], fut: Future[Any]) -> None:
@@ -942,7 +964,7 @@ class Node:
         return lambda: self._propose_or_forward(g, data, fut)
 
     def _answer_forward(self, peer: str, rid: int, group: str, data: bytes) -> None:
-        g = self.groups.get(group)
+        g = self._wire.get(group)
         # A state store that knows its results' codec (UserStateStore) encodes them to
         # bytes for the follower, which decodes them with its own store (_on_reply).
         encode = getattr(g.state, "encode_result", None) if g is not None else None
@@ -1074,13 +1096,13 @@ class Node:
         if msg.frm != peer or msg.to != self.id:
             # The authenticated identity is the only sender a message may claim.
             raise codec.WireError(f"{peer} sent a message from {msg.frm} to {msg.to}")
-        g = self.groups.get(group)
+        g = self._wire.get(group)
         if g is None:
             log.debug("message for unhosted group %s from %s dropped", group, peer)
             return
         if not g.storage.accept(msg):
             return
-        self._dirty.add(group)
+        self._dirty.add(g.id)
         try:
             g.raft.step(msg)
         except ValueError as e:  # the core's strict decoding of peer-supplied records

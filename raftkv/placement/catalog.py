@@ -139,6 +139,14 @@ def partition_group(table: str, partition: int) -> str:
     return f"t.{table}.{partition}"
 
 
+def partition_wire_id(group: str, generation: int) -> str:
+    """The id a partition group's frames carry between nodes: its group id and its
+    table's generation (the descriptor's create revision), so that a table dropped and
+    created again under the same name never exchanges a message with the old one, from a
+    node that lags the drop (``Node.add_group``'s ``wire_id``)."""
+    return f"{group}@{generation}"
+
+
 class PartitionField(NamedTuple):
     table: str
     partition: int

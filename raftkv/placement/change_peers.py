@@ -58,6 +58,7 @@ from raftkv.core import (
     Raft,
     Role,
 )
+from raftkv.core.quorum import has_quorum
 from raftkv.node.driver import Group
 from raftkv.node.errors import NodeStopped, UnknownGroup
 from raftkv.placement import rebalance_steps as steps
@@ -106,7 +107,7 @@ class ChangePeers(ManagerBase):
         if not pending and reduce is not None and reduce.value:
             self._trigger_switch_reduce(part, reduce)
         if pending:
-            blocked = (set(pending) & set(self._nodes(part.sw.reduce))) - g.raft.conf.voters
+            blocked = set(pending) & set(self._nodes(part.sw.reduce))
             if blocked and set(pending) - blocked:
                 self._unblock_pending(part, blocked)
                 return  # the change resumes once pending is rewritten
@@ -219,10 +220,14 @@ class ChangePeers(ManagerBase):
         return False
 
     def _unblock_pending(self, part: PartitionState, blocked: set[str]) -> None:
-        """Pending names nodes of switch.reduce that are not voters: they wait, not
-        started, to be removed, so they would never catch up as learners. Drop them from
-        pending (``rebalance_steps.leave_pending_for_switch_reduce``); onRebalanceDone
-        re-adds them through switch.append."""
+        """Pending names nodes of switch.reduce: they lost their state and wait, not
+        started, to be removed. As learners they would never catch up; as voters the
+        change would count on them, and its removal phase would leave them a share of the
+        quorum they can never supply (placement simulator seeds 747, 920 and 1202: pending
+        [lost, new] over voters [old, lost, new], stuck once the old voter went). Drop
+        them from pending (``rebalance_steps.leave_pending_for_switch_reduce``): the
+        change then removes them first (``_advance`` removes the departed first), and
+        onRebalanceDone re-adds them through switch.append as fresh learners."""
         pending, reduce = self._kv.get(part.keys.pending), self._kv.get(part.sw.reduce)
         assert pending is not None
         key = (pending.mod_revision, reduce.mod_revision if reduce is not None else 0)
@@ -238,7 +243,7 @@ class ChangePeers(ManagerBase):
                 return
             if f.result().tag == 1:
                 self.metrics["pending_unblocked"] += 1
-                log.info("node %s: %s pending named %s of switch.reduce, not voters: "
+                log.info("node %s: %s pending named %s of switch.reduce: "
                          "dropped from pending", self.id, part.group, sorted(blocked))
             self._kick(part.group)
 
@@ -345,14 +350,34 @@ class ChangePeers(ManagerBase):
                 self._configuration_applied(part, ch, frozenset(conf.voters))
                 return
             ch.move(ChangePhase.REMOVING)
-            others = sorted(extra - {self.id})
+            live = self._live_voters(raft)
+            # The departed first, the leader last.
+            others = sorted(extra - {self.id}, key=lambda n: (n in live, n))
             cc = ConfChange(ConfChangeOp.REMOVE, others[0] if others else self.id)
+            rest = conf.voters - {cc.node}
+            if not has_quorum(rest, live & rest):
+                # etcd's strict reconfiguration check: a removal takes effect when it is
+                # appended, so one that leaves the live voters short of a quorum stops
+                # the group until they return, and an in-memory one returns without its
+                # state and never can (placement simulator seeds 747, 920 and 1202:
+                # {lost, leader} left of three voters). Wait for them instead.
+                self._wait(part)
+                return
         if not self._backoff(part, "change").ready((ch.term, target), self.node.clock()):
             return
         ch.inflight = cc.describe()
         self.metrics["conf_changes"] += 1
         self._on_loop(self.node.change_membership(part.group, cc),
                       lambda f: self._conf_change_done(part, ch, f))
+
+    def _live_voters(self, raft: Raft) -> set[str]:
+        """The voters this leader can count on now: itself, and each reachable voter that
+        acknowledged the commit index in this term (a node that is up but does not host
+        the group, such as one waiting in switch.reduce, acknowledges nothing)."""
+        committed = raft.log.committed
+        return {n for n in raft.conf.voters
+                if n == raft.id or (self.node.reachable(n) and n in raft.prs
+                                    and raft.prs[n].match >= committed)}
 
     def _conf_change_done(self, part: PartitionState, ch: Change, f: Future[Any]) -> None:
         ch.inflight = None

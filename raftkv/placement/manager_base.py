@@ -151,6 +151,20 @@ class ManagerBase:
         for gid in sorted(dirty):
             self._guard(partial(self._reconcile_group, gid))
 
+    def _wait(self, part: PartitionState) -> None:
+        """Reconcile ``part`` again in an election timeout: a condition it waits for
+        (a peer back, a metastore key moved) is not always announced by a watch event."""
+        if part.wait_scheduled:
+            return
+        part.wait_scheduled = True
+
+        def again() -> None:
+            part.wait_scheduled = False
+            self._kick(part.group)
+
+        self._timer.after(max(0.1, self.node.cfg.election_tick * self.node.cfg.tick_seconds),
+                          again)
+
     def _backoff(self, part: PartitionState, kind: str) -> Backoff:
         bo = part.backoffs.get(kind)
         if bo is None:

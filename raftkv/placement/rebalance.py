@@ -176,6 +176,7 @@ from raftkv.placement.catalog import (
     check_table_name,
     holds_key,
     partition_group,
+    partition_wire_id,
     table_key,
 )
 from raftkv.placement.change_peers import ChangePeers
@@ -533,7 +534,8 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
             # (Config.auto_handover): not the core's handover, which would remove it
             # even if pending has since moved to keep it.
             g = self.node.add_group(part.group, storage, voters,
-                                    birth_known=voters is not None, auto_handover=False)
+                                    birth_known=voters is not None, auto_handover=False,
+                                    wire_id=partition_wire_id(part.group, part.gen))
         except Exception as e:  # noqa: BLE001  # storage errors: retried, then recorded
             self._failed(part, "start", e)
             return

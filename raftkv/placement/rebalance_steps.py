@@ -178,10 +178,11 @@ def leave_pending_for_switch_reduce(keys: PartitionKeys, sw: SwitchKeys,
     - a node that lost its state (and vote) while it was assigned only in *pending* (a
       learner, or a voter promoted before onRebalanceDone named it in stable) must not
       rejoin as that member either (the restarted node runs this for itself);
-    - pending names a node of switch.reduce that is not a voter of the configuration
-      (say a cancel moved a planned assignment naming it into pending after it was
-      removed): the change would wait for it to catch up as a learner while it waits,
-      not started, to be removed (the leader runs this).
+    - pending names a node of switch.reduce (say a cancel moved a planned assignment
+      naming it into pending after it was removed, or it lost its state as a voter the
+      change counts on): the change would wait for it to catch up as a learner, or
+      count it in the quorum of the target, while it waits, not started, to be removed
+      (the leader runs this).
 
     One invoke, guarded by the revisions of pending and switch.reduce::
 

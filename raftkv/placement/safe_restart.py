@@ -95,9 +95,10 @@ refuses the others) given two facts it cannot see; the metastore read establishe
     layer never demotes, and the core READMITs a only if a's storage incarnation
     changed, which a holder's has not. The placement layer removes a voter only in
     changePeers' removal phase, towards a pending without it. After that, pending
-    changes only by onRebalanceDone, which writes stable = that pending (without a), or
-    by a cancel, which happens only while some pending member is not yet a voter, never
-    once the removal phase began. So a in stable and pending empty or naming a means no
+    changes only by onRebalanceDone, which writes stable = that pending (without a), by
+    a cancel, which happens only while some pending member is not yet a voter, never
+    once the removal phase began, or by dropping members of switch.reduce, which a is
+    not in. So a in stable and pending empty or naming a means no
     such removal was made. (A direct ``change_peers`` call by an operator is outside
     this argument.)
 
@@ -390,18 +391,6 @@ class SafeRestart(ManagerBase):
             self._failed(part, "reduce", exc or RuntimeError("?"))
 
         attempt()
-
-    def _wait(self, part: PartitionState) -> None:
-        if part.wait_scheduled:
-            return
-        part.wait_scheduled = True
-
-        def again() -> None:
-            part.wait_scheduled = False
-            self._kick(part.group)
-
-        self._timer.after(max(0.1, self.node.cfg.election_tick * self.node.cfg.tick_seconds),
-                          again)
 
     def _add_to_switch_reduce(self, part: PartitionState) -> None:
         """The seed's retry loop: switch.reduce ∪= {us}, guarded by its revision."""
