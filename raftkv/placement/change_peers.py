@@ -107,7 +107,11 @@ class ChangePeers(ManagerBase):
         if not pending and reduce is not None and reduce.value:
             self._trigger_switch_reduce(part, reduce)
         if pending:
-            blocked = set(pending) & set(self._nodes(part.sw.reduce))
+            # Once the voters are pending the change is done but for onRebalanceDone,
+            # and a lost member leaves by the switch path after it (IGNITE-16668's
+            # example: C restarts in the non-cancelable phase of [A,B,C] -> [A,B,C,D]).
+            blocked = (set() if set(pending) == g.raft.conf.voters
+                       else set(pending) & set(self._nodes(part.sw.reduce)))
             if blocked and set(pending) - blocked:
                 self._unblock_pending(part, blocked)
                 return  # the change resumes once pending is rewritten
@@ -220,10 +224,10 @@ class ChangePeers(ManagerBase):
         return False
 
     def _unblock_pending(self, part: PartitionState, blocked: set[str]) -> None:
-        """Pending names nodes of switch.reduce: they lost their state and wait, not
-        started, to be removed. As learners they would never catch up; as voters the
-        change would count on them, and its removal phase would leave them a share of the
-        quorum they can never supply (placement simulator seeds 747, 920 and 1202: pending
+        """Pending names nodes of switch.reduce and the voters are not yet pending: those
+        nodes lost their state and wait, not started, to be removed. As learners they
+        would never catch up; as voters the change would count on them, and its removal
+        phase would leave them a share of the quorum they can never supply (placement simulator seeds 747, 920 and 1202: pending
         [lost, new] over voters [old, lost, new], stuck once the old voter went). Drop
         them from pending (``rebalance_steps.leave_pending_for_switch_reduce``): the
         change then removes them first (``_advance`` removes the departed first), and
