@@ -172,7 +172,7 @@ class MetastoreView(ManagerBase):
                 self._forget_table(key[len(TABLES_PREFIX):].decode(errors="replace"))
         elif key.startswith((HOLDS_PREFIX, INCARNATION_PREFIX)):
             for gid, part in self._parts.items():
-                if part.rejoin:
+                if part.start.restarting:
                     self._kick(gid)
         elif key == TOPOLOGY_KEY:
             for gid in self._parts:

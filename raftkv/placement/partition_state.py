@@ -1,6 +1,35 @@
 """What one node's placement manager knows and has under way for each partition
-(``PartitionState``), and the leader's change in progress (``Change``), whose progress is
-an explicit ``ChangePhase`` checked against ``CHANGE_TRANSITIONS``.
+(``PartitionState``): how this node starts its replica, an explicit ``StartPhase`` checked
+against ``START_TRANSITIONS``, and the leader's change in progress (``Change``), an
+explicit ``ChangePhase`` checked against ``CHANGE_TRANSITIONS``.
+
+The start phases (IGNITE-16668's restart path, ``raftkv.placement.safe_restart``)
+-------------------------------------------------------------------------------
+Each time this node's manager learns a partition it must decide how to start its replica,
+and whether it may: a replica that lost its state (in memory, or a persistent one whose
+files were wiped) must not come back as the voter it was.
+
+- ``UNDECIDED``: not looked at yet in this incarnation (the storage self-check and the
+  first-start rule run on the first look);
+- ``NORMAL``: nothing to hide: start over our own log, bootstrap the founding
+  configuration on a founder's first start, or join empty as a new member. It is also
+  where the restart path ends: re-added after the leader removed us, or a full-partition
+  restart that bootstraps a fresh history;
+- ``LOST``: our state is gone while stable names us (or, bug C's in-memory case, the
+  change under way may count on us): not started; decide between recording the loss in
+  switch.reduce (a majority of stable is available), a full-partition restart (nobody
+  holds the state) and waiting;
+- ``LEAVING``: our state is gone while only pending names us: leave pending (one invoke
+  that also records us in switch.reduce);
+- ``LEFT``: left pending; not started until the leader has removed us and pending names
+  us again;
+- ``RECORDED``: we are in switch.reduce; not started until the leader has removed us
+  (stable without us) and re-adds us, or a full-partition restart applies.
+
+The moves are those of ``START_TRANSITIONS``. Only ``NORMAL`` starts the group (the
+manager's requests in flight, such as the holds-key write before a start, are marked
+separately: they are not phases). Any other move is a bug, raised as
+``IllegalTransition``.
 
 The change's phases
 -------------------
@@ -75,6 +104,40 @@ CHANGE_TRANSITIONS: dict[ChangePhase, frozenset[ChangePhase]] = {
     _P.REMOVING: _CORE | {_P.REMOVING, _P.HANDING_OVER, _P.APPLIED},
     _P.HANDING_OVER: _CORE | {_P.HANDING_OVER, _P.REMOVING},
     _P.APPLIED: _CORE | {_P.APPLIED},
+}
+
+
+class StartPhase(Enum):
+    # Values appear in status() output ("start"); the module docstring describes each.
+    UNDECIDED = "undecided"
+    NORMAL = "normal"
+    LOST = "lost"
+    LEAVING = "leaving"
+    LEFT = "left"
+    RECORDED = "recorded"
+
+    @property
+    def restarting(self) -> bool:
+        """On the restart path: not started, waiting on the metastore's keys."""
+        return self in _RESTARTING
+
+
+_S = StartPhase
+_RESTARTING = frozenset({_S.LOST, _S.LEAVING, _S.LEFT, _S.RECORDED})
+# phase -> the phases it may move to.
+START_TRANSITIONS: dict[StartPhase, frozenset[StartPhase]] = {
+    _S.UNDECIDED: frozenset({_S.NORMAL, _S.LOST, _S.LEAVING}),
+    # Bug C's in-memory case (``SafeRestart._declare_lost``, from these three as well):
+    # not named by stable or pending, we hosted the partition before this start, and the
+    # change under way may count on us.
+    _S.NORMAL: frozenset({_S.LOST}),
+    # Recorded in switch.reduce; or a full restart bootstraps, or we were re-added.
+    _S.LOST: frozenset({_S.RECORDED, _S.NORMAL}),
+    # Stable may name us before we have left pending (onRebalanceDone wrote it): then
+    # we take a stable member's road.
+    _S.LEAVING: frozenset({_S.LEFT, _S.RECORDED, _S.NORMAL}),
+    _S.LEFT: frozenset({_S.NORMAL, _S.LOST, _S.RECORDED}),
+    _S.RECORDED: frozenset({_S.NORMAL}),
 }
 
 
@@ -153,16 +216,13 @@ class PartitionState:
     # IGNITE-16668 (see raftkv.placement.safe_restart).
     sw: steps.SwitchKeys = NO_SWITCH
     preexisting: bool = False  # the table existed before this incarnation registered
-    rejoin: bool | None = None  # None: not decided; True: on the restart path
+    start: StartPhase = StartPhase.UNDECIDED
     start_inflight: bool = False  # our holds key is being written before the start
     reduce_inflight: bool = False  # the switch.reduce retry loop is running
-    reduce_added: bool = False  # we are in switch.reduce (our cache may not show it yet)
-    leave_pending: bool = False  # lost our state while only in pending: leave it first
-    left_at: int = 0  # the revision of our leave-pending invoke (wait for the cache)
+    left_at: int = 0  # LEFT: the revision of our leave-pending invoke (wait for the cache)
     unblock_key: tuple[int, int] | None = None  # (pending rev, reduce rev) unblocked for
     wait_scheduled: bool = False
     switch_key: tuple[int, int] | None = None  # (reduce rev, stable rev) triggered for
-    declared: bool = False  # bug C's in-memory case: we recorded our loss in switch.reduce
     tidy_inflight: bool = False  # removing a stray learner (_drop_stray_learners)
     tidy_scheduled: bool = False  # its retry timer is set
     pending_read: tuple[int, int] = (0, -1)  # (term, pending rev) confirmed by a read
@@ -171,5 +231,11 @@ class PartitionState:
     survive_after: float = 0.0  # no survivor election before this (monotonic) time
     survive_refused: str = ""  # the core's last reason to refuse one (logged once)
     gen: int = 0  # the descriptor's create revision: which incarnation of the table
+
+    def move(self, to: StartPhase) -> None:
+        """Enter ``to``; ``IllegalTransition`` unless ``START_TRANSITIONS`` allows it."""
+        if to not in START_TRANSITIONS[self.start]:
+            raise IllegalTransition(f"{self.group} start: {self.start.name} -> {to.name}")
+        self.start = to
 
 

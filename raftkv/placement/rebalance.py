@@ -586,7 +586,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
                 "planned": planned or None,
                 "switch_reduce": self._nodes(part.sw.reduce),
                 "switch_append": self._nodes(part.sw.append),
-                "rejoin": part.rejoin,
+                "start": part.start.value,
                 "hosted": g is not None,
             }
             if g is not None:

@@ -18,6 +18,12 @@ its group and re-added fresh, and its Raft node is not started before the remova
   every change of the keys involved). Once stable no longer names the node (written only
   after a configuration without it applied) and pending does, it starts the group empty
   (``voters=None``): a learner the leader adds, catches up and promotes.
+- The replica's own progress on this path is ``PartitionState.start``, a
+  ``partition_state.StartPhase``: ``UNDECIDED`` until the first look, then ``NORMAL``
+  (start), or ``LOST`` (a stable member: record the loss in switch.reduce, or take part in
+  a full restart), ``LEAVING`` then ``LEFT`` (a pending-only member), ``RECORDED`` (in
+  switch.reduce, waiting for the leader's removal), and back to ``NORMAL`` when re-added
+  or fully restarted. ``START_TRANSITIONS`` lists the moves.
 - *The leader's watch on switch.reduce* (``_trigger_switch_reduce``): with pending empty,
   ``pending = calcPartAssignments() - switch.reduce; trigger = event.revision`` under the
   seed's trigger guard (``rebalance_steps.trigger_switch_reduce``).
@@ -156,6 +162,7 @@ from raftkv.placement.meta_commands import (
 )
 from raftkv.placement.partition_state import (
     PartitionState,
+    StartPhase,
 )
 from raftkv.storage.layout import group_paths
 from raftkv.transport import codec
@@ -253,24 +260,28 @@ class SafeRestart(ManagerBase):
         """The seed's onPartitionStart (see the module docstring)."""
         if part.start_inflight or part.reduce_inflight:
             return
-        if part.rejoin is None:
+        if part.start is StartPhase.UNDECIDED:
             self._clear_stale_files(part)
             # Nothing to have lost on a founder's first start: its manager registered
             # after the table was created (placement simulator seed 63: two of three
             # founders took the restart path at creation and waited for ever).
             first = self._first_start(part, desc, stable, pending)
-            lost = (self._in_memory(desc) or not self._has_log(part)) and not first
-            part.rejoin = part.preexisting and self.id in stable and lost
-            if (not part.rejoin and part.preexisting and lost and self.id in pending
-                    and len(set(pending) - {self.id}) > 0 and self._held_before(part)):
+            lost = part.preexisting and not first and (
+                self._in_memory(desc) or not self._has_log(part))
+            if lost and self.id in stable:
+                part.move(StartPhase.LOST)
+            elif (lost and self.id in pending and len(set(pending) - {self.id}) > 0
+                    and self._held_before(part)):
                 # A member of pending only (learner, or promoted voter) that lost its
                 # state: the same rule as for stable; leave pending, be re-added fresh.
-                part.rejoin = part.leave_pending = True
-            if part.rejoin:
+                part.move(StartPhase.LEAVING)
+            else:
+                part.move(StartPhase.NORMAL)
+            if part.start.restarting:
                 self.metrics["restarts_detected"] += 1
                 log.info("node %s: %s lost its state (%s): safe restart", self.id, part.group,
                          "in-memory" if self._in_memory(desc) else "no local log")
-        if not part.rejoin:
+        if part.start is StartPhase.NORMAL:
             founders = desc.initial[part.index]
             # Founders bootstrap the founding configuration only on their first start
             # (a founder removed and re-added in the same incarnation bootstrapped it
@@ -283,7 +294,7 @@ class SafeRestart(ManagerBase):
             return
         reduce = self._nodes(part.sw.reduce)
         if self.id not in stable:
-            if part.leave_pending:
+            if part.start is StartPhase.LEAVING:
                 self._leave_pending(part)
                 return
             if self.id in reduce or self._revision < part.left_at:
@@ -293,7 +304,7 @@ class SafeRestart(ManagerBase):
                 return
             # Removed from the configuration (stable excludes us only once a configuration
             # without us applied), and now in pending: come back as a fresh learner.
-            part.rejoin = False
+            part.move(StartPhase.NORMAL)
             self.metrics["partitions_rejoined"] += 1
             log.info("node %s: %s re-added after its removal: joining empty", self.id,
                      part.group)
@@ -302,7 +313,7 @@ class SafeRestart(ManagerBase):
         majority = self._majority_available(part, stable, reduce)
         if not majority and self._restart_epoch(part, self._kv) is not None:
             self._full_restart(part, desc)
-        elif self.id in reduce or part.reduce_added:
+        elif self.id in reduce or part.start is StartPhase.RECORDED:
             self._wait(part)  # the leader removes us
         elif majority:
             self._add_to_switch_reduce(part)
@@ -381,7 +392,7 @@ class SafeRestart(ManagerBase):
 
         def done_leaving(revision: int) -> None:
             part.reduce_inflight = False
-            part.leave_pending = False
+            part.move(StartPhase.LEFT)
             part.left_at = revision
             self._backoff(part, "reduce").succeeded()
             self._kick(part.group)
@@ -419,7 +430,7 @@ class SafeRestart(ManagerBase):
                 attempt()  # switch.reduce moved since our read
                 return
             part.reduce_inflight = False
-            part.reduce_added = True
+            part.move(StartPhase.RECORDED)
             self._backoff(part, "reduce").succeeded()
             self.metrics["switch_reduce_added"] += 1
             log.info("node %s: %s recorded in switch.reduce; not starting it", self.id,
@@ -437,11 +448,10 @@ class SafeRestart(ManagerBase):
         per incarnation, and take the restart path from then on, so that when pending
         names us again we join as a fresh learner (never leave pending as a lost
         pending-only member)."""
-        if part.declared or part.reduce_inflight or self.id in self._nodes(part.sw.reduce):
+        if (part.start in (StartPhase.LOST, StartPhase.LEAVING, StartPhase.RECORDED)
+                or part.reduce_inflight or self.id in self._nodes(part.sw.reduce)):
             return
-        part.declared = True
-        part.rejoin = True
-        part.reduce_added = False
+        part.move(StartPhase.LOST)
         self.metrics["restarts_detected"] += 1
         log.info("node %s: %s lost its state while the configuration may count on it "
                  "(hosted before this start, in neither stable nor pending)", self.id,
@@ -555,7 +565,7 @@ class SafeRestart(ManagerBase):
             if not f.result().succeeded or not self._current(part):
                 self._kick(part.group)  # something moved: decide again
                 return
-            part.rejoin = False
+            part.move(StartPhase.NORMAL)
             self.metrics["full_restarts"] += 1
             log.info("node %s: %s full-partition restart: bootstrapping %s", self.id,
                      part.group, voters)
