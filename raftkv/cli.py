@@ -6,6 +6,7 @@
     raftkv cluster status [--only-endpoints] [--group G ...]
     raftkv cluster add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
     raftkv cluster add-node ID RAFT_ADDR [--http-addr H:P] | remove-node ID   (placement topology)
+    raftkv cluster nodes | settings [--scale-down-timeout S] [--scale-up-timeout S]
     raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
                  [--allow-unsafe]   (2 in-memory replicas are refused without it)
     raftkv table list | describe NAME | drop NAME | set-replicas NAME N [--allow-unsafe]
@@ -59,6 +60,7 @@ import os
 import sys
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from importlib import metadata
 from typing import Any, NoReturn
 
@@ -71,6 +73,7 @@ from raftkv.storage.layout import DEFAULT_GROUP
 DEFAULT_ENDPOINTS = "http://127.0.0.1:8001"
 STATUS_COLUMNS = ["node", "group", "role", "kind", "term", "leader", "commit", "applied",
                   "checkpoint", "last"]
+NODE_COLUMNS = ["id", "state", "seconds_in_state", "epoch", "in_topology", "data_node"]
 
 
 class UsageError(Exception):
@@ -266,7 +269,27 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
             print(json.dumps(rows, indent=1))
         else:
             print(format_table(rows))
+            try:
+                nodes = client.cluster_nodes()
+            except (ClientError, OSError, http.client.HTTPException, ValueError):
+                nodes = []  # no placement answer: the groups above are the status
+            if nodes:
+                print("placement nodes:")
+                print(render_table(nodes, NODE_COLUMNS))
         return 1 if any("error" in r for r in rows) else 0
+    if args.action == "nodes":
+        nodes = client.cluster_nodes()
+        if args.write_out == "json":
+            print(json.dumps(nodes, indent=1))
+        else:
+            print(render_table(nodes, NODE_COLUMNS))
+        return 0
+    if args.action == "settings":
+        change = {k: v for k, v in (("scale_down_timeout", args.scale_down_timeout),
+                                    ("scale_up_timeout", args.scale_up_timeout))
+                  if v is not None}
+        emit(args, client.update_settings(**change) if change else client.settings())
+        return 0
     if args.action == "add-learner":
         emit(args, client.add_learner(args.node, args.raft_addr))
     elif args.action == "promote":
@@ -302,13 +325,16 @@ def _table_commands(args: argparse.Namespace, client: Client) -> int:
 
 
 # -- the parser -------------------------------------------------------------------------
-def _seconds(text: str) -> float:
+def _seconds(text: str, zero: bool = False) -> float:
+    """A finite number of seconds, more than 0 (or ``zero``: 0 or more)."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    if not (0 <= v if zero else 0 < v) or v == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"must be 0 seconds or more, not {text}" if zero
+            else f"must be more than 0 seconds, not {text}")
     return v
 
 
@@ -400,6 +426,16 @@ def parser() -> argparse.ArgumentParser:
     add_node.add_argument("raft_addr", help="its host:port for Raft traffic")
     add_node.add_argument("--http-addr", help="its host:port for HTTP, published so that "
                                               "other nodes can proxy to it")
+    _sub(cla, "nodes", "each placement node's liveness: alive, suspect or dead, for how "
+                       "long, and whether partitions are placed on it")
+    settings = _sub(cla, "settings", "show the cluster's placement settings, or change "
+                                     "them")
+    settings.add_argument("--scale-down-timeout", type=partial(_seconds, zero=True), metavar="SECONDS",
+                          help="silence after which a node is dead and its partitions "
+                               "move to live nodes (0: never)")
+    settings.add_argument("--scale-up-timeout", type=partial(_seconds, zero=True), metavar="SECONDS",
+                          help="how long a dead node must be back before partitions are "
+                               "placed on it again")
 
     tb = _sub(sub, "table", "create, inspect and drop tables (partitioned, each partition "
                             "its own Raft group)")

@@ -417,6 +417,19 @@ class Client:
     def remove_node(self, node_id: str) -> Any:
         return self._post(f"/v1/cluster/nodes/{quote(node_id, safe='')}", method="DELETE")
 
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        """Each placement node's liveness: state (alive, suspect, dead), seconds in it,
+        epoch, whether it is in the topology and a data node."""
+        return list(json.loads(self.request("GET", "/v1/cluster/nodes")[1])["nodes"])
+
+    def settings(self) -> dict[str, Any]:
+        return dict(json.loads(self.request("GET", "/v1/cluster/settings")[1]))
+
+    def update_settings(self, **settings: float) -> dict[str, Any]:
+        """``scale_down_timeout`` / ``scale_up_timeout`` in seconds (0 turns automatic
+        removal off)."""
+        return dict(self._post("/v1/cluster/settings", settings, method="PUT"))
+
     def for_endpoint(self, endpoint: str) -> Client:
         """A client of ``endpoint`` alone, with this client's timeouts, TLS files and
         credentials (``raftkv cluster status`` asks every node through one)."""

@@ -465,6 +465,15 @@ class Node:
         check (loop thread; see "Peer liveness")."""
         return peer == self.id or peer not in self._down
 
+    def heard_from(self, peer: str, within: float) -> bool:
+        """Whether this node's transport heard from ``peer`` in the last ``within``
+        seconds of its clock (this node itself: always). Loop thread."""
+        return peer == self.id or self.transport.is_live(peer, self.clock(), within)
+
+    def lease_seconds(self) -> float:
+        """The silence after which a peer counts as down (one election timeout)."""
+        return self._election_seconds()
+
     def status(self) -> Future[dict[str, Any]]:
         return self.call(self._status)
 

@@ -10,6 +10,9 @@ Metastore layout (next to the per-partition keys of ``assignments.partition_keys
     placement.incarnation.<node>  a random id, rewritten by each start of the node's manager
     placement.holds.<name>.<p>.<node>  the incarnation in which <node> started hosting
                                 partition <p> (IGNITE-16668: who holds the state)
+    placement.liveness.<node>   the node's liveness record (``liveness.LivenessRecord``)
+    placement.dead              the nodes declared dead: excluded from the data nodes
+    placement.settings          cluster-wide placement settings (``ClusterSettings``)
     <name>.<p>.assignments.stable|pending|planned, <name>.<p>.change.trigger.revision,
     <name>.<p>.assignments.switch.reduce|switch.append (IGNITE-16668, see safe_restart.py)
 
@@ -53,6 +56,9 @@ FIELDS = {
 }
 INCARNATION_PREFIX = b"placement.incarnation."
 HOLDS_PREFIX = b"placement.holds."
+LIVENESS_PREFIX = b"placement.liveness."
+DEAD_KEY = b"placement.dead"
+SETTINGS_KEY = b"placement.settings"
 
 
 def check_table_name(name: object) -> str:
@@ -158,6 +164,10 @@ def parse_partition_key(key: bytes) -> PartitionField | None:
     if m is None:
         return None
     return PartitionField(m["table"].decode(), int(m["p"]), FIELDS[m["field"]])
+
+
+def liveness_key(node: str) -> bytes:
+    return LIVENESS_PREFIX + check_node_id(node).encode()
 
 
 def incarnation_key(node: str) -> bytes:

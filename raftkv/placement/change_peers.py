@@ -71,10 +71,12 @@ from raftkv.placement.assignments import (
 )
 from raftkv.placement.catalog import (
     ADDRESS_PREFIX,
+    DEAD_KEY,
     TOPOLOGY_KEY,
     TableDescriptor,
     table_key,
 )
+from raftkv.placement.liveness import data_nodes
 from raftkv.placement.manager_base import (
     ManagerBase,
     fail,
@@ -255,15 +257,17 @@ class ChangePeers(ManagerBase):
             part.keys, part.sw, blocked, pending, reduce))), done)
 
     def _calc(self, part: PartitionState, topo: VersionedValue | None,
-              dkv: VersionedValue | None) -> list[str]:
-        """calcPartAssignments() from a topology and a descriptor (stable without them)."""
+              dead: VersionedValue | None, dkv: VersionedValue | None) -> list[str]:
+        """calcPartAssignments() from the data nodes (the topology without ``dead``) and a
+        descriptor (stable without them)."""
         if topo is None or dkv is None:
             return self._nodes(part.keys.stable)
         try:
             desc = TableDescriptor.decode(dkv.value)
         except ValueError:
             return self._nodes(part.keys.stable)
-        return calc_assignments(desc.name, part.index, decode_nodes(topo.value), desc.replicas)
+        return calc_assignments(desc.name, part.index, data_nodes(topo, dead)[0],
+                                desc.replicas)
 
     def _trigger_switch_reduce(self, part: PartitionState, reduce: VersionedValue) -> None:
         """IGNITE-16668: the leader's watch on switch.reduce (pending is empty)."""
@@ -275,7 +279,8 @@ class ChangePeers(ManagerBase):
         if not bo.ready(key, self.node.clock()):
             return
         part.switch_key = key
-        calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(table_key(part.table)))
+        calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY),
+                          self._kv.get(table_key(part.table)))
         tree = self._if_table(
             part, steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable))
 
@@ -446,7 +451,7 @@ class ChangePeers(ManagerBase):
         part.finishing = key
 
         keys = [part.keys.stable, part.keys.pending, part.keys.planned, part.sw.reduce,
-                part.sw.append, TOPOLOGY_KEY, table_key(part.table)]
+                part.sw.append, TOPOLOGY_KEY, DEAD_KEY, table_key(part.table)]
 
         def attempt(retries: int) -> None:
             def read(f: Future[Any]) -> None:
@@ -454,10 +459,10 @@ class ChangePeers(ManagerBase):
                 if exc is not None:
                     give_up(exc)
                     return
-                st, pe, pl, red, app, topo, dkv = f.result()
+                st, pe, pl, red, app, topo, dead, dkv = f.result()
                 done = steps.rebalance_done_switch(
                     part.keys, part.sw, voters, st, pe, pl, red, app,
-                    self._calc(part, topo, dkv))
+                    self._calc(part, topo, dead, dkv))
                 if done.tree is None:
                     bo.succeeded()
                     self.metrics["done_stale"] += 1

@@ -28,6 +28,7 @@ from raftkv.placement.assignments import (
 )
 from raftkv.placement.catalog import (
     ADDRESS_PREFIX,
+    DEAD_KEY,
     HOLDS_PREFIX,
     INCARNATION_PREFIX,
     TABLES_PREFIX,
@@ -174,7 +175,7 @@ class MetastoreView(ManagerBase):
             for gid, part in self._parts.items():
                 if part.start.restarting:
                     self._kick(gid)
-        elif key == TOPOLOGY_KEY:
+        elif key in (TOPOLOGY_KEY, DEAD_KEY):
             for gid in self._parts:
                 self._kick(gid)
         elif not key.startswith(ADDRESS_PREFIX):

@@ -162,14 +162,15 @@ from raftkv.placement.assignments import (
     PENDING_WRITTEN,
     PLANNED_WRITTEN,
     calc_assignments,
-    decode_nodes,
     encode_nodes,
     partition_keys,
     partition_of,
 )
 from raftkv.placement.catalog import (
+    DEAD_KEY,
     HOLDS_PREFIX,
     PERSISTENT,
+    SETTINGS_KEY,
     TOPOLOGY_KEY,
     TableDescriptor,
     check_node_id,
@@ -180,6 +181,7 @@ from raftkv.placement.catalog import (
     table_key,
 )
 from raftkv.placement.change_peers import ChangePeers
+from raftkv.placement.liveness import ClusterSettings, Liveness, data_nodes
 from raftkv.placement.manager_base import (
     ADMIN_ATTEMPTS,
     EMPTY,
@@ -213,7 +215,7 @@ log = logging.getLogger(__name__)
 
 
 
-class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
+class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, Liveness):
     """Tables and rebalance on one node (see the module docstring).
 
     ``status()["metrics"]`` counts: ``plan.pending_written`` / ``plan.planned_written`` /
@@ -270,6 +272,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
         def install() -> None:
             self._loop_ident = threading.get_ident()
             self.node.groups[self.meta.group].on_tick.append(self._timer.on_tick)
+            self._start_liveness()
             self._register_address()
             self._register_incarnation()
 
@@ -302,10 +305,12 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
         self._not_on_loop()
         key = table_key(name)
         for _ in range(ADMIN_ATTEMPTS):
-            topo = self.meta.get(TOPOLOGY_KEY).result(self.admin_timeout)
-            nodes = decode_nodes(topo.value) if topo is not None else []
+            topo, dead = self.meta.get_many([TOPOLOGY_KEY, DEAD_KEY]).result(
+                self.admin_timeout)
+            nodes, _ = data_nodes(topo, dead)
             desc = TableDescriptor.new(name, partitions, replicas, storage, nodes)
-            res = self.meta.invoke(*create_table_invoke(desc, topo)).result(self.admin_timeout)
+            res = self.meta.invoke(*create_table_invoke(desc, topo, dead)).result(
+                self.admin_timeout)
             assert isinstance(res, InvokeResult)
             if res.succeeded:
                 return desc
@@ -403,6 +408,34 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
     def table(self, name: str) -> TableDescriptor | None:
         return self._tables.get(name)
 
+    def cluster_nodes(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Each placement node's liveness as this node's metastore replica last saw it
+        (``raftkv.placement.liveness``): state, epoch, since (wall clock), whether it is
+        in the topology and a data node."""
+        self._not_on_loop()
+        result: list[dict[str, Any]] = self.node.call(self._liveness_status).result(timeout)
+        return result
+
+    def settings(self) -> ClusterSettings:
+        """The cluster's placement settings (a linearizable read)."""
+        self._not_on_loop()
+        v = self.meta.get(SETTINGS_KEY).result(self.admin_timeout)
+        return ClusterSettings.decode(v.value if v is not None else None)
+
+    def update_settings(self, body: object) -> ClusterSettings:
+        """Change some settings (``ClusterSettings.update``: ``ValueError`` for a bad
+        field, and nothing is written); guarded by the key's revision, retried."""
+        self._not_on_loop()
+        for _ in range(ADMIN_ATTEMPTS):
+            cur = self.meta.get(SETTINGS_KEY).result(self.admin_timeout)
+            new = ClusterSettings.decode(cur.value if cur is not None else None).update(body)
+            res = self.meta.invoke(
+                [Cond.revision(SETTINGS_KEY).eq(cur.mod_revision if cur is not None else 0)],
+                [Op.put(SETTINGS_KEY, new.encode())]).result(self.admin_timeout)
+            if res.succeeded:
+                return new
+        raise RuntimeError("the settings kept changing while updating them")
+
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         self._not_on_loop()
         result: dict[str, Any] = self.node.call(self._status).result(timeout)
@@ -475,8 +508,8 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
         topo, dkv = self._kv.get(TOPOLOGY_KEY), self._kv.get(table_key(desc.name))
         if topo is None or dkv is None or part.plan_inflight:
             return
-        nodes = decode_nodes(topo.value)
-        source = max(topo.mod_revision, dkv.mod_revision)
+        nodes, nodes_rev = data_nodes(topo, self._kv.get(DEAD_KEY))
+        source = max(nodes_rev, dkv.mod_revision)
         trig = self._kv.get(part.keys.trigger)
         seen = decode_revision(trig.value) if trig is not None and trig.value else 0
         if not nodes or seen >= source or part.plan_done >= source:
@@ -606,16 +639,19 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers):
             "tables": {n: {"partitions": d.partitions, "replicas": d.replicas,
                            "storage": d.storage} for n, d in sorted(self._tables.items())},
             "partitions": parts,
+            "nodes": self._liveness_status(),
             "errors": list(self.errors),
             "metrics": dict(self.metrics),
         }
 
 
 def create_table_invoke(desc: TableDescriptor, topo: VersionedValue | None,
+                        dead: VersionedValue | None = None,
                         ) -> tuple[list[Condition], list[Op]]:
-    """The invoke that creates ``desc`` (computed from the topology ``topo``): the
-    descriptor and each partition's initial stable assignment, if no table of that name
-    exists and the topology has not moved since it was read."""
+    """The invoke that creates ``desc`` (computed from the data nodes: the topology
+    ``topo`` without ``dead``): the descriptor and each partition's initial stable
+    assignment, if no table of that name exists and neither key has moved since it was
+    read."""
     key = table_key(desc.name)
     ops = [Op.put(key, desc.encode())]
     for p in range(desc.partitions):
@@ -625,8 +661,9 @@ def create_table_invoke(desc: TableDescriptor, topo: VersionedValue | None,
         # not seen the drop yet) must not steer the new one.
         ops += [Op.remove(k) for k in (pk.pending, pk.planned, pk.trigger,
                                        sw.reduce, sw.append)]
-    guard = Cond.revision(TOPOLOGY_KEY).eq(topo.mod_revision if topo else 0)
-    return [Cond.not_exists(key), guard], ops
+    guards = [Cond.revision(k).eq(v.mod_revision if v else 0)
+              for k, v in ((TOPOLOGY_KEY, topo), (DEAD_KEY, dead))]
+    return [Cond.not_exists(key), *guards], ops
 
 
 def set_replicas_invoke(key: bytes, cur: VersionedValue, replicas: int,

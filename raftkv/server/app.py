@@ -119,7 +119,10 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/tables/{table}/partitions/{p}/batch"): Role.WRITE,
     ("GET", "/v1/tables/{table}/partitions/{p}/digest"): Role.READ,
     ("POST", "/v1/cluster/nodes"): Role.ADMIN,
+    ("GET", "/v1/cluster/nodes"): Role.READ,
     ("DELETE", "/v1/cluster/nodes/{id}"): Role.ADMIN,
+    ("GET", "/v1/cluster/settings"): Role.READ,
+    ("PUT", "/v1/cluster/settings"): Role.ADMIN,
 }
 
 

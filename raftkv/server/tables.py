@@ -96,6 +96,7 @@ from raftkv.placement.catalog import (
     table_key,
 )
 from raftkv.placement.leader_balance import LeaderBalancer
+from raftkv.placement.liveness import ClusterSettings
 from raftkv.placement.meta_commands import Cond, InvokeResult, Op
 from raftkv.placement.rebalance import (
     PlacementManager,
@@ -271,7 +272,10 @@ class TablesApi:
         r.add_post("/v1/tables/{table}/partitions/{p}/batch", self.partition_batch)
         r.add_get("/v1/tables/{table}/partitions/{p}/digest", self.partition_digest)
         r.add_post("/v1/cluster/nodes", self.add_node)
+        r.add_get("/v1/cluster/nodes", self.nodes)
         r.add_delete("/v1/cluster/nodes/{id}", self.remove_node)
+        r.add_get("/v1/cluster/settings", self.get_settings)
+        r.add_put("/v1/cluster/settings", self.put_settings)
         app.on_cleanup.append(self._close)
 
     async def _close(self, app: web.Application) -> None:
@@ -498,6 +502,33 @@ class TablesApi:
         except NotLeader as e:
             return error(421, "not the metastore leader", leader=e.leader)
         return web.json_response({"id": node, "topology": nodes})
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        """Each placement node's liveness (``raftkv.placement.liveness``), as this node's
+        metastore replica has it, with the seconds it has been in its state."""
+        rows = await self._run(self.p.mgr.cluster_nodes)
+        now = time.time()
+        for r in rows:
+            since = r.pop("since")
+            r["seconds_in_state"] = None if since is None else round(max(0.0, now - since), 1)
+        return web.json_response({"nodes": rows})
+
+    async def get_settings(self, request: web.Request) -> web.Response:
+        self._meta_leader()
+        s = await self._run(self.p.mgr.settings)
+        return web.json_response(json.loads(s.encode()))
+
+    async def put_settings(self, request: web.Request) -> web.Response:
+        """``{"scale_down_timeout"?, "scale_up_timeout"?}`` in seconds (0 <= t <= a week;
+        ``scale_down_timeout: 0`` turns automatic removal of dead nodes off)."""
+        body = await json_body(request)
+        try:
+            ClusterSettings().update(body)  # validated before anything is sent
+        except ValueError as e:
+            return error(400, str(e))
+        self._meta_leader()
+        s = await self._run(lambda: self.p.mgr.update_settings(body))
+        return web.json_response(json.loads(s.encode()))
 
     async def remove_node(self, request: web.Request) -> web.Response:
         node = request.match_info["id"]

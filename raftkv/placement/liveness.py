@@ -1,0 +1,313 @@
+"""Failure detection for placement, and the *data nodes* partitions are placed on.
+
+Model
+-----
+Ignite 3 places a distribution zone's partitions on its *data nodes*: the logical
+topology, adjusted by two timers (the data nodes auto-adjust of its
+DistributionZoneManager). A node that left is dropped from the data nodes once
+``dataNodesAutoAdjustScaleDown`` seconds pass without it coming back; a node that joined is
+added after ``dataNodesAutoAdjustScaleUp``. The assignments are then recomputed from the
+data nodes and move through the ordinary rebalance (stable, pending, planned). raftkv does
+the same: ``data_nodes`` is the placement topology (``placement.nodes``, what the operator
+asked for) without the nodes declared dead (``placement.dead``), and step (1), IGNITE-16668's
+switch and a new table's initial assignment all place partitions on it. A dead node's
+partitions then regain their replica count on the live nodes through the existing
+protocol, in its order: learners are added and caught up first, and changePeers removes
+departed voters before live ones and the leader last, never leaving the voters without a
+quorum of live members (``change_peers``, the strict reconfiguration check).
+
+One authority, on its own clock
+-------------------------------
+As with CockroachDB's node liveness, who is alive is one record per node, decided by one
+authority and written down; no replica infers it from its own clock. The authority is the
+metastore leader. Every few ticks it looks at whom its transport has heard from within one
+*lease* (the election timeout: the silence after which the driver reports a peer down)
+and moves each topology node's record (``placement.liveness.<node>``,
+``LivenessRecord``):
+
+- ``alive`` to ``suspect``: not heard from for a lease. Nothing acts on suspicion.
+- ``suspect`` to ``alive``: heard from again.
+- ``suspect`` to ``dead``: silent for ``scale_down_timeout`` seconds more, counted on this
+  leader's clock from the later of the first silence it saw and its own election. A new
+  leader restarts every timer, since it cannot know how long a node was silent before;
+  etcd extends leases by an election timeout on a leader change for the same reason. The
+  same invoke adds the node to ``placement.dead``.
+- ``dead`` to ``alive``: heard from without a break for ``scale_up_timeout`` seconds; the
+  same invoke removes it from ``placement.dead``. A node that comes and goes around the
+  timeouts therefore moves its replicas at most once per ``scale_down_timeout +
+  scale_up_timeout``, not on every flap.
+
+The record's ``epoch`` counts the node's incarnations (each start of a node writes a new
+``placement.incarnation.<node>``): a record written for an earlier incarnation says
+nothing about the current one.
+
+Guard rails
+-----------
+- Nothing is declared dead while the leader hears from fewer than a majority of the
+  topology: it is then more likely to be the one cut off.
+- The data nodes are never empty: if every node were dead, the topology stands.
+- ``scale_down_timeout = 0`` turns automatic removal off: no node is declared dead, and
+  the dead ones return to the data nodes.
+- Every write is an invoke guarded by the revisions the leader read (the node's record,
+  ``placement.dead`` and the topology), so a deposed leader that has not yet noticed cannot
+  overwrite its successor's decision.
+
+The settings live in ``placement.settings`` (``ClusterSettings``): one value for the whole
+cluster, set by ``PUT /v1/cluster/settings`` or ``raftkv cluster settings``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+import msgpack
+
+from raftkv.core import Role
+from raftkv.placement.assignments import decode_nodes, encode_nodes
+from raftkv.placement.catalog import (
+    DEAD_KEY,
+    INCARNATION_PREFIX,
+    LIVENESS_PREFIX,
+    SETTINGS_KEY,
+    TOPOLOGY_KEY,
+    liveness_key,
+)
+from raftkv.placement.manager_base import ManagerBase
+from raftkv.placement.meta_commands import Cond, InvokeResult, Op, VersionedValue
+
+log = logging.getLogger(__name__)
+
+# How often the metastore leader looks (seconds of its clock).
+LIVENESS_PERIOD = 0.5
+# The settings' bounds: a timeout above a week is a typo, not a policy.
+MAX_TIMEOUT = 7 * 24 * 3600.0
+
+
+class LivenessState(Enum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class LivenessRecord:
+    state: LivenessState
+    epoch: int  # the number of incarnations of the node this record has named
+    incarnation: bytes  # the one it names now (b"" before the node registered one)
+    since: float  # wall-clock time the state began, for people reading status only
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"state": self.state.value, "epoch": self.epoch,
+                              "incarnation": self.incarnation, "since": self.since},
+                             use_bin_type=True)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LivenessRecord:
+        try:
+            d = msgpack.unpackb(raw, raw=False)
+            rec = cls(LivenessState(d["state"]), d["epoch"], d["incarnation"], d["since"])
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
+            raise ValueError(f"malformed liveness record: {e}") from None
+        if (type(rec.epoch) is not int or not isinstance(rec.incarnation, bytes)
+                or not isinstance(rec.since, (int, float))):
+            raise ValueError("malformed liveness record")
+        return rec
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Cluster-wide placement settings (see the module docstring)."""
+
+    scale_down_timeout: float = 30.0  # seconds of silence before a node is dead; 0: never
+    scale_up_timeout: float = 5.0  # seconds a dead node must be heard from to count again
+
+    def encode(self) -> bytes:
+        return json.dumps({"scale_down_timeout": self.scale_down_timeout,
+                           "scale_up_timeout": self.scale_up_timeout}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> ClusterSettings:
+        """The stored settings; the defaults when there are none or they do not parse (a
+        node must keep placing partitions whatever a bad write left there)."""
+        if not raw:
+            return cls()
+        try:
+            return cls().update(json.loads(raw))
+        except ValueError:
+            return cls()
+
+    def update(self, body: object) -> ClusterSettings:
+        """These settings with ``body``'s fields changed; ``ValueError`` naming the field
+        for anything but a known field set to a finite number of seconds in
+        [0, MAX_TIMEOUT]."""
+        if not isinstance(body, dict) or not body:
+            raise ValueError('expected a JSON object with "scale_down_timeout" and/or '
+                             '"scale_up_timeout" (seconds)')
+        out = self
+        for name, value in body.items():
+            if name not in ("scale_down_timeout", "scale_up_timeout"):
+                raise ValueError(f"unknown setting {name!r}")
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or not 0 <= value <= MAX_TIMEOUT):
+                raise ValueError(f"{name} must be a number of seconds between 0 and "
+                                 f"{MAX_TIMEOUT:.0f}, got {value!r}")
+            out = replace(out, **{name: float(value)})
+        return out
+
+
+def data_nodes(topo: VersionedValue | None, dead: VersionedValue | None,
+               ) -> tuple[list[str], int]:
+    """The nodes partitions are placed on (the topology without the dead, never empty)
+    and the revision that decided them (a trigger source for step (1))."""
+    nodes = decode_nodes(topo.value) if topo is not None else []
+    gone = set(decode_nodes(dead.value)) if dead is not None else set()
+    live = [n for n in nodes if n not in gone]
+    return (live or nodes), max(topo.mod_revision if topo is not None else 0,
+                                dead.mod_revision if dead is not None else 0)
+
+
+class Liveness(ManagerBase):
+    """The metastore leader's failure detector (see the module docstring)."""
+
+    _live_term: int | None
+    _silent_since: dict[str, float]
+    _heard_since: dict[str, float]
+    _liveness_inflight: bool
+
+    def _start_liveness(self) -> None:
+        self._live_term = None
+        self._silent_since, self._heard_since = {}, {}
+        self._liveness_inflight = False
+        self._timer.after(LIVENESS_PERIOD, lambda: self._defer(self._liveness_tick))
+
+    def _settings(self) -> ClusterSettings:
+        v = self._kv.get(SETTINGS_KEY)
+        return ClusterSettings.decode(v.value if v is not None else None)
+
+    def _liveness_record(self, node: str) -> LivenessRecord | None:
+        v = self._kv.get(liveness_key(node))
+        if v is None or not v.value:
+            return None
+        try:
+            return LivenessRecord.decode(v.value)
+        except ValueError:
+            return None  # rewritten at the next look
+
+    def _liveness_tick(self) -> None:
+        self._timer.after(LIVENESS_PERIOD, lambda: self._defer(self._liveness_tick))
+        g = self.node.groups.get(self.meta.group)
+        if g is None or g.raft.role != Role.LEADER or not self._synced:
+            self._live_term = None
+            return
+        now = self.node.clock()
+        if self._live_term != g.raft.term:  # a new leader restarts every timer
+            self._live_term = g.raft.term
+            self._silent_since, self._heard_since = {}, {}
+        topo = self._nodes(TOPOLOGY_KEY)
+        lease = self.node.lease_seconds()
+        heard = {n: self.node.heard_from(n, lease) for n in topo}
+        for n, h in heard.items():
+            if h:
+                self._silent_since.pop(n, None)
+                self._heard_since.setdefault(n, now)
+            else:
+                self._heard_since.pop(n, None)
+                self._silent_since.setdefault(n, now)
+        if self._liveness_inflight:
+            return
+        settings = self._settings()
+        dead = set(self._nodes(DEAD_KEY))
+        may_declare = sum(heard.values()) >= len(topo) // 2 + 1
+        for n in sorted(topo):
+            rec = self._liveness_record(n)
+            state = self._decide(n, rec, heard[n], n in dead, settings, may_declare, now)
+            inc_v = self._kv.get(INCARNATION_PREFIX + n.encode())
+            inc = inc_v.value if inc_v is not None else b""
+            if rec is not None and rec.state == state and rec.incarnation == inc and (
+                    (state == LivenessState.DEAD) == (n in dead)):
+                continue
+            self._write_liveness(n, rec, state, inc, dead)
+            return  # one write at a time; the next look continues
+        stale = dead - set(topo)  # taken out of the topology while dead
+        if stale:
+            self._write_dead(dead - stale, [Op.remove(liveness_key(n)) for n in sorted(stale)])
+
+    def _decide(self, node: str, rec: LivenessRecord | None, heard: bool, is_dead: bool,
+                settings: ClusterSettings, may_declare: bool, now: float) -> LivenessState:
+        was_dead = is_dead or (rec is not None and rec.state == LivenessState.DEAD)
+        if settings.scale_down_timeout == 0:
+            return LivenessState.ALIVE if heard else LivenessState.SUSPECT
+        if heard:
+            back = now - self._heard_since[node] >= settings.scale_up_timeout
+            return LivenessState.DEAD if was_dead and not back else LivenessState.ALIVE
+        if was_dead:
+            return LivenessState.DEAD
+        silent = now - self._silent_since[node]
+        if may_declare and silent >= settings.scale_down_timeout:
+            return LivenessState.DEAD
+        return LivenessState.SUSPECT
+
+    def _write_liveness(self, node: str, rec: LivenessRecord | None, state: LivenessState,
+                        inc: bytes, dead: set[str]) -> None:
+        epoch = (rec.epoch if rec is not None else 0) + (
+            1 if rec is None or (inc and rec.incarnation != inc) else 0)
+        since = rec.since if rec is not None and rec.state == state else time.time()
+        new = LivenessRecord(state, epoch, inc, since)
+        key = liveness_key(node)
+        cur = self._kv.get(key)
+        conds = [Cond.revision(key).eq(cur.mod_revision if cur is not None else 0)]
+        ops = [Op.put(key, new.encode())]
+        want = (dead | {node}) if state == LivenessState.DEAD else (dead - {node})
+        if rec is None or rec.state != state:
+            log.info("node %s: %s is %s (epoch %d)", self.id, node, state.value, epoch)
+            self.metrics[f"liveness.{state.value}"] += 1
+        self._write_dead(want, ops, conds)
+
+    def _write_dead(self, want: set[str], ops: list[Op],
+                    conds: list[Any] | None = None) -> None:
+        """One invoke: ``ops``, and ``placement.dead := want`` if that changes it, guarded
+        by the revisions this leader read."""
+        dead_v, topo_v = self._kv.get(DEAD_KEY), self._kv.get(TOPOLOGY_KEY)
+        conds = list(conds or []) + [
+            Cond.revision(DEAD_KEY).eq(dead_v.mod_revision if dead_v is not None else 0),
+            Cond.revision(TOPOLOGY_KEY).eq(topo_v.mod_revision if topo_v is not None else 0)]
+        if want != set(self._nodes(DEAD_KEY)):
+            ops = ops + [Op.put(DEAD_KEY, encode_nodes(want))]
+        self._liveness_inflight = True
+
+        def done(f: Future[Any]) -> None:
+            self._liveness_inflight = False
+            exc = f.exception()
+            if exc is not None:
+                log.info("node %s: liveness write failed: %s", self.id, exc)
+                self.metrics["errors.liveness"] += 1
+            elif isinstance(f.result(), InvokeResult) and not f.result().succeeded:
+                self.metrics["liveness_conflicts"] += 1  # read again at the next look
+
+        self._on_loop(self.meta.invoke(conds, ops), done)
+
+    def _liveness_status(self) -> list[dict[str, Any]]:
+        """Every topology node's record, as status() and ``/v1/cluster/nodes`` show it."""
+        topo = self._nodes(TOPOLOGY_KEY)
+        data, _ = data_nodes(self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY))
+        out = []
+        known = sorted(set(topo) | {k[len(LIVENESS_PREFIX):].decode(errors="replace")
+                                    for k in self._kv if k.startswith(LIVENESS_PREFIX)})
+        for n in known:
+            rec = self._liveness_record(n)
+            out.append({
+                "id": n,
+                "state": rec.state.value if rec is not None else "unknown",
+                "epoch": rec.epoch if rec is not None else 0,
+                "since": rec.since if rec is not None else None,
+                "in_topology": n in topo,
+                "data_node": n in data,
+            })
+        return out

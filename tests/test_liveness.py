@@ -1,0 +1,133 @@
+"""Failure detection and automatic re-replication (raftkv.placement.liveness): a node
+silent for ``scale_down_timeout`` is declared dead by the metastore leader, its
+partitions regain their replica count on the live nodes, and once it is back for
+``scale_up_timeout`` partitions are placed on it again. In-process nodes over real TCP,
+LMDB files (tests/test_rebalance.py's cluster)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_rebalance import ALL, META, PARTS, TABLE, Cluster, _check, _no_errors, _write, wait_for
+
+from raftkv.placement.catalog import DEAD_KEY
+from raftkv.placement.liveness import ClusterSettings, LivenessRecord, data_nodes
+from raftkv.placement.meta_commands import VersionedValue
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        for nid in ALL:
+            c.start(nid)
+        yield c
+    finally:
+        c.stop()
+
+
+def _nodes(c: Cluster, via: str) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in c.mgrs[via].cluster_nodes()}
+
+
+def _state(c: Cluster, via: str, node: str) -> str:
+    return _nodes(c, via)[node]["state"]
+
+
+def _table_on_all(c: Cluster, scale_down: float, scale_up: float) -> dict[bytes, bytes]:
+    mgr = c.mgrs["n1"]
+    mgr.update_settings({"scale_down_timeout": scale_down, "scale_up_timeout": scale_up})
+    mgr.set_nodes(ALL)
+    mgr.create_table(TABLE, PARTS, 3)
+    c.wait_converged(TABLE, ALL, 3)
+    wait_for(lambda: all(r["state"] == "alive" for r in _nodes(c, "n1").values()), 10,
+             "every node alive")
+    return _write(c)
+
+
+def test_a_founder_killed_for_good_is_declared_dead_and_its_partitions_re_replicate(
+    cluster: Cluster,
+) -> None:
+    """The issue's scenario in process: a metastore founder dies for good; after the
+    scale-down timeout every partition has three replicas on the three live nodes and
+    no acknowledged write is lost. It is suspect first, and nothing moves then."""
+    data = _table_on_all(cluster, scale_down=3.0, scale_up=1.0)
+    cluster.kill("n3")
+    wait_for(lambda: _state(cluster, "n1", "n3") == "suspect", 10, "n3 suspect")
+    # On suspicion alone the assignments stay.
+    assert cluster.mgrs["n1"].status()["nodes"]
+    assert not cluster.mgrs["n1"].meta.get(DEAD_KEY).result(5)
+    wait_for(lambda: _state(cluster, "n1", "n3") == "dead", 15, "n3 dead")
+    live = ["n1", "n2", "n4"]
+    cluster.wait_converged(TABLE, live, 3, timeout=30)
+    _check(cluster, data)
+    row = _nodes(cluster, "n2")["n3"]
+    assert (row["in_topology"], row["data_node"]) == (True, False)
+    _no_errors(cluster)
+
+
+def test_a_dead_node_that_returns_is_a_data_node_again_after_scale_up(
+    cluster: Cluster,
+) -> None:
+    data = _table_on_all(cluster, scale_down=2.0, scale_up=2.0)
+    cluster.kill("n4")  # a metastore learner
+    wait_for(lambda: _state(cluster, "n1", "n4") == "dead", 15, "n4 dead")
+    cluster.wait_converged(TABLE, META, 3, timeout=30)
+    epoch = _nodes(cluster, "n1")["n4"]["epoch"]
+    cluster.start("n4")
+    wait_for(lambda: _state(cluster, "n1", "n4") == "alive", 15, "n4 alive again")
+    row = _nodes(cluster, "n1")["n4"]
+    assert row["data_node"] and row["epoch"] == epoch + 1  # a new incarnation
+    cluster.wait_converged(TABLE, ALL, 3, timeout=30)
+    _check(cluster, data)
+    _no_errors(cluster)
+
+
+def test_scale_down_zero_turns_automatic_removal_off(cluster: Cluster) -> None:
+    _table_on_all(cluster, scale_down=0, scale_up=0)
+    cluster.kill("n4")
+    wait_for(lambda: _state(cluster, "n1", "n4") == "suspect", 10, "n4 suspect")
+    time.sleep(3)  # dead at once if 0 meant "no delay": it means "never"
+    assert cluster.mgrs["n1"].meta.get(DEAD_KEY).result(5) is None
+    assert _state(cluster, "n2", "n4") == "suspect"
+
+
+# ============================================================ settings: bad input =====
+@pytest.mark.parametrize("body, message", [
+    ({"scale_down_timeout": -1}, "between 0 and"),
+    ({"scale_down_timeout": "30"}, "must be a number"),
+    ({"scale_up_timeout": math.nan}, "must be a number"),
+    ({"scale_up_timeout": math.inf}, "must be a number"),
+    ({"scale_down_timeout": True}, "must be a number"),
+    ({"scale_down": 3}, "unknown setting"),
+    ({}, "expected a JSON object"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_bad_settings_are_refused_with_the_field_named(body: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ClusterSettings().update(body)
+
+
+def test_settings_and_records_decode_strictly() -> None:
+    s = ClusterSettings().update({"scale_down_timeout": 12, "scale_up_timeout": 0.5})
+    assert ClusterSettings.decode(s.encode()) == s
+    assert ClusterSettings.decode(b"{not json") == ClusterSettings()  # defaults, no crash
+    assert ClusterSettings.decode(json.dumps({"scale_down_timeout": -5}).encode()) == \
+        ClusterSettings()
+    for raw in (b"", b"\xc1", b"\x93\x01\x02\x03", b"\x81\xa5state\xa3bad"):
+        with pytest.raises(ValueError, match="malformed liveness record"):
+            LivenessRecord.decode(raw)
+
+
+def test_data_nodes_are_the_topology_without_the_dead_and_never_empty() -> None:
+    topo = VersionedValue(b"n1,n2,n3", 5, 1)
+    assert data_nodes(topo, None) == (["n1", "n2", "n3"], 5)
+    assert data_nodes(topo, VersionedValue(b"n2", 9, 9)) == (["n1", "n3"], 9)
+    assert data_nodes(topo, VersionedValue(b"n1,n2,n3", 11, 9)) == (["n1", "n2", "n3"], 11)
+    assert data_nodes(None, None) == ([], 0)
