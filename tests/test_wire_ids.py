@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 from raftkv.storage.commands import encode_put
 
 from raftkv.node.driver import Node, NodeConfig
-from raftkv.node.errors import RemoteError
+from raftkv.node.errors import NodeStopped, RemoteError
 from raftkv.node.stores import open_group_storage
 from raftkv.placement.catalog import partition_group, partition_wire_id
 from raftkv.testing.procs import free_ports
@@ -92,3 +94,32 @@ def test_the_same_generation_elects_and_replicates(
     lead = _leader(nodes["n1"], 10.0)
     assert lead in ("n1", "n2")
     nodes[lead].propose(GID, encode_put(b"k", b"v")).result(5)
+
+
+def test_a_write_forwarded_for_the_old_generation_never_lands_in_the_new_one(
+    nodes: dict[str, Node], tmp_path: Path,
+) -> None:
+    """Found by a review: a forwarded write's waiter named its group by id, so a NotLeader
+    answer re-parked it on whatever group held the id by then, the re-created table's."""
+    n1 = nodes["n1"]
+    _host(nodes["n2"], tmp_path, ["n1"], 3)  # the old generation; cannot lead it
+    old = open_group_storage(str(tmp_path / "n1-old"), GID)
+    new = open_group_storage(str(tmp_path / "n1-new"), GID)
+    fut: Future[Any] = Future()
+
+    def forward_then_recreate() -> None:
+        # In one loop turn: the write goes to n2 (the old group's leader, as n1 last knew
+        # it), then the table is dropped and created again, before n2's answer (NotLeader)
+        # comes back. (The driver's own entry point, to fix that interleaving.)
+        g = n1.add_group(GID, old, ["n2"], birth_known=True,
+                         wire_id=partition_wire_id(GID, 3))
+        g.leader = "n2"
+        n1._propose_or_forward(g, encode_put(b"k", b"old table"), fut)
+        n1.remove_group(GID)
+        n1.add_group(GID, new, ["n1"], birth_known=True, wire_id=partition_wire_id(GID, 9))
+
+    n1.call(forward_then_recreate).result(5)
+    with pytest.raises(NodeStopped, match="no longer hosted"):
+        fut.result(8)
+    assert _leader(n1, 5.0) == "n1"
+    assert n1.call(lambda: n1.groups[GID].state.get(b"k")).result(5) is None

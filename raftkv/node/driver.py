@@ -238,8 +238,11 @@ class Node:
         self.admin_handler: AdminHandler | None = None
         # Random start: a restarted node must not reuse request ids a leader may still answer.
         self._seq = itertools.count(self.runtime.random().getrandbits(62))
-        # request id -> (future, deadline, group, command, the leader it went to)
-        self._forwarded: dict[int, tuple[Future[Any], float, str, bytes, str]] = {}
+        # Writes forwarded to a leader: rid -> (future, deadline, the group object, data,
+        # the leader). The object, not the id: a group of the same id hosted later (a
+        # table dropped and created again) is another group, and a write for the old one
+        # must never be re-sent through it.
+        self._forwarded: dict[int, tuple[Future[Any], float, Group, bytes, str]] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -321,6 +324,10 @@ class Node:
     def _close_group(self, g: Group, err: Exception) -> None:
         for hook in g.on_close:
             hook(g)
+        for rid, (fut, _, grp, _, _) in list(self._forwarded.items()):
+            if grp is g:
+                del self._forwarded[rid]
+                _fail(fut, err)
         for _, fut in g.pending.values():
             _fail(fut, err)
         for r in list(g.reads.values()) + list(g.ready_reads):
@@ -932,7 +939,7 @@ class Node:
         if lead is None or lead == self.id:
             raise NotLeader(self.id, None)
         rid = next(self._seq)
-        self._forwarded[rid] = (fut, self.clock() + self.cfg.request_timeout, g.id, data, lead)
+        self._forwarded[rid] = (fut, self.clock() + self.cfg.request_timeout, g, data, lead)
         self.transport.send(lead, codec.encode_forward(rid, g.wire, data))
 
     @staticmethod
@@ -951,20 +958,24 @@ class Node:
             waiter = self._forwarded.pop(item[1], None)
             if waiter is None:
                 continue
-            fut, deadline, group, data, _ = waiter
-            g = self.groups.get(group)
-            if g is None:
-                _fail(fut, UnknownGroup(f"group {group!r} is no longer hosted here"))
-            else:
-                g.parked.append((self._forward_later(g, data, fut), fut, deadline))
+            fut, deadline, g, data, _ = waiter
+            self._park_forward(g, data, fut, deadline)
+
+    def _park_forward(self, g: Group, data: bytes, fut: Future[Any], deadline: float) -> None:
+        """A forwarded write that was not applied: retry it with the next leader, unless
+        its group is no longer the one hosted under its id."""
+        if self.groups.get(g.id) is not g:
+            _fail(fut, UnknownGroup(f"group {g.id!r} is no longer hosted here"))
+        else:
+            g.parked.append((self._forward_later(g, data, fut), fut, deadline))
 
     def _abandon_forwards(self, g: Group, old: str | None) -> None:
         """Writes forwarded to a leader that is no longer leader will get no answer if it
         died: fail them now (outcome unknown) rather than at the request deadline."""
         if old is None or not self._forwarded:
             return
-        for rid, (fut, _, group, _, target) in list(self._forwarded.items()):
-            if group == g.id and target == old:
+        for rid, (fut, _, grp, _, target) in list(self._forwarded.items()):
+            if grp is g and target == old:
                 del self._forwarded[rid]
                 _fail(fut, RequestTimeout(
                     f"leader {old} was replaced before answering; the outcome is unknown"))
@@ -1013,10 +1024,9 @@ class Node:
         if waiter is None or waiter[4] != peer:
             return  # timed out already, or not from the leader it was sent to
         del self._forwarded[rid]
-        fut, deadline, group, data, _ = waiter
+        fut, deadline, g, data, _ = waiter
         if ok and len(result) == 2 and type(result[0]) is int:
-            g = self.groups.get(group)
-            decode = getattr(g.state, "decode_result", None) if g is not None else None
+            decode = getattr(g.state, "decode_result", None)
             if decode is None:
                 _resolve(fut, result[0], result[1])
                 return
@@ -1032,11 +1042,7 @@ class Node:
             if kind == "NotLeader":
                 # Refused before proposing (the peer no longer leads): retry with the
                 # next leader until the deadline, as for a write that never left.
-                g = self.groups.get(group)
-                if g is None:
-                    _fail(fut, UnknownGroup(f"group {group!r} is no longer hosted here"))
-                else:
-                    g.parked.append((self._forward_later(g, data, fut), fut, deadline))
+                self._park_forward(g, data, fut, deadline)
             else:
                 _fail(fut, RemoteError(str(kind), str(message)))
         else:
