@@ -37,7 +37,7 @@ from aiohttp import web
 from raftkv.node.errors import RemoteError, UnknownGroup
 from raftkv.server.kv_ops import KvRequest
 from raftkv.server.requests import errors_middleware
-from raftkv.server.tables import TablesApi, _PartitionFailed
+from raftkv.server.tables import GENERATION, TablesApi, _PartitionFailed
 
 Upstream = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -61,12 +61,15 @@ def _dies_after_reading(log: list[str], name: str) -> Upstream:
     return serve
 
 
-def _answers(log: list[str], name: str, status: int, body: dict[str, Any]) -> Upstream:
+def _answers(log: list[str], name: str, status: int, body: dict[str, Any],
+             heads: list[bytes] | None = None) -> Upstream:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head, _ = await _read_request(reader)
                 log.append(f"{name} {head.split(b' ')[0].decode()}")
+                if heads is not None:
+                    heads.append(head)
                 data = json.dumps(body).encode()
                 writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
                              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
@@ -93,7 +96,8 @@ async def _closed_port() -> str:
 def _api(addrs: dict[str, str]) -> TablesApi:
     """A TablesApi whose placement routes key k of table t to n1 (leader), then n2."""
     route = SimpleNamespace(leader="n1", nodes=["n1", "n2"])
-    placement = SimpleNamespace(id="n9", mgr=SimpleNamespace(route=lambda name, key: route),
+    placement = SimpleNamespace(id="n9", mgr=SimpleNamespace(route=lambda name, key: route,
+                                                             generation=lambda name: 7),
                                 http_addrs=lambda: dict(addrs),
                                 node=SimpleNamespace(groups={}), scheme="http", http_ssl=None)
     return TablesApi(placement)  # type: ignore[arg-type]
@@ -258,3 +262,24 @@ def test_a_partition_that_moved_away_mid_request_is_a_503_not_a_404(
 def test_a_request_on_a_dropped_table_is_still_a_404(e: Exception) -> None:
     status, body = asyncio.run(_local(KvRequest("GET", b"k"), e, table_exists=False))
     assert (status, body["error"]) == (404, "table t was dropped")
+
+
+def test_a_proxied_batch_share_names_the_table_generation_and_a_mismatch_is_a_503() -> None:
+    """Partition groups of a table dropped and created again share their ids; a proxied
+    request names the generation the proxying node knows (``X-Raftkv-Table-Generation``,
+    issue 14 item 4), and a node that knows another one refuses it with a 503 (retry)
+    rather than serve it from the other table's partition."""
+    log: list[str] = []
+    heads: list[bytes] = []
+    status, _ = asyncio.run(_batch_through_proxy(
+        _answers(log, "n1", 200, {"index": 3}, heads)))
+    assert status == 200 and b"X-Raftkv-Table-Generation: 7" in heads[0]
+
+    api = _api({})
+    for sent, refused in (("7", False), ("6", True), (None, False)):
+        request = SimpleNamespace(headers={} if sent is None else {GENERATION: sent})
+        if refused:
+            with pytest.raises(web.HTTPServiceUnavailable):
+                api._same_generation(request, "t")  # type: ignore[arg-type]
+        else:
+            api._same_generation(request, "t")  # type: ignore[arg-type]

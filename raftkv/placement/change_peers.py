@@ -359,7 +359,7 @@ class ChangePeers(ManagerBase):
                 self._configuration_applied(part, ch, frozenset(conf.voters))
                 return
             ch.move(ChangePhase.REMOVING)
-            live = self._live_voters(raft)
+            live = self._live_voters(part, raft)
             # The departed first, the leader last.
             others = sorted(extra - {self.id}, key=lambda n: (n in live, n))
             cc = ConfChange(ConfChangeOp.REMOVE, others[0] if others else self.id)
@@ -379,14 +379,17 @@ class ChangePeers(ManagerBase):
         self._on_loop(self.node.change_membership(part.group, cc),
                       lambda f: self._conf_change_done(part, ch, f))
 
-    def _live_voters(self, raft: Raft) -> set[str]:
-        """The voters this leader can count on now: itself, and each reachable voter that
-        acknowledged the commit index in this term (a node that is up but does not host
-        the group, such as one waiting in switch.reduce, acknowledges nothing)."""
+    def _live_voters(self, part: PartitionState, raft: Raft) -> set[str]:
+        """The voters this leader can count on now: itself, and each voter that is
+        reachable, hosts the partition in its current incarnation (its holds key names
+        it: a node that restarted without its state has a new incarnation and hosts
+        nothing, however long ago it last acknowledged), and answered recently (active
+        since the last check-quorum round, or holding the commit index)."""
         committed = raft.log.committed
         return {n for n in raft.conf.voters
-                if n == raft.id or (self.node.reachable(n) and n in raft.prs
-                                    and raft.prs[n].match >= committed)}
+                if n == raft.id or (self.node.reachable(n) and self._holds(part, n)
+                                    and n in raft.prs and (raft.prs[n].recent_active
+                                                           or raft.prs[n].match >= committed))}
 
     def _conf_change_done(self, part: PartitionState, ch: Change, f: Future[Any]) -> None:
         ch.inflight = None

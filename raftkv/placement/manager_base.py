@@ -115,6 +115,10 @@ class ManagerBase:
     def _clear_stale_files(self, part: PartitionState) -> None:  # PartitionFiles
         raise NotImplementedError
 
+    def _holds(self, part: PartitionState, node: str,
+               kv: dict[bytes, VersionedValue] | None = None) -> bool:  # SafeRestart
+        raise NotImplementedError
+
     # ================================================= loop thread: plumbing ============
     def _not_on_loop(self) -> None:
         if self._loop_ident is not None and threading.get_ident() == self._loop_ident:

@@ -135,7 +135,7 @@ START_TRANSITIONS: dict[StartPhase, frozenset[StartPhase]] = {
     _S.LOST: frozenset({_S.RECORDED, _S.NORMAL}),
     # Stable may name us before we have left pending (onRebalanceDone wrote it): then
     # we take a stable member's road.
-    _S.LEAVING: frozenset({_S.LEFT, _S.RECORDED, _S.NORMAL}),
+    _S.LEAVING: frozenset({_S.LEFT, _S.RECORDED, _S.NORMAL, _S.LOST}),
     _S.LEFT: frozenset({_S.NORMAL, _S.LOST, _S.RECORDED}),
     _S.RECORDED: frozenset({_S.NORMAL}),
 }

@@ -408,6 +408,12 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
     def table(self, name: str) -> TableDescriptor | None:
         return self._tables.get(name)
 
+    def generation(self, name: str) -> int | None:
+        """The cached table's generation (its descriptor's create revision: a table
+        dropped and created again under the name has another), or None."""
+        v = self._kv.get(table_key(name)) if name in self._tables else None
+        return v.create_revision if v is not None else None
+
     def cluster_nodes(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Each placement node's liveness as this node's metastore replica last saw it
         (``raftkv.placement.liveness``): state, epoch, since (wall clock), whether it is

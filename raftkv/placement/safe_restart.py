@@ -430,7 +430,8 @@ class SafeRestart(ManagerBase):
                 attempt()  # switch.reduce moved since our read
                 return
             part.reduce_inflight = False
-            part.move(StartPhase.RECORDED)
+            if part.start.restarting:  # (a full restart may have finished meanwhile)
+                part.move(StartPhase.RECORDED)
             self._backoff(part, "reduce").succeeded()
             self.metrics["switch_reduce_added"] += 1
             log.info("node %s: %s recorded in switch.reduce; not starting it", self.id,
@@ -448,8 +449,7 @@ class SafeRestart(ManagerBase):
         per incarnation, and take the restart path from then on, so that when pending
         names us again we join as a fresh learner (never leave pending as a lost
         pending-only member)."""
-        if (part.start in (StartPhase.LOST, StartPhase.LEAVING, StartPhase.RECORDED)
-                or part.reduce_inflight or self.id in self._nodes(part.sw.reduce)):
+        if (part.start in (StartPhase.LOST, StartPhase.RECORDED) or part.reduce_inflight or self.id in self._nodes(part.sw.reduce)):
             return
         part.move(StartPhase.LOST)
         self.metrics["restarts_detected"] += 1

@@ -123,6 +123,10 @@ log = logging.getLogger(__name__)
 
 HTTP_PREFIX = b"placement.http."
 FORWARDED = "X-Raftkv-Forwarded"
+# On a proxied table request: the table's generation as the proxying node knows it. A
+# node that lags a drop and re-creation (or is ahead of it) must not serve the request
+# from a partition of the other table of that name.
+GENERATION = "X-Raftkv-Table-Generation"
 ADMIN_TIMEOUT = 10.0
 
 
@@ -554,6 +558,7 @@ class TablesApi:
         desc = self.p.mgr.table(name)
         if desc is None:
             desc = await self._desc(name)  # 404 if absent; else this node's cache lags
+        self._same_generation(request, name)
         gid = partition_group(name, partition_of(req.key, desc.partitions))
         if gid in self.p.node.groups:
             return await self._local(name, gid, req)
@@ -587,6 +592,22 @@ class TablesApi:
                                   group=gid)
         return error(421, f"{gid} is hosted on {', '.join(candidates)}; ask there",
                       node=candidates[0], group=gid)
+
+    def _same_generation(self, request: web.Request, name: str) -> None:
+        """503 for a proxied request whose sender knew another generation of the table
+        than this node does: one of the two has not yet seen it dropped and created again,
+        and whichever it is, the request must not reach the other table (retried, it
+        finds the caches agreeing)."""
+        sent = request.headers.get(GENERATION)
+        if sent is not None and sent != str(self.p.mgr.generation(name)):
+            raise web.HTTPServiceUnavailable(text=json.dumps({
+                "error": f"table {name} was dropped and created again (generation {sent} "
+                         f"there, {self.p.mgr.generation(name)} here); retry"}),
+                content_type="application/json")
+
+    def _generation_header(self, name: str) -> dict[str, str]:
+        gen = self.p.mgr.generation(name)
+        return {GENERATION: str(gen)} if gen is not None else {}
 
     def _hosts(self, name: str, key: bytes) -> Sequence[str]:
         """Other nodes hosting the partition of ``key``: its leader first, then its other
@@ -663,6 +684,7 @@ class TablesApi:
             try:
                 async with self._session().post(
                         url, data=body, headers={FORWARDED: self.p.id, **caller,
+                                                 **self._generation_header(name),
                                                  "Content-Type": "application/x-msgpack"}) as r:
                     answer = await r.json(content_type=None)
                     if r.status == 200:
@@ -686,6 +708,7 @@ class TablesApi:
         """(table, its partition count, partition, group) of a partition URL; 404s."""
         name = self._name(request)
         desc = self.p.mgr.table(name) or await self._desc(name)
+        self._same_generation(request, name)
         raw = request.match_info["p"]
         if not raw.isdigit() or int(raw) >= desc.partitions:
             raise web.HTTPNotFound(text=json.dumps(
@@ -761,6 +784,8 @@ class TablesApi:
     async def _proxy(self, request: web.Request, addr: str, body: bytes) -> web.Response:
         url = f"{self.p.scheme}://{addr}{request.rel_url.raw_path_qs}"
         headers = {FORWARDED: self.p.id, **_caller(request)}
+        if "table" in request.match_info:
+            headers.update(self._generation_header(request.match_info["table"]))
         if request.content_type:
             headers["Content-Type"] = request.content_type
         async with self._session().request(request.method, url, data=body or None,
