@@ -17,9 +17,19 @@ from collections.abc import Callable
 import pytest
 
 from raftkv import sim
-from raftkv.placement.catalog import MEMORY, partition_group
+from raftkv.placement.assignments import calc_assignments, decode_nodes
+from raftkv.placement.catalog import DEAD_KEY, MEMORY, PERSISTENT, partition_group
+from raftkv.placement.liveness import ClusterSettings
 from raftkv.testing.placement_chaos import META, TABLE, Scenario
-from raftkv.testing.placement_sim import PlacementResult, PlacementSim, run_placement_seed
+from raftkv.testing.placement_sim import (
+    ALL_FAULTS,
+    LIVENESS_FAULTS,
+    SCALE_DOWN,
+    SCALE_UP,
+    PlacementResult,
+    PlacementSim,
+    run_placement_seed,
+)
 
 FAST_SEEDS = range(1000, 1004)
 
@@ -178,3 +188,43 @@ def test_long_many_seeds() -> None:
     spec = os.environ.get("RAFTKV_PLACEMENT_SEEDS", "0:10000")
     jobs = str(os.cpu_count() or 1)
     assert sim.main(["--placement", "--seeds", spec, "--jobs", jobs]) == 0
+
+
+# ================================== failure detection and re-replication (liveness) =====
+LIVENESS_SEEDS = range(2000, 2003)
+
+
+@pytest.mark.parametrize("seed", LIVENESS_SEEDS)
+def test_seeds_with_outages_and_flapping_nodes(seed: int) -> None:
+    """The opt-in liveness faults on top of every other: a node down past the
+    scale-down timeout (its partitions re-replicate), and one that flaps around it."""
+    r = run_placement_seed(seed, faults=ALL_FAULTS + LIVENESS_FAULTS)
+    assert r.ok, _explain(r)
+
+
+@pytest.mark.parametrize("storage", [PERSISTENT, MEMORY])
+def test_a_node_down_for_good_is_declared_dead_and_its_replicas_move(storage: str) -> None:
+    """Issue 18's scenario in the simulator: four data nodes, a replica's node dies and
+    stays down. It is suspect, then dead after the scale-down timeout; every partition
+    is re-assigned over the three live nodes and has three replicas there. Back, it is a
+    data node again after the scale-up timeout (the run's final checks)."""
+    def script(sim: PlacementSim) -> None:
+        sim.set_settings(ClusterSettings(SCALE_DOWN, SCALE_UP))
+        sim.apply(("nodes", [*META, "n4"]))
+        sim.settle("four nodes")
+        victim = sim.assignment(0)[0][0]
+        live = sorted({*META, "n4"} - {victim})
+        sim.hosts[victim].crash()
+        want = calc_assignments(TABLE, 0, live, 3)
+        sim.wait(lambda: sim.assignment(0) == (want, [], []), 60, f"re-replication to {want}")
+        meta = sim._meta_view()
+        assert meta is not None
+        dead = meta.store.get_entry(DEAD_KEY)
+        assert dead is not None and decode_nodes(dead.value) == [victim]
+        sim.wait(lambda: sim.leader_of(partition_group(TABLE, 0)), 10, "a leader")
+        sim.sleep(2.0)  # writes go on with three live replicas
+
+    scenario = Scenario(5018, 1, storage, 3, list(META), [], [*META, "n4"], 3)
+    r = PlacementSim(5018, scenario=scenario, faults=(), verbose=True).run(script)
+    assert r.ok, _explain(r)
+    assert any(" is dead " in line for line in r.trace)

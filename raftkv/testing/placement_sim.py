@@ -91,11 +91,13 @@ from raftkv.placement.assignments import (
 )
 from raftkv.placement.catalog import (
     MEMORY,
+    SETTINGS_KEY,
     TOPOLOGY_KEY,
     TableDescriptor,
     partition_group,
     table_key,
 )
+from raftkv.placement.liveness import ClusterSettings
 from raftkv.placement.meta_commands import InvokeResult, decode_revision
 from raftkv.placement.rebalance import (
     PlacementManager,
@@ -130,6 +132,13 @@ SETTLE_SECONDS = 240.0  # the liveness bound: converged within this, once faults
 NETWORK_FAULTS = ("drop", "delay", "dup", "partition")
 NODE_FAULTS = ("crash", "wipe")
 ALL_FAULTS = NETWORK_FAULTS + NODE_FAULTS
+# Opt-in (``--faults ...,outage,flap``): failure detection and re-replication
+# (``raftkv.placement.liveness``). A node down past the scale-down timeout is declared
+# dead and its partitions move to the live nodes; one that flaps around the timeout must
+# not keep them moving. The run shortens the timeouts to these.
+LIVENESS_FAULTS = ("outage", "flap")
+SCALE_DOWN = 3.0
+SCALE_UP = 2.0
 DEFAULT_STEPS = 6  # scenario actions per seed (plan_scenario)
 
 
@@ -753,6 +762,13 @@ class PlacementSim:
         self.admin(f"set_nodes {nodes}", begin)
         self.topology = list(nodes)
 
+    def set_settings(self, settings: ClusterSettings) -> None:
+        def begin(meta: MetaService, finished: Callable[[bool], None]) -> None:
+            meta.put(SETTINGS_KEY, settings.encode()).add_done_callback(
+                lambda f: finished(f.exception() is None))
+
+        self.admin(f"settings {settings}", begin)
+
     def create_table(self, partitions: int, replicas: int, storage: str) -> None:
         def begin(meta: MetaService, finished: Callable[[bool], None]) -> None:
             def got_topology(f: Future[Any]) -> None:
@@ -908,7 +924,8 @@ class PlacementSim:
         """One node or network fault between the scenario's actions (at most one node
         down or cut off at a time: the scenarios' topologies tolerate one failure)."""
         rng = self.world.fault_rng
-        kinds = [f for f in ("crash", "wipe", "partition") if f in self.faults]
+        kinds = [f for f in ("crash", "wipe", "partition") + LIVENESS_FAULTS
+                 if f in self.faults]
         if not kinds or rng.random() < 0.4:
             return
         kind = rng.choice(kinds)
@@ -933,7 +950,18 @@ class PlacementSim:
                 return
             kind = "crash"
         self.count(kind)
-        self.restart_later(victim, rng.uniform(0.1, 2.0), wipe=kind == "wipe")
+        if kind == "outage":  # declared dead, its partitions re-replicated, then back
+            self.restart_later(victim, SCALE_DOWN + rng.uniform(1.0, 6.0))
+        elif kind == "flap":  # down and up around the scale-down timeout, three times
+            for i in range(3):
+                if i and loses and not self._survivable_loss(victim):
+                    break
+                self.restart_later(victim, SCALE_DOWN * rng.uniform(0.6, 1.4))
+                self.sleep(SCALE_UP * rng.uniform(0.3, 1.5))
+                if loses:
+                    self.settle(f"after a flap of {victim.id}")
+        else:
+            self.restart_later(victim, rng.uniform(0.1, 2.0), wipe=kind == "wipe")
         if loses:
             # IGNITE-16668's re-add must finish before another loss: a second one
             # first could leave a minority holding the state.
@@ -1086,6 +1114,8 @@ class PlacementSim:
             for nid in META:
                 self.hosts[nid].start()
             self.set_nodes(self.topology)
+            if set(LIVENESS_FAULTS) & set(self.faults):
+                self.set_settings(ClusterSettings(SCALE_DOWN, SCALE_UP))
             self.create_table(s.partitions, s.replicas, s.storage)
             self.settle("created")
             self.clients = Clients(self, s.partitions, keys, 3)
