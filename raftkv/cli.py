@@ -6,7 +6,8 @@
     raftkv cluster status [--only-endpoints] [--group G ...]
     raftkv cluster add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
     raftkv cluster add-node ID RAFT_ADDR [--http-addr H:P] | remove-node ID   (placement topology)
-    raftkv cluster nodes | settings [--scale-down-timeout S] [--scale-up-timeout S]
+    raftkv cluster nodes | drain ID | settings [--scale-down-timeout S] [--scale-up-timeout S]
+                   [--metastore-voters 3|5]
     raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
                  [--allow-unsafe]   (2 in-memory replicas are refused without it)
     raftkv table list | describe NAME | drop NAME | set-replicas NAME N [--allow-unsafe]
@@ -73,7 +74,8 @@ from raftkv.storage.layout import DEFAULT_GROUP
 DEFAULT_ENDPOINTS = "http://127.0.0.1:8001"
 STATUS_COLUMNS = ["node", "group", "role", "kind", "term", "leader", "commit", "applied",
                   "checkpoint", "last"]
-NODE_COLUMNS = ["id", "state", "seconds_in_state", "epoch", "in_topology", "data_node"]
+NODE_COLUMNS = ["id", "state", "seconds_in_state", "epoch", "in_topology", "data_node",
+                "metastore", "replicas", "draining"]
 
 
 class UsageError(Exception):
@@ -286,7 +288,8 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
         return 0
     if args.action == "settings":
         change = {k: v for k, v in (("scale_down_timeout", args.scale_down_timeout),
-                                    ("scale_up_timeout", args.scale_up_timeout))
+                                    ("scale_up_timeout", args.scale_up_timeout),
+                                    ("metastore_voters", args.metastore_voters))
                   if v is not None}
         emit(args, client.update_settings(**change) if change else client.settings())
         return 0
@@ -302,6 +305,8 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
         emit(args, client.add_node(args.node, args.raft_addr, args.http_addr))
     elif args.action == "remove-node":
         emit(args, client.remove_node(args.node))
+    elif args.action == "drain":
+        emit(args, client.drain(args.node))
     return 0
 
 
@@ -418,7 +423,10 @@ def parser() -> argparse.ArgumentParser:
                                     "hands over first)")),
                          ("transfer", "hand the default group's leadership to a voter"),
                          ("remove-node", ("take a node out of the placement topology (its "
-                                         "table partitions move away)"))):
+                                         "table partitions move away)")),
+                         ("drain", ("decommission a node: its partitions move away, then "
+                                    "it leaves the topology and the metastore (progress: "
+                                    "cluster nodes)"))):
         _sub(cla, action, text).add_argument("node", help="the node's id")
     add_node = _sub(cla, "add-node", "add a node to the placement topology (tables "
                                      "rebalance onto it)")
@@ -436,6 +444,9 @@ def parser() -> argparse.ArgumentParser:
     settings.add_argument("--scale-up-timeout", type=partial(_seconds, zero=True), metavar="SECONDS",
                           help="how long a dead node must be back before partitions are "
                                "placed on it again")
+    settings.add_argument("--metastore-voters", type=int, choices=(3, 5),
+                          help="how many voters the metastore keeps (a dead or drained "
+                               "voter is replaced by a spare node)")
 
     tb = _sub(sub, "table", "create, inspect and drop tables (partitioned, each partition "
                             "its own Raft group)")

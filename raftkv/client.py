@@ -417,6 +417,11 @@ class Client:
     def remove_node(self, node_id: str) -> Any:
         return self._post(f"/v1/cluster/nodes/{quote(node_id, safe='')}", method="DELETE")
 
+    def drain(self, node_id: str) -> Any:
+        """Decommission a placement node: its partitions move off it, then it leaves the
+        topology and the metastore (progress: ``cluster_nodes``)."""
+        return self._post(f"/v1/cluster/nodes/{quote(node_id, safe='')}/drain")
+
     def cluster_nodes(self) -> list[dict[str, Any]]:
         """Each placement node's liveness: state (alive, suspect, dead), seconds in it,
         epoch, whether it is in the topology and a data node."""
@@ -427,7 +432,7 @@ class Client:
 
     def update_settings(self, **settings: float) -> dict[str, Any]:
         """``scale_down_timeout`` / ``scale_up_timeout`` in seconds (0 turns automatic
-        removal off)."""
+        removal off), ``metastore_voters`` (3 or 5)."""
         return dict(self._post("/v1/cluster/settings", settings, method="PUT"))
 
     def for_endpoint(self, endpoint: str) -> Client:

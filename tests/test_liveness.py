@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from test_rebalance import ALL, META, PARTS, TABLE, Cluster, _check, _no_errors, _write, wait_for
 
-from raftkv.placement.catalog import DEAD_KEY
+from raftkv.placement.catalog import DEAD_KEY, DRAINING_KEY, TOPOLOGY_KEY
 from raftkv.placement.liveness import ClusterSettings, LivenessRecord, data_nodes
 from raftkv.placement.meta_commands import VersionedValue
+from raftkv.placement.partition_state import UnknownNode
 
 
 @pytest.fixture
@@ -106,6 +107,8 @@ def test_scale_down_zero_turns_automatic_removal_off(cluster: Cluster) -> None:
     ({"scale_up_timeout": math.inf}, "must be a number"),
     ({"scale_down_timeout": True}, "must be a number"),
     ({"scale_down": 3}, "unknown setting"),
+    ({"metastore_voters": 4}, "3 or 5"),
+    ({"metastore_voters": 3.0}, "3 or 5"),
     ({}, "expected a JSON object"),
     ([1, 2], "expected a JSON object"),
 ])
@@ -131,3 +134,67 @@ def test_data_nodes_are_the_topology_without_the_dead_and_never_empty() -> None:
     assert data_nodes(topo, VersionedValue(b"n2", 9, 9)) == (["n1", "n3"], 9)
     assert data_nodes(topo, VersionedValue(b"n1,n2,n3", 11, 9)) == (["n1", "n2", "n3"], 11)
     assert data_nodes(None, None) == ([], 0)
+
+
+# ====================================== the metastore follows the cluster, and drain =====
+def _meta_conf(c: Cluster) -> tuple[list[str], list[str]]:
+    lead = c.meta_leader()
+
+    def look() -> tuple[list[str], list[str]]:
+        conf = c.nodes[lead].groups[c.metas[lead].group].raft.conf
+        return sorted(conf.voters), sorted(conf.learners)
+
+    result: tuple[list[str], list[str]] = c.nodes[lead].call(look).result(5)
+    return result
+
+
+def test_a_dead_metastore_voter_is_replaced_and_a_second_loss_costs_nothing(
+    cluster: Cluster,
+) -> None:
+    """Issue 18: the metastore's voters follow the cluster. A founder dies for good: once
+    it is dead the spare node (a metastore learner) is promoted and the dead one demoted
+    to a learner. Then losing another founder leaves a quorum of the new voters."""
+    data = _table_on_all(cluster, scale_down=2.0, scale_up=1.0)
+    assert _meta_conf(cluster) == (META, ["n4"])
+    cluster.kill("n3")
+    wait_for(lambda: _meta_conf(cluster) == (["n1", "n2", "n4"], ["n3"]), 30,
+             "n4 promoted in n3's place")
+    cluster.wait_converged(TABLE, ["n1", "n2", "n4"], 3, timeout=30)
+    victim = "n1" if cluster.meta_leader() != "n1" else "n2"
+    cluster.kill(victim)  # two founders gone for good: the metastore still commits
+    survivor = next(n for n in ("n1", "n2") if n != victim)
+    res = cluster.mgrs[survivor].meta.put(b"app.after", b"two losses").result(15)
+    assert res.revision > 0
+    _check(cluster, data)
+
+
+def test_drain_moves_everything_off_a_node_then_it_leaves_the_metastore(
+    cluster: Cluster,
+) -> None:
+    """``drain`` of a founder (a metastore voter) with a spare: its partitions move to
+    the other data nodes, the spare takes its metastore vote, and it leaves the
+    metastore; its row shows the progress and then disappears."""
+    data = _table_on_all(cluster, scale_down=30.0, scale_up=1.0)
+    mgr = cluster.mgrs["n2"]
+    assert mgr.drain("n1") == ["n2", "n3", "n4"]
+    assert mgr.drain("n1") == ["n2", "n3", "n4"]  # again: already draining
+    cluster.wait_converged(TABLE, ["n2", "n3", "n4"], 3, timeout=30)
+    wait_for(lambda: _meta_conf(cluster) == (["n2", "n3", "n4"], []), 30,
+             "n1 out of the metastore")
+    wait_for(lambda: "n1" not in _nodes(cluster, "n2"), 10, "n1's row gone")
+    cluster.kill("n1")  # drained: the operator stops it (it no longer hears the metastore)
+    _check(cluster, data)
+    _no_errors(cluster)
+
+
+def test_drain_refuses_an_unknown_node_and_the_last_one(cluster: Cluster) -> None:
+    mgr = cluster.mgrs["n1"]
+    mgr.set_nodes(["n1"])
+    with pytest.raises(UnknownNode, match="n7 is not in the placement topology"):
+        mgr.drain("n7")
+    with pytest.raises(ValueError, match="last node"):
+        mgr.drain("n1")
+    with pytest.raises(ValueError):
+        mgr.drain("bad id!")
+    assert mgr.meta.get(TOPOLOGY_KEY).result(5).value == b"n1"  # nothing changed
+    assert mgr.meta.get(DRAINING_KEY).result(5) is None

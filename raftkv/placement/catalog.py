@@ -12,6 +12,7 @@ Metastore layout (next to the per-partition keys of ``assignments.partition_keys
                                 partition <p> (IGNITE-16668: who holds the state)
     placement.liveness.<node>   the node's liveness record (``liveness.LivenessRecord``)
     placement.dead              the nodes declared dead: excluded from the data nodes
+    placement.draining          nodes being drained (``raftkv cluster drain``)
     placement.settings          cluster-wide placement settings (``ClusterSettings``)
     <name>.<p>.assignments.stable|pending|planned, <name>.<p>.change.trigger.revision,
     <name>.<p>.assignments.switch.reduce|switch.append (IGNITE-16668, see safe_restart.py)
@@ -58,6 +59,7 @@ INCARNATION_PREFIX = b"placement.incarnation."
 HOLDS_PREFIX = b"placement.holds."
 LIVENESS_PREFIX = b"placement.liveness."
 DEAD_KEY = b"placement.dead"
+DRAINING_KEY = b"placement.draining"
 SETTINGS_KEY = b"placement.settings"
 
 

@@ -79,6 +79,7 @@ from raftkv.placement.catalog import (
 from raftkv.placement.liveness import data_nodes
 from raftkv.placement.manager_base import (
     ManagerBase,
+    conf_settled,
     fail,
 )
 from raftkv.placement.meta_commands import (
@@ -543,12 +544,3 @@ class ChangePeers(ManagerBase):
             return v.value.decode(errors="replace")
         peer = self.node.transport.peers.get(node)
         return peer.addr if peer is not None and peer.addr else ""
-
-
-def conf_settled(raft: Raft) -> bool:
-    """Whether the leader may propose a membership change now: no transfer under way,
-    the last configuration committed, and an entry of its own term committed (the
-    known fix for single-server changes)."""
-    log_ = raft.log
-    return (raft.lead_transferee is None and raft.confs[-1][0] <= log_.committed
-            and log_.term_or_zero(log_.committed) == raft.term)

@@ -69,17 +69,20 @@ from typing import Any
 
 import msgpack
 
-from raftkv.core import Role
+from raftkv.core import ConfChange, ConfChangeOp, Raft, Role
+from raftkv.core.quorum import has_quorum
 from raftkv.placement.assignments import decode_nodes, encode_nodes
 from raftkv.placement.catalog import (
     DEAD_KEY,
+    DRAINING_KEY,
+    HOLDS_PREFIX,
     INCARNATION_PREFIX,
     LIVENESS_PREFIX,
     SETTINGS_KEY,
     TOPOLOGY_KEY,
     liveness_key,
 )
-from raftkv.placement.manager_base import ManagerBase
+from raftkv.placement.manager_base import ManagerBase, conf_settled
 from raftkv.placement.meta_commands import Cond, InvokeResult, Op, VersionedValue
 
 log = logging.getLogger(__name__)
@@ -127,10 +130,12 @@ class ClusterSettings:
 
     scale_down_timeout: float = 30.0  # seconds of silence before a node is dead; 0: never
     scale_up_timeout: float = 5.0  # seconds a dead node must be heard from to count again
+    metastore_voters: int = 3  # how many voters the metastore keeps (3 or 5)
 
     def encode(self) -> bytes:
         return json.dumps({"scale_down_timeout": self.scale_down_timeout,
-                           "scale_up_timeout": self.scale_up_timeout}).encode()
+                           "scale_up_timeout": self.scale_up_timeout,
+                           "metastore_voters": self.metastore_voters}).encode()
 
     @classmethod
     def decode(cls, raw: bytes | None) -> ClusterSettings:
@@ -149,16 +154,23 @@ class ClusterSettings:
         [0, MAX_TIMEOUT]."""
         if not isinstance(body, dict) or not body:
             raise ValueError('expected a JSON object with "scale_down_timeout" and/or '
-                             '"scale_up_timeout" (seconds)')
+                             '"scale_up_timeout" (seconds), "metastore_voters" (3 or 5)')
         out = self
         for name, value in body.items():
+            if name == "metastore_voters":
+                if type(value) is not int or value not in (3, 5):
+                    raise ValueError(f"metastore_voters must be 3 or 5, got {value!r}")
+                out = replace(out, metastore_voters=value)
+                continue
             if name not in ("scale_down_timeout", "scale_up_timeout"):
                 raise ValueError(f"unknown setting {name!r}")
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value) or not 0 <= value <= MAX_TIMEOUT):
                 raise ValueError(f"{name} must be a number of seconds between 0 and "
                                  f"{MAX_TIMEOUT:.0f}, got {value!r}")
-            out = replace(out, **{name: float(value)})
+            seconds = float(value)
+            out = (replace(out, scale_down_timeout=seconds) if name == "scale_down_timeout"
+                   else replace(out, scale_up_timeout=seconds))
         return out
 
 
@@ -180,11 +192,13 @@ class Liveness(ManagerBase):
     _silent_since: dict[str, float]
     _heard_since: dict[str, float]
     _liveness_inflight: bool
+    _meta_change_inflight: bool
 
     def _start_liveness(self) -> None:
         self._live_term = None
         self._silent_since, self._heard_since = {}, {}
         self._liveness_inflight = False
+        self._meta_change_inflight = False
         self._timer.after(LIVENESS_PERIOD, lambda: self._defer(self._liveness_tick))
 
     def _settings(self) -> ClusterSettings:
@@ -238,6 +252,96 @@ class Liveness(ManagerBase):
         stale = dead - set(topo)  # taken out of the topology while dead
         if stale:
             self._write_dead(dead - stale, [Op.remove(liveness_key(n)) for n in sorted(stale)])
+            return
+        self._maintain_metastore(g.raft, settings, dead, lease)
+
+    # ================================================ the metastore follows the cluster ===
+    def _maintain_metastore(self, raft: Raft, settings: ClusterSettings, dead: set[str],
+                            lease: float) -> None:
+        """One step, if one is due (see "The metastore follows the cluster")."""
+        if self._meta_change_inflight or not conf_settled(raft):
+            return
+        conf = raft.conf
+        voters, learners = set(conf.voters), set(conf.learners)
+        draining = set(self._nodes(DRAINING_KEY))
+        committed = raft.log.committed
+
+        def live(n: str) -> bool:
+            return n == raft.id or (self.node.heard_from(n, lease) and n in raft.prs
+                                    and raft.prs[n].match >= committed)
+
+        unfit = voters & (dead | draining)
+        if unfit:
+            if len(voters - unfit) < settings.metastore_voters:
+                data, _ = data_nodes(self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY))
+                spare = sorted(n for n in learners
+                               if n in data and n not in draining and n not in dead and live(n))
+                if spare:
+                    self._meta_change(ConfChange(ConfChangeOp.PROMOTE, spare[0]),
+                                      f"to replace {', '.join(sorted(unfit))}")
+                    return
+            for u in sorted(unfit):
+                rest = voters - {u}
+                if len(rest) >= settings.metastore_voters and has_quorum(
+                        rest, {n for n in rest if live(n)}):
+                    self._meta_change(ConfChange(ConfChangeOp.DEMOTE, u),
+                                      "dead" if u in dead else "draining")
+                    return
+        topo = set(self._nodes(TOPOLOGY_KEY))
+        for n in sorted(draining):
+            if n in voters or self._replicas_on(n) or (n not in dead and self._hosting(n)):
+                # Not demoted yet, partitions still moving off it, or a live node that has
+                # not stopped hosting them yet: out of the metastore it would never see
+                # that they moved, and would keep them as stale replicas.
+                continue
+            if n in learners:
+                self._meta_change(ConfChange(ConfChangeOp.REMOVE, n), "drained")
+                return
+            if n not in topo:  # done: forget it
+                self._write_draining(draining - {n}, [Op.remove(liveness_key(n))])
+                return
+
+    def _replicas_on(self, node: str) -> int:
+        """How many partitions name ``node`` in stable, pending or planned (the cache)."""
+        return sum(1 for p in self._parts.values()
+                   if any(node in self._nodes(k)
+                          for k in (p.keys.stable, p.keys.pending, p.keys.planned)))
+
+    def _hosting(self, node: str) -> bool:
+        """Whether ``node`` hosts a partition in its current incarnation (its holds keys:
+        written before it starts a partition's group, removed when it stops it)."""
+        inc = self._kv.get(INCARNATION_PREFIX + node.encode())
+        suffix = b"." + node.encode()
+        return inc is not None and any(
+            k.startswith(HOLDS_PREFIX) and k.endswith(suffix)
+            and v.value.split(b"/")[0] == inc.value for k, v in self._kv.items())
+
+    def _meta_change(self, cc: ConfChange, why: str) -> None:
+        self._meta_change_inflight = True
+        log.info("node %s: metastore: %s (%s)", self.id, cc.describe(), why)
+        self.metrics[f"metastore.{cc.op.name.lower()}"] += 1
+
+        def done(f: Future[Any]) -> None:
+            self._meta_change_inflight = False
+            exc = f.exception()
+            if exc is not None:  # refused for now (a transfer, an unrecorded learner)
+                log.info("node %s: metastore %s: %s", self.id, cc.describe(), exc)
+                self.metrics["errors.metastore_change"] += 1
+
+        self._on_loop(self.node.change_membership(self.meta.group, cc), done)
+
+    def _write_draining(self, want: set[str], ops: list[Op]) -> None:
+        cur = self._kv.get(DRAINING_KEY)
+        self._liveness_inflight = True
+
+        def done(f: Future[Any]) -> None:
+            self._liveness_inflight = False
+            if f.exception() is not None:
+                self.metrics["errors.liveness"] += 1
+
+        self._on_loop(self.meta.invoke(
+            [Cond.revision(DRAINING_KEY).eq(cur.mod_revision if cur is not None else 0)],
+            ops + [Op.put(DRAINING_KEY, encode_nodes(want))]), done)
 
     def _decide(self, node: str, rec: LivenessRecord | None, heard: bool, is_dead: bool,
                 settings: ClusterSettings, may_declare: bool, now: float) -> LivenessState:
@@ -297,9 +401,13 @@ class Liveness(ManagerBase):
         """Every topology node's record, as status() and ``/v1/cluster/nodes`` show it."""
         topo = self._nodes(TOPOLOGY_KEY)
         data, _ = data_nodes(self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY))
+        draining = set(self._nodes(DRAINING_KEY))
+        g = self.node.groups.get(self.meta.group)
+        conf = g.raft.conf if g is not None else None
         out = []
-        known = sorted(set(topo) | {k[len(LIVENESS_PREFIX):].decode(errors="replace")
-                                    for k in self._kv if k.startswith(LIVENESS_PREFIX)})
+        known = sorted(set(topo) | draining | {
+            k[len(LIVENESS_PREFIX):].decode(errors="replace")
+            for k in self._kv if k.startswith(LIVENESS_PREFIX)})
         for n in known:
             rec = self._liveness_record(n)
             out.append({
@@ -309,5 +417,9 @@ class Liveness(ManagerBase):
                 "since": rec.since if rec is not None else None,
                 "in_topology": n in topo,
                 "data_node": n in data,
+                "draining": n in draining,
+                "replicas": self._replicas_on(n),
+                "metastore": (None if conf is None else "voter" if n in conf.voters
+                              else "learner" if n in conf.learners else None),
             })
         return out

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
+from raftkv.core import Raft
 from raftkv.node.driver import Node
 from raftkv.placement.assignments import (
     decode_nodes,
@@ -217,3 +218,12 @@ def tracked(key: bytes) -> bool:
 def fail(fut: Future[Any], exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
+
+
+def conf_settled(raft: Raft) -> bool:
+    """Whether the leader may propose a membership change now: no transfer under way,
+    the last configuration committed, and an entry of its own term committed (the
+    known fix for single-server changes)."""
+    log_ = raft.log
+    return (raft.lead_transferee is None and raft.confs[-1][0] <= log_.committed
+            and log_.term_or_zero(log_.committed) == raft.term)

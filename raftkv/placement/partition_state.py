@@ -163,6 +163,10 @@ class UnknownTable(KeyError):
     pass
 
 
+class UnknownNode(KeyError):
+    """A node the placement topology does not name."""
+
+
 class TableDropped(RaftError):
     """The table was dropped while this operation on one of its partitions was under way."""
 

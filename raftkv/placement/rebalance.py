@@ -162,12 +162,14 @@ from raftkv.placement.assignments import (
     PENDING_WRITTEN,
     PLANNED_WRITTEN,
     calc_assignments,
+    decode_nodes,
     encode_nodes,
     partition_keys,
     partition_of,
 )
 from raftkv.placement.catalog import (
     DEAD_KEY,
+    DRAINING_KEY,
     HOLDS_PREFIX,
     PERSISTENT,
     SETTINGS_KEY,
@@ -203,6 +205,7 @@ from raftkv.placement.partition_state import (
     Route,
     StaleTerm,
     TableExists,
+    UnknownNode,
     UnknownTable,
 )
 from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
@@ -421,6 +424,40 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         self._not_on_loop()
         result: list[dict[str, Any]] = self.node.call(self._liveness_status).result(timeout)
         return result
+
+    def drain(self, node: str) -> list[str]:
+        """Decommission ``node``: take it out of the placement topology and mark it
+        draining, in one invoke. Its partitions move to the other data nodes; the
+        metastore leader then demotes it (a metastore voter, once a spare node has been
+        promoted in its place) and removes it from the metastore once nothing is placed
+        on it (``raftkv.placement.liveness``). Returns the topology left. ``UnknownNode``
+        if it is in neither the topology nor draining already; ``ValueError`` for the
+        last node."""
+        check_node_id(node)
+        self._not_on_loop()
+        for _ in range(ADMIN_ATTEMPTS):
+            topo, dr = self.meta.get_many([TOPOLOGY_KEY, DRAINING_KEY]).result(
+                self.admin_timeout)
+            nodes = decode_nodes(topo.value) if topo is not None else []
+            draining = set(decode_nodes(dr.value)) if dr is not None else set()
+            if node not in nodes:
+                if node in draining:
+                    return nodes  # already draining
+                raise UnknownNode(f"{node} is not in the placement topology "
+                                  f"({', '.join(nodes) or 'empty'})")
+            rest = [n for n in nodes if n != node]
+            if not rest:
+                raise ValueError(f"{node} is the last node of the placement topology: "
+                                 "there is nowhere to move its partitions")
+            res = self.meta.invoke(
+                [Cond.revision(k).eq(v.mod_revision if v is not None else 0)
+                 for k, v in ((TOPOLOGY_KEY, topo), (DRAINING_KEY, dr))],
+                [Op.put(TOPOLOGY_KEY, encode_nodes(rest)),
+                 Op.put(DRAINING_KEY, encode_nodes(draining | {node}))]).result(
+                self.admin_timeout)
+            if res.succeeded:
+                return rest
+        raise RuntimeError("the topology kept changing while draining")
 
     def settings(self) -> ClusterSettings:
         """The cluster's placement settings (a linearizable read)."""

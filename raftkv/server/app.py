@@ -121,6 +121,7 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/cluster/nodes"): Role.ADMIN,
     ("GET", "/v1/cluster/nodes"): Role.READ,
     ("DELETE", "/v1/cluster/nodes/{id}"): Role.ADMIN,
+    ("POST", "/v1/cluster/nodes/{id}/drain"): Role.ADMIN,
     ("GET", "/v1/cluster/settings"): Role.READ,
     ("PUT", "/v1/cluster/settings"): Role.ADMIN,
 }

@@ -98,6 +98,7 @@ from raftkv.placement.catalog import (
 from raftkv.placement.leader_balance import LeaderBalancer
 from raftkv.placement.liveness import ClusterSettings
 from raftkv.placement.meta_commands import Cond, InvokeResult, Op
+from raftkv.placement.partition_state import UnknownNode
 from raftkv.placement.rebalance import (
     PlacementManager,
     TableExists,
@@ -278,6 +279,7 @@ class TablesApi:
         r.add_post("/v1/cluster/nodes", self.add_node)
         r.add_get("/v1/cluster/nodes", self.nodes)
         r.add_delete("/v1/cluster/nodes/{id}", self.remove_node)
+        r.add_post("/v1/cluster/nodes/{id}/drain", self.drain)
         r.add_get("/v1/cluster/settings", self.get_settings)
         r.add_put("/v1/cluster/settings", self.put_settings)
         app.on_cleanup.append(self._close)
@@ -516,6 +518,23 @@ class TablesApi:
             since = r.pop("since")
             r["seconds_in_state"] = None if since is None else round(max(0.0, now - since), 1)
         return web.json_response({"nodes": rows})
+
+    async def drain(self, request: web.Request) -> web.Response:
+        """Decommission a node (``PlacementManager.drain``): 404 for a node the topology
+        does not name, 400 for its last node; progress in ``GET /v1/cluster/nodes``."""
+        node = request.match_info["id"]
+        try:
+            check_node_id(node)
+        except ValueError as e:
+            return error(400, str(e))
+        self._meta_leader()
+        try:
+            rest = await self._run(lambda: self.p.mgr.drain(node))
+        except UnknownNode as e:
+            return error(404, str(e.args[0]))
+        except ValueError as e:
+            return error(400, str(e))
+        return web.json_response({"draining": node, "topology": rest})
 
     async def get_settings(self, request: web.Request) -> web.Response:
         self._meta_leader()
