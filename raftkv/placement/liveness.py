@@ -52,6 +52,37 @@ Guard rails
   ``placement.dead`` and the topology), so a deposed leader that has not yet noticed cannot
   overwrite its successor's decision.
 
+The metastore follows the cluster
+--------------------------------
+The metastore's voters start as the founders; every other node hosts a non-voting replica.
+The same leader keeps ``metastore_voters`` (3, or 5) of them on nodes that are not dead or
+draining, one membership change at a time (``_maintain_metastore``):
+
+1. a voter is *unfit* once it is dead or draining (never on suspicion alone);
+2. while fewer than ``metastore_voters`` voters are fit, the first spare in id order (a
+   replica that is a data node, heard from within a lease and holding the commit index)
+   is promoted;
+3. then an unfit voter is demoted to a learner, if the voters left are still
+   ``metastore_voters`` and have a quorum of live members. A demoted node keeps its
+   replica: if it comes back it reads the metastore again, and is a spare in its turn.
+
+Without a spare (three nodes, one dead) nothing changes: demoting the dead voter would not
+make the two left any less dependent on each other, and would leave the metastore one vote
+short when it returns. With a spare, losing any founder for good costs nothing once the
+spare has been promoted; a second loss then leaves a quorum.
+
+Drain
+-----
+``PlacementManager.drain`` takes a node out of the topology and adds it to
+``placement.draining`` in one invoke. Its partitions move to the other data nodes (the
+ordinary rebalance; a leader being removed hands its leadership over first); as a voter it
+is unfit, so step 2 and 3 move its metastore vote to a spare. Once no partition names it
+and it hosts none (no holds key of its current incarnation), the leader removes its
+metastore replica and forgets it. Draining a metastore voter when there is no spare
+moves its partitions but leaves its vote (status shows ``"metastore": "voter"``). A
+drained node that keeps running no longer hears the metastore: stop it. The default KV
+group is not touched (``raftkv cluster remove``).
+
 The settings live in ``placement.settings`` (``ClusterSettings``): one value for the whole
 cluster, set by ``PUT /v1/cluster/settings`` or ``raftkv cluster settings``.
 """
