@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -187,11 +188,26 @@ def _tally(results, verbose: bool, ticks: list[int], flags: str = "") -> tuple[i
     return violations, nonlinear
 
 
+# A seed takes seconds; one still running after this long is stuck in one loop turn (a
+# livelock the simulated clock cannot see), and fails instead of hanging the run.
+SEED_WALL_LIMIT = 600
+
+
 def _placement(args: tuple[int, int, int, tuple[str, ...], bool]) -> Any:
-    from raftkv.testing.placement_sim import run_placement_seed
+    from raftkv.testing.placement_sim import Timeout, run_placement_seed
+
+    def expired(signum: int, frame: Any) -> None:
+        raise Timeout(f"livelock: still running after {SEED_WALL_LIMIT}s of wall time")
 
     seed, nodes, steps, faults, verbose = args
-    return run_placement_seed(seed, nodes=nodes, steps=steps, faults=faults, verbose=verbose)
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(SEED_WALL_LIMIT)
+    try:
+        return run_placement_seed(seed, nodes=nodes, steps=steps, faults=faults,
+                                  verbose=verbose)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def placement_main(args: argparse.Namespace, faults: tuple[str, ...]) -> int:

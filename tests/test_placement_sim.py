@@ -91,6 +91,7 @@ KEPT_SEEDS = [
     (747, "a removal left {lost, leader} of three voters; switch.reduce kept a lost voter"),
     (920, "the same: a wiped voter kept in a two-member pending"),
     (1202, "the same, after partitions and wipes"),
+    (35, "a livelock: a start refused by its back-off kicked the same start at once"),
 ]
 
 

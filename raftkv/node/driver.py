@@ -542,10 +542,13 @@ class Node:
                 except RaftError as e:
                     _fail(fut, e)
         marked = False
-        while True:
+        # The calls queued before this turn: one a call queues runs next turn, after the
+        # network, so a chain of calls that keep queueing themselves cannot hold the loop
+        # (and a livelock among them shows as turns, not as one endless one).
+        with self._lock:
+            todo = len(self._calls)
+        for _ in range(todo):
             with self._lock:
-                if not self._calls:
-                    return
                 fn, fut = self._calls.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue

@@ -607,6 +607,11 @@ class SafeRestart(ManagerBase):
             still = self.id in stable or self.id in pending or (not named and bool(pending))
             if part.group not in self._hosted and still:
                 self._start_partition(part, desc, voters)
+                if part.group not in self._hosted:
+                    # Not started (a storage error, or its back-off): its retry timer kicks
+                    # again. Kicked now, an immediate look would come straight back here
+                    # and spin, without time passing (placement simulator, seed 35).
+                    return
             self._kick(part.group)
 
         if self._kv.get(key, EMPTY).value == self.incarnation:

@@ -129,6 +129,10 @@ ELECTION_TICK = 10
 REQUEST_TIMEOUT = 2.0
 OP_WAIT = 6.0  # a client gives up on a request after this long (outcome unknown)
 SETTLE_SECONDS = 240.0  # the liveness bound: converged within this, once faults stop
+# A livelock: this many events within this much simulated time (a busy run has a few
+# thousand per simulated second).
+LIVELOCK_EVENTS = 500_000
+LIVELOCK_WINDOW = 0.01
 NETWORK_FAULTS = ("drop", "delay", "dup", "partition")
 NODE_FAULTS = ("crash", "wipe")
 ALL_FAULTS = NETWORK_FAULTS + NODE_FAULTS
@@ -157,6 +161,8 @@ class World:
         self.fault_rng = random.Random(f"{seed}/faults")
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
+        self._moved_at = 0.0  # the livelock guard's window (run_until)
+        self._events = 0
 
     def at(self, when: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn))
@@ -168,6 +174,14 @@ class World:
         heap = self._heap
         while heap and heap[0][0] <= end:
             when, _, fn = heapq.heappop(heap)
+            if when - self._moved_at >= LIVELOCK_WINDOW:
+                self._moved_at, self._events = when, 0
+            self._events += 1
+            if self._events > LIVELOCK_EVENTS:
+                # Without this a livelock (work that re-queues itself at once) would hang
+                # the run for ever instead of failing the seed (seed 35 did).
+                raise Timeout(f"livelock: {LIVELOCK_EVENTS} events within "
+                              f"{LIVELOCK_WINDOW}s of simulated time at {when:.3f}s")
             self.now = when
             fn()
         self.now = max(self.now, end)
