@@ -92,6 +92,7 @@ KEPT_SEEDS = [
     (920, "the same: a wiped voter kept in a two-member pending"),
     (1202, "the same, after partitions and wipes"),
     (35, "a livelock: a start refused by its back-off kicked the same start at once"),
+    (1829, "the fault model wiped a second metastore founder during the first's re-add"),
 ]
 
 

@@ -992,7 +992,7 @@ class PlacementSim:
         Anything else is two losses for some group: unsafe-reset territory, not a
         fault to recover from."""
         meta = self._meta_view()
-        if meta is None or victim.node is None:
+        if meta is None or victim.node is None or not self._metastore_survives(victim):
             return False
         for p in range(self.scenario.partitions):
             pk = partition_keys(TABLE, p)
@@ -1017,6 +1017,23 @@ class PlacementSim:
             if not lone:
                 return False
         return True
+
+    def _metastore_survives(self, victim: Host) -> bool:
+        """The metastore group can lose ``victim``'s state: its leader counts every other
+        voter as caught up (a wiped voter readmitted as a learner, not yet promoted back,
+        is one loss already; a second one would leave no majority: seeds 1704 and 1829)."""
+        lead = self.meta_leader()
+        if lead is None:
+            return False
+        node = self.hosts[lead].node
+        assert node is not None
+        raft = node.groups[META_GROUP].raft
+        if raft.conf.learners & set(META):
+            return False
+        others = raft.conf.voters - {victim.id}
+        caught_up = {n for n in others if n == lead or (
+            n in raft.prs and raft.prs[n].match >= raft.log.committed)}
+        return len(caught_up) >= len(raft.conf.voters) // 2 + 1
 
     @staticmethod
     def _planned(meta: MetaService, pk: Any) -> bool:
