@@ -1030,10 +1030,19 @@ class PlacementSim:
         raft = node.groups[META_GROUP].raft
         if raft.conf.learners & set(META):
             return False
-        others = raft.conf.voters - {victim.id}
-        caught_up = {n for n in others if n == lead or (
-            n in raft.prs and raft.prs[n].match >= raft.log.committed)}
-        return len(caught_up) >= len(raft.conf.voters) // 2 + 1
+        for n in raft.conf.voters - {victim.id}:
+            other = self.hosts[n].node
+            g = other.groups.get(META_GROUP) if other is not None else None
+            if g is None:
+                return False
+            # Recorded as the incarnation it runs now (a match index can be the old
+            # incarnation's), the record committed, and caught up.
+            if (raft._incs.get(n, g.raft.cfg.incarnation) != g.raft.cfg.incarnation
+                    or not raft._countable(n)):
+                return False
+            if n != lead and (n not in raft.prs or raft.prs[n].match < raft.log.committed):
+                return False
+        return True
 
     @staticmethod
     def _planned(meta: MetaService, pk: Any) -> bool:
