@@ -286,11 +286,14 @@ class SafeRestart(ManagerBase):
             # Founders bootstrap the founding configuration only on their first start
             # (a founder removed and re-added in the same incarnation bootstrapped it
             # again and, with another stale member, won a term: placement simulator,
-            # seed 646), or over their own log (a no-op).
-            fresh = (self._first_start(part, desc, stable, pending)
-                     or (not self._in_memory(desc) and self._has_log(part)))
+            # seed 646). Over a log of its own a bootstrap was taken for a no-op, but a
+            # log that exists and is empty (a re-added founder removed before it received
+            # an entry) took the founding configuration, and with an empty joiner's vote
+            # the founder led a second history: seed 2807, two different entries
+            # committed at one index. Any other start joins (over its log, if it has one).
+            first = self._first_start(part, desc, stable, pending)
             self._start_with_holds(part, desc, list(founders)
-                                   if self.id in founders and fresh else None)
+                                   if self.id in founders and first else None)
             return
         reduce = self._nodes(part.sw.reduce)
         if self.id not in stable:
