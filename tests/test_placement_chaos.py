@@ -303,3 +303,48 @@ def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
             ["A", "B", "X"], [], [], [], []]
     finally:
         store.close()
+
+
+def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: Path) -> None:
+    """Placement simulator seed 785 (``ChangePeers._lone_holder``): stable [A, X], X lost
+    its state (switch.reduce), and a cancel moved planned [X, C] into pending. Dropping X
+    alone would leave pending [C], naming neither member, and A could never prove the
+    survivor rule's (B). With ``keep`` the leader A stays in pending; the watch on
+    switch.reduce keeps it the same way when calc no longer names it."""
+    from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_keys
+    from raftkv.placement.meta_commands import encode_iif, encode_put
+    from raftkv.placement.metastore import MetaStore
+    from raftkv.placement.rebalance_steps import (
+        SWITCH_PENDING_WRITTEN,
+        leave_pending_for_switch_reduce,
+        switch_keys,
+        trigger_switch_reduce,
+    )
+
+    store = MetaStore(str(tmp_path / "meta"), map_size=1 << 24)
+    try:
+        def run(data: bytes) -> object:
+            return store.apply([(store.applied_index() + 1, data)])[0]
+
+        def nodes(key: bytes) -> list[str]:
+            e = store.get_entry(key)
+            return decode_nodes(e.value if e is not None else None)
+
+        k, sw = partition_keys("t", 0), switch_keys("t", 0)
+        run(encode_put(k.stable, encode_nodes(["A", "X"])))
+        run(encode_put(sw.reduce, encode_nodes(["X"])))
+        run(encode_put(k.pending, encode_nodes(["C", "X"])))
+        tree = leave_pending_for_switch_reduce(k, sw, ["X"], store.get_entry(k.pending),
+                                               store.get_entry(sw.reduce), keep=["A"])
+        assert getattr(run(encode_iif(tree)), "tag", None) == 1
+        assert nodes(k.pending) == ["A", "C"]
+
+        run(encode_put(k.pending, encode_nodes([])))
+        reduce = store.get_entry(sw.reduce)
+        assert reduce is not None
+        tree = trigger_switch_reduce(k, sw, reduce, ["C", "X"], store.get_entry(k.stable),
+                                     keep=["A"])
+        assert getattr(run(encode_iif(tree)), "tag", None) == SWITCH_PENDING_WRITTEN
+        assert nodes(k.pending) == ["A", "C"]
+    finally:
+        store.close()

@@ -108,15 +108,15 @@ class ChangePeers(ManagerBase):
             self._abort_change(part, StaleTerm(f"term {ch.term} is over (now {term})"))
         reduce = self._kv.get(part.sw.reduce)
         if not pending and reduce is not None and reduce.value:
-            self._trigger_switch_reduce(part, reduce)
+            self._trigger_switch_reduce(part, g, reduce)
         if pending:
             # Once the voters are pending the change is done but for onRebalanceDone,
             # and a lost member leaves by the switch path after it (IGNITE-16668's
             # example: C restarts in the non-cancelable phase of [A,B,C] -> [A,B,C,D]).
             blocked = (set() if set(pending) == g.raft.conf.voters
                        else set(pending) & set(self._nodes(part.sw.reduce)))
-            if blocked and set(pending) - blocked:
-                self._unblock_pending(part, blocked)
+            if blocked and (set(pending) - blocked or self._lone_holder(part, g)):
+                self._unblock_pending(part, g, blocked)
                 return  # the change resumes once pending is rewritten
             target = frozenset(pending)
             ch = part.change
@@ -226,7 +226,30 @@ class ChangePeers(ManagerBase):
         self._on_loop(self.meta.get(part.keys.pending), read)
         return False
 
-    def _unblock_pending(self, part: PartitionState, blocked: set[str]) -> None:
+    def _lone_holder(self, part: PartitionState, g: Group) -> set[str]:
+        """{us} if we lead as the lone holder of a two-member stable whose other member
+        is in switch.reduce, else the empty set. A pending the leader writes then names
+        us, whatever calc or a cancel says.
+
+        Why. Without us in pending, the partition waits for ever (placement simulator
+        seed 785: stable [n2, n3], n3 wiped, a cancel moved planned [n3, n4] into
+        pending and n3 left it, so pending was [n4]). We cannot commit a thing without
+        n3, so check-quorum soon ends our term, and our way back is the survivor
+        election, whose proof (B) needs pending to name us (``safe_restart``'s "The lone
+        holder of a two-voter configuration"). Naming ourselves keeps (B) true: we are a
+        voter in our own log, which as leader holds every committed configuration, so no
+        removal of us exists now; and with us in pending none is ever begun. The change
+        to that pending cannot finish while n3 is lost (we cannot commit); it finishes
+        after the survivor election, and the next rebalance moves the partition on to
+        calc, n3 re-added fresh."""
+        stable = self._nodes(part.keys.stable)
+        reduce = set(self._nodes(part.sw.reduce))
+        if (len(stable) == 2 and self.id in stable and self.id not in reduce
+                and set(stable) - {self.id} <= reduce and self.id in g.raft.conf.voters):
+            return {self.id}
+        return set()
+
+    def _unblock_pending(self, part: PartitionState, g: Group, blocked: set[str]) -> None:
         """Pending names nodes of switch.reduce and the voters are not yet pending: those
         nodes lost their state and wait, not started, to be removed. As learners they
         would never catch up; as voters the change would count on them, and its removal
@@ -234,7 +257,8 @@ class ChangePeers(ManagerBase):
         [lost, new] over voters [old, lost, new], stuck once the old voter went). Drop
         them from pending (``rebalance_steps.leave_pending_for_switch_reduce``): the
         change then removes them first (``_advance`` removes the departed first), and
-        onRebalanceDone re-adds them through switch.append as fresh learners."""
+        onRebalanceDone re-adds them through switch.append as fresh learners. A lone
+        holder leading stays in pending (``_lone_holder``)."""
         pending, reduce = self._kv.get(part.keys.pending), self._kv.get(part.sw.reduce)
         assert pending is not None
         key = (pending.mod_revision, reduce.mod_revision if reduce is not None else 0)
@@ -255,7 +279,8 @@ class ChangePeers(ManagerBase):
             self._kick(part.group)
 
         self._on_loop(self.meta.iif(self._if_table(part, steps.leave_pending_for_switch_reduce(
-            part.keys, part.sw, blocked, pending, reduce))), done)
+            part.keys, part.sw, blocked, pending, reduce, self._lone_holder(part, g)))),
+            done)
 
     def _calc(self, part: PartitionState, topo: VersionedValue | None,
               dead: VersionedValue | None, dkv: VersionedValue | None) -> list[str]:
@@ -270,8 +295,10 @@ class ChangePeers(ManagerBase):
         return calc_assignments(desc.name, part.index, data_nodes(topo, dead)[0],
                                 desc.replicas)
 
-    def _trigger_switch_reduce(self, part: PartitionState, reduce: VersionedValue) -> None:
-        """IGNITE-16668: the leader's watch on switch.reduce (pending is empty)."""
+    def _trigger_switch_reduce(self, part: PartitionState, g: Group,
+                               reduce: VersionedValue) -> None:
+        """IGNITE-16668: the leader's watch on switch.reduce (pending is empty). A lone
+        holder leading stays in the pending it writes (``_lone_holder``)."""
         stable = self._kv.get(part.keys.stable)
         key = (reduce.mod_revision, stable.mod_revision if stable is not None else 0)
         if part.switch_key == key:
@@ -283,7 +310,8 @@ class ChangePeers(ManagerBase):
         calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY),
                           self._kv.get(table_key(part.table)))
         tree = self._if_table(
-            part, steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable))
+            part, steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable,
+                                              self._lone_holder(part, g)))
 
         def done(f: Future[Any]) -> None:
             exc = f.exception()

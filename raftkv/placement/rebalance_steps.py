@@ -172,7 +172,8 @@ def add_to_switch_reduce(sw: SwitchKeys, node: str, read: VersionedValue | None)
 
 def leave_pending_for_switch_reduce(keys: PartitionKeys, sw: SwitchKeys,
                                     nodes: Iterable[str], pending: VersionedValue,
-                                    reduce: VersionedValue | None) -> If:
+                                    reduce: VersionedValue | None,
+                                    keep: Iterable[str] = ()) -> If:
     """Ours (IGNITE-16668 is silent), for two cases:
 
     - a node that lost its state (and vote) while it was assigned only in *pending* (a
@@ -186,15 +187,16 @@ def leave_pending_for_switch_reduce(keys: PartitionKeys, sw: SwitchKeys,
 
     One invoke, guarded by the revisions of pending and switch.reduce::
 
-        pending = pending - nodes; switch.reduce = switch.reduce ∪ nodes
+        pending = pending - nodes ∪ keep; switch.reduce = switch.reduce ∪ nodes
 
-    The leader retargets its change to the new pending, which removes ``nodes`` from the
+    ``keep`` is the leader itself when it is the lone holder of a two-member stable
+    (``ChangePeers._lone_holder``). The leader retargets its change to the new pending, which removes ``nodes`` from the
     configuration; onRebalanceDone (``rebalance_done_switch``) then finds them in
     ``reduced`` and re-adds them through switch.append as fresh learners.
 
     Tag 1: written; 0: a key moved since it was read (read again and retry)."""
     out = set(nodes)
-    rest = _nodes(pending) - out
+    rest = (_nodes(pending) - out) | set(keep)
     cond = Cond.revision(keys.pending).eq(pending.mod_revision) & (
         Cond.empty(sw.reduce) if reduce is None or not reduce.value
         else Cond.revision(sw.reduce).eq(reduce.mod_revision))
@@ -204,10 +206,10 @@ def leave_pending_for_switch_reduce(keys: PartitionKeys, sw: SwitchKeys,
 
 def trigger_switch_reduce(keys: PartitionKeys, sw: SwitchKeys, reduce: VersionedValue,
                           calc_part_assignments: Iterable[str],
-                          stable: VersionedValue | None) -> If:
+                          stable: VersionedValue | None, keep: Iterable[str] = ()) -> If:
     """The leader's watch on ``switch.reduce`` (event.revision = the key's revision)::
 
-        calculated = calcPartAssignments() - switch.reduce
+        calculated = calcPartAssignments() - switch.reduce ∪ keep
         if (empty(trigger) || trigger < event.revision
             || revision(switch.reduce) == event.revision && revision(stable) == seen):
             if empty(pending): pending = calculated; trigger = event.revision
@@ -218,9 +220,10 @@ def trigger_switch_reduce(keys: PartitionKeys, sw: SwitchKeys, reduce: Versioned
     ALREADY_PLACED topology event right after the reduce); the reduce would then never
     be acted on. "reduce and stable unchanged since read" still runs the reduce once: the
     invoke makes pending non-empty, and the rebalance it starts rewrites stable. The
-    trigger is written only if it would not go backwards."""
+    trigger is written only if it would not go backwards. ``keep``: as in
+    ``leave_pending_for_switch_reduce`` (ours too)."""
     rev = encode_revision(reduce.mod_revision)
-    calculated = encode_nodes(set(calc_part_assignments) - _nodes(reduce))
+    calculated = encode_nodes((set(calc_part_assignments) - _nodes(reduce)) | set(keep))
     fresh = Cond.empty(keys.trigger) | Cond.value(keys.trigger).lt(rev)
     again = (Cond.revision(sw.reduce).eq(reduce.mod_revision)
              & Cond.revision(keys.stable).eq(_rev(stable)))

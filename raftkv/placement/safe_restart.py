@@ -104,8 +104,11 @@ refuses the others) given two facts it cannot see; the metastore read establishe
     changes only by onRebalanceDone, which writes stable = that pending (without a), by
     a cancel, which happens only while some pending member is not yet a voter, never
     once the removal phase began, or by dropping members of switch.reduce, which a is
-    not in. So a in stable and pending empty or naming a means no
-    such removal was made. (A direct ``change_peers`` call by an operator is outside
+    not in. A leading a that is the lone holder adds itself to a pending it writes
+    (``ChangePeers._lone_holder``: placement simulator seed 785, where a cancel and the
+    drop left pending naming neither member); as leader it is a voter of every committed
+    configuration, so that adds no removal either. So a in stable and pending empty or
+    naming a means no such removal was made. (A direct ``change_peers`` call by an operator is outside
     this argument.)
 
 (A) is about the past, and a removal of a appended after the read could commit only
