@@ -109,16 +109,25 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import lmdb
 from raftkv.storage.errors import StorageError
-from raftkv.storage.layout import DEFAULT_GROUP, group_paths, partition_logs_path, read_node_id
+from raftkv.storage.layout import (
+    DEFAULT_GROUP,
+    META_GROUP,
+    group_paths,
+    partition_logs_path,
+    read_node_id,
+)
 from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.records import ConfState, Entry, EntryType, HardState, VoteFloor
 
 from raftkv.core.membership import decode_conf_entry, encode_conf_entry
+
+if TYPE_CHECKING:
+    from raftkv.placement.metastore import MetaStore
 
 __all__ = [
     "ResetReport",
@@ -401,7 +410,7 @@ def _open_survivor(stack: ExitStack, node_id: str, data_dir: str, group: str) ->
         ) from e
     stack.callback(raft_log.close)
     try:
-        state = LmdbStateStore(state_path)
+        state = _open_state(group, state_path)
     except (StorageError, lmdb.Error, OSError) as e:
         raise UnsafeResetError(
             f"cannot open the state store of {node_id} at {state_path}: {_one_line(e)}"
@@ -411,6 +420,16 @@ def _open_survivor(stack: ExitStack, node_id: str, data_dir: str, group: str) ->
     finally:
         state.close()
     return _Open(node_id, data_dir, raft_log, applied)
+
+
+def _open_state(group: str, path: str) -> LmdbStateStore | MetaStore:
+    """The group's state store, only to read its applied index: the metastore's is a
+    MetaStore, every other group's a KV store."""
+    if group == META_GROUP:
+        from raftkv.placement.metastore import MetaStore  # the placement layer, only here
+
+        return MetaStore(path)
+    return LmdbStateStore(path)
 
 
 def _latest_conf(raft_log: LmdbLogStore) -> ConfState:

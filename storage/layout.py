@@ -15,6 +15,8 @@ import os
 
 NODE_ID_FILE = "node_id"
 DEFAULT_GROUP = "default"
+# The placement metastore's group (its state store is a MetaStore, not a KV store).
+META_GROUP = "meta"
 
 
 def group_paths(data_dir: str, group: str) -> tuple[str, str]:

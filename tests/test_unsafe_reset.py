@@ -667,3 +667,61 @@ def test_real_servers_refuse_while_running_then_recover_from_a_lost_majority(
         assert digests[0]["count"] == 11 and digests[0] == digests[1]
         members = c.group_status(survivors[0])["members"]  # type: ignore[index]
         assert set(members) == set(survivors)
+
+
+def test_the_metastore_of_real_servers_is_reset_after_two_founders_are_lost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--group meta``: three ``raftkv serve`` founders, a table; two are SIGKILLed for good,
+    so the metastore (and the default group) lost their majority. The dry run refuses and
+    writes nothing; the reset opens the metastore's own state store, and the restarted
+    survivor serves the catalog again: the table is still listed, the lost nodes can be
+    removed from the topology, and a new table takes writes."""
+    from raftkv.cli import main as raftkv_main
+    from raftkv.testing.procs import ProcCluster
+
+    with ProcCluster(str(tmp_path / "cluster"), size=3, faults=False) as c:
+        c.start()
+        c.wait_leader()
+        client = c.client()
+        client.create_table("kept", 2, 3)
+        client.put("k", "v")
+        client.close()
+        c.wait_caught_up()
+        for nid in ("n1", "n2"):
+            c.kill(nid)
+        c.stop("n3")
+        meta_log = os.path.join(c.nodes["n3"].data_dir, "groups", "meta", "log")
+        before = LmdbLogStore(meta_log)
+        last = before.last_index()
+        before.close()
+        base = ["recover", "unsafe-reset", "--data-dir", c.nodes["n3"].data_dir,
+                "--members", "n3"]
+
+        assert raftkv_main([*base, "--group", "meta"]) == 2  # a dry run
+        out = capsys.readouterr()
+        assert "DRY RUN" in out.out and "voters lost: n1, n2" in out.out
+        after = LmdbLogStore(meta_log)
+        assert after.last_index() == last  # nothing written
+        after.close()
+        for group in ("meta", "default"):
+            assert raftkv_main([*base, "--group", group, CONFIRM_FLAG]) == 0
+            assert "PERFORMED" in capsys.readouterr().out
+
+        c.start("n3")
+        client = c.client(["n3"])
+        try:
+            assert [t["name"] for t in client.list_tables()] == ["kept"]
+            assert client.get("k") == b"v"
+            for nid in ("n1", "n2"):
+                client.remove_node(nid)
+            client.create_table("fresh", 2, 1)
+            c.wait_until(lambda: all(p["leader"] == "n3" for p in
+                                     client.describe_table("fresh")["partitions"]),
+                         30, "the new table's partitions led by n3")
+            client.put("x", "y", table="fresh")
+            assert client.get("x", table="fresh") == b"y"
+            meta = {r["id"]: r["metastore"] for r in client.cluster_nodes()}
+            assert meta["n3"] == "voter"
+        finally:
+            client.close()

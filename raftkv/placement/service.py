@@ -28,10 +28,10 @@ from raftkv.node.errors import NodeStopped
 from raftkv.node.group_storage import GroupStorage
 from raftkv.placement import meta_commands as mc
 from raftkv.placement.metastore import EventBatch, HistoryCompacted, MetaStore, RangeResult
-from raftkv.storage.layout import group_paths
+from raftkv.storage.layout import META_GROUP, group_paths
 from raftkv.storage.lmdb_log import LmdbLogStore
 
-META_GROUP = "meta"
+__all__ = ["META_GROUP", "MetaService"]
 
 
 class MetaService:
