@@ -121,8 +121,15 @@ def main(argv: list[str] | None = None) -> int:
             base = tempfile.mkdtemp(prefix="raftkv-heal-")
             try:
                 rows.append(scenario(base, parts, list(kills), args.scale_down))
-            finally:
-                shutil.rmtree(base, ignore_errors=True)
+            except (TimeoutError, RuntimeError, OSError) as e:
+                # Kept for a post-mortem: the nodes' logs are in it.
+                print(f"{parts} partitions, kills {kills}: FAILED: {e} (data and logs kept "
+                      f"in {base})", flush=True)
+                rows.append({"partitions": parts, "nodes": 3 + len(kills), "kills": [],
+                             "scale_down_timeout": args.scale_down, "ok": False,
+                             "error": str(e), "dir": base})
+                continue
+            shutil.rmtree(base, ignore_errors=True)
     print_table(rows)
     args.json.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
     print(f"json: {args.json}")

@@ -906,7 +906,8 @@ class Node:
                 _fail(r.fut, e)
 
     def _on_soft_state(self, g: Group, lead: str | None) -> None:
-        if lead != g.leader:
+        changed = lead != g.leader
+        if changed:
             self._abandon_forwards(g, g.leader)
             g.leader = lead
             if lead is not None:
@@ -924,6 +925,18 @@ class Node:
                     keep.append((to, fut, deadline))
             g.transfers = keep
         self._dirty.add(g.id)  # the reactions below may step the core
+        if changed and lead is not None and g.reads:
+            # Read points asked of the old leader: if it died, no answer comes, and the
+            # reads would wait out the request timeout (5 s, measured from outside during
+            # a failover: tests/test_heal_procs.py). Ask the new one too. Its answer is
+            # a commit index it confirmed after this moment, so the read stays
+            # linearizable; whichever answer comes first is used (``_handle_readies``
+            # pops the context), and a later one finds nothing to resolve.
+            for ctx in list(g.reads):
+                try:
+                    g.raft.read_index(ctx)
+                except NotLeader:
+                    break  # the leader went again: the next change asks the next one
         if lead is not None and g.parked:
             parked, g.parked = g.parked, []
             for fn, fut, _ in parked:

@@ -56,6 +56,9 @@ class Kill:
     dead_after: float  # seconds from the kill until the metastore declared it dead
     healed_after: float  # seconds from the kill until fully re-replicated
     max_write_stall: float  # the longest gap between acknowledged table writes, kill..healed
+    # The slowest requests begun in kill..healed: "kind key +call_s took_s outcome" (an
+    # unknown outcome counts until the client gave up).
+    slowest: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -95,6 +98,7 @@ class HealRun:
         self._threads.append(threading.Thread(target=self._default_writer, daemon=True,
                                               name="heal-default"))
         self.dead: set[str] = set()
+        self.why = ""
         self.drained: set[str] = set()
 
     # ------------------------------------------------------------------ set-up ---------
@@ -198,27 +202,41 @@ class HealRun:
     # ------------------------------------------------------------------ faults ---------
     def healed(self) -> bool:
         """Every partition on 3 live nodes and converged; the metastore's voters live and
-        as many as it can have."""
+        as many as it can have. ``self.why`` says what is missing."""
+        self.why = self._unhealed()
+        return not self.why
+
+    def _unhealed(self) -> str:
         live = set(self.live())
         admin = self._admin()
         try:
             desc = admin.describe_table(TABLE)
             nodes = admin.cluster_nodes()
-        except Exception:  # noqa: BLE001  # a node mid-failover: not yet
-            return False
+        except Exception as e:  # noqa: BLE001  # a node mid-failover: not yet
+            return f"no answer: {e}"
         finally:
             admin.close()
         for p in desc["partitions"]:
             stable = set(p["stable"])
             if (len(stable) != 3 or not stable <= live or p["pending"] or p["planned"]
                     or set(p["voters"] or ()) != stable or p["learners"] or p["leader"] is None):
-                return False
+                return (f"partition {p['partition']}: stable {p['stable']} pending "
+                        f"{p['pending']} planned {p['planned']} voters {p['voters']} "
+                        f"learners {p['learners']} leader {p['leader']} change {p['change']}")
         voters = {r["id"] for r in nodes if r.get("metastore") == "voter"}
-        return voters <= live and len(voters) == min(3, len(live))
+        if not voters <= live or len(voters) != min(3, len(live)):
+            return f"metastore voters {sorted(voters)}"
+        return ""
+
+    def _wait_healed(self, timeout: float) -> None:
+        try:
+            self.cluster.wait_until(self.healed, timeout, "full replication on live nodes")
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}: {self.why}") from None
 
     def wait_healed(self, timeout: float) -> float:
         t0 = time.monotonic()
-        self.cluster.wait_until(self.healed, timeout, "full replication on live nodes")
+        self._wait_healed(timeout)
         return time.monotonic() - t0
 
     def _declared_dead(self, node: str) -> bool:
@@ -239,13 +257,18 @@ class HealRun:
         self.cluster.wait_until(lambda: self._declared_dead(node), timeout,
                                 f"{node} declared dead")
         dead_after = time.monotonic() - t0
-        self.cluster.wait_until(self.healed, timeout, "full replication on live nodes")
+        self._wait_healed(timeout)
         t1 = time.monotonic()
         with self._lock:
             acks = sorted(a for a in self.acks if t0 <= a <= t1)
+            ops = [o for o in self.history if t0 <= o.call <= t1]
         marks = [t0, *acks, t1]
         stall = max(b - a for a, b in itertools.pairwise(marks))
-        k = Kill(node, dead_after, t1 - t0, stall)
+        ops.sort(key=lambda o: o.ret - o.call, reverse=True)
+        slowest = [f"{o.kind} {o.key} +{o.call - t0:.2f}s "
+                   f"{'unknown' if not o.known else f'{o.ret - o.call:.2f}s'} {o.output!r}"
+                   for o in ops[:3]]
+        k = Kill(node, dead_after, t1 - t0, stall, slowest)
         self.report.kills.append(k)
         return k
 
@@ -317,7 +340,8 @@ def describe(r: HealReport) -> str:
     lines = [f"{r.partitions} partitions x 3, scale_down_timeout {r.scale_down_timeout}s"]
     for k in r.kills:
         lines.append(f"  kill {k.node}: dead after {k.dead_after:.1f}s, healed after "
-                     f"{k.healed_after:.1f}s, longest write stall {k.max_write_stall:.2f}s")
+                     f"{k.healed_after:.1f}s, longest write stall {k.max_write_stall:.2f}s; "
+                     f"slowest: {'; '.join(k.slowest)}")
     lines.append(f"  ops {dict(sorted(r.counts.items()))}")
     lines.append(f"  {r.check.detail if r.check else 'not checked'}; lost {r.lost or 'none'};"
                  f" digest mismatches {r.digest_mismatches or 'none'}")
