@@ -7,7 +7,7 @@
     raftkv cluster add-learner ID RAFT_ADDR | promote ID | remove ID | transfer ID
     raftkv cluster add-node ID RAFT_ADDR [--http-addr H:P] | remove-node ID   (placement topology)
     raftkv cluster nodes | drain ID | settings [--scale-down-timeout S] [--scale-up-timeout S]
-                   [--metastore-voters 3|5]
+                   [--metastore-voters 3|5] [--max-moves N] [--catch-up-timeout S]
     raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
                  [--allow-unsafe]   (2 in-memory replicas are refused without it)
     raftkv table list | describe NAME | drop NAME | set-replicas NAME N [--allow-unsafe]
@@ -289,7 +289,9 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
     if args.action == "settings":
         change = {k: v for k, v in (("scale_down_timeout", args.scale_down_timeout),
                                     ("scale_up_timeout", args.scale_up_timeout),
-                                    ("metastore_voters", args.metastore_voters))
+                                    ("metastore_voters", args.metastore_voters),
+                                    ("max_moves", args.max_moves),
+                                    ("catch_up_timeout", args.catch_up_timeout))
                   if v is not None}
         emit(args, client.update_settings(**change) if change else client.settings())
         return 0
@@ -447,6 +449,13 @@ def parser() -> argparse.ArgumentParser:
     settings.add_argument("--metastore-voters", type=int, choices=(3, 5),
                           help="how many voters the metastore keeps (a dead or drained "
                                "voter is replaced by a spare node)")
+    settings.add_argument("--max-moves", type=int, metavar="N",
+                          help="how many partitions each leader adds replicas to at once "
+                               "(0: no limit)")
+    settings.add_argument("--catch-up-timeout", type=partial(_seconds, zero=True),
+                          metavar="SECONDS",
+                          help="how long a new replica may take to catch up before it is "
+                               "dropped and tried again later (0: no limit)")
 
     tb = _sub(sub, "table", "create, inspect and drop tables (partitioned, each partition "
                             "its own Raft group)")

@@ -432,7 +432,8 @@ class Client:
 
     def update_settings(self, **settings: float) -> dict[str, Any]:
         """``scale_down_timeout`` / ``scale_up_timeout`` in seconds (0 turns automatic
-        removal off), ``metastore_voters`` (3 or 5)."""
+        removal off), ``metastore_voters`` (3 or 5), ``max_moves`` (partitions a leader
+        adds replicas to at once, 0: no limit), ``catch_up_timeout`` (seconds)."""
         return dict(self._post("/v1/cluster/settings", settings, method="PUT"))
 
     def for_endpoint(self, endpoint: str) -> Client:

@@ -108,6 +108,11 @@ def test_scale_down_zero_turns_automatic_removal_off(cluster: Cluster) -> None:
     ({"scale_down_timeout": True}, "must be a number"),
     ({"scale_down": 3}, "unknown setting"),
     ({"metastore_voters": 4}, "3 or 5"),
+    ({"max_moves": -1}, "max_moves must be an integer"),
+    ({"max_moves": 2.5}, "max_moves must be an integer"),
+    ({"max_moves": True}, "max_moves must be an integer"),
+    ({"catch_up_timeout": "60"}, "must be a number"),
+    ({"catch_up_timeout": -0.5}, "between 0 and"),
     ({"metastore_voters": 3.0}, "3 or 5"),
     ({}, "expected a JSON object"),
     ([1, 2], "expected a JSON object"),
@@ -121,6 +126,9 @@ def test_settings_and_records_decode_strictly() -> None:
     s = ClusterSettings().update({"scale_down_timeout": 12, "scale_up_timeout": 0.5})
     assert ClusterSettings.decode(s.encode()) == s
     assert ClusterSettings.decode(b"{not json") == ClusterSettings()  # defaults, no crash
+    older = json.dumps({"scale_down_timeout": 12, "scale_up_timeout": 0.5,
+                        "metastore_voters": 5}).encode()  # before max_moves existed
+    assert ClusterSettings.decode(older) == ClusterSettings(12, 0.5, 5)
     assert ClusterSettings.decode(json.dumps({"scale_down_timeout": -5}).encode()) == \
         ClusterSettings()
     for raw in (b"", b"\xc1", b"\x93\x01\x02\x03", b"\x81\xa5state\xa3bad"):

@@ -42,6 +42,27 @@ invoke guarded by the revisions of pending and planned moves planned into pendin
 action removes the learners that are not in the new target. Once every pending member is
 a voter (the removal phase), planned waits for ``onNewPeersConfigurationApplied``.
 
+**Moving data at a bounded rate.** Adding a member copies the partition to it, so a node
+that leads many partitions of a lost node's share would otherwise copy them all at once.
+Two cluster settings (``liveness.ClusterSettings``) bound it, as Kudu bounds concurrent
+tablet copies and CockroachDB its rebalancing snapshots:
+
+- ``max_moves`` (default 8; 0: no limit): a change takes one of its leader's move slots
+  to add its first learner, and holds it until every target member is a voter
+  (``Change.slot``, ``_move_slot``); a leader's changes never hold more than
+  ``max_moves``. A change waiting for a slot is looked at again when one frees
+  (``_kick_move_waiters``) and at every election timeout. Removals need no slot: they
+  copy nothing, and a removal of a lost member must never wait behind copies. A leader
+  that takes over a change whose learners were added by its predecessor lets them catch
+  up without a slot (the copy is under way; stopping it would waste it).
+- ``catch_up_timeout`` (default 60 s; 0: no limit): a target learner that the leader has
+  not heard from for that long (its node's transport: ``Node.heard_from``) is removed
+  from the configuration, which is safe for a learner (it never voted), and is added
+  again only after another timeout. Its slot goes to the next partition meanwhile; if its
+  node is declared dead in between, the assignment is recomputed without it and the
+  change retargets (Approach 2). A learner that is heard from is never dropped, however
+  slow: a large snapshot would otherwise start over at every timeout and never finish.
+
 """
 
 from __future__ import annotations
@@ -355,6 +376,7 @@ class ChangePeers(ManagerBase):
         if ch is not None:
             for w in ch.waiters:
                 fail(w, err)
+            self._release_slot(ch)
 
     def _advance(self, part: PartitionState, g: Group) -> None:
         """Take the next one-by-one step towards the change's target, if one is due."""
@@ -368,20 +390,57 @@ class ChangePeers(ManagerBase):
             return
         conf = raft.conf
         target = ch.target
+        settings = self._settings()
+        now = self.node.clock()
+        lease = self.node.lease_seconds()
+        for n in conf.learners & target:
+            # The clock runs only while the learner is silent: a live one may be slow
+            # (a large snapshot), and dropping it would start its copy over, for ever.
+            if n not in ch.learner_since or self.node.heard_from(n, lease):
+                ch.learner_since[n] = now
+        for n in set(ch.learner_since) - conf.learners:
+            del ch.learner_since[n]  # promoted, or removed
         stale = sorted(conf.learners - target)
-        missing = sorted(target - conf.voters - conf.learners)
+        slow = sorted(n for n, since in ch.learner_since.items()
+                      if settings.catch_up_timeout and now - since >= settings.catch_up_timeout)
+        missing = sorted(n for n in target - conf.voters - conf.learners
+                         if ch.held_off.get(n, 0.0) <= now)
         if stale:
             ch.move(ChangePhase.TRIMMING)
             cc = ConfChange(ConfChangeOp.REMOVE, stale[0])
+        elif slow:
+            # Removing a learner is always safe (it never voted); its slot goes to the
+            # next partition, and it is added again after another timeout, unless the
+            # assignment has moved on without it by then (its node declared dead).
+            ch.move(ChangePhase.TRIMMING)
+            cc = ConfChange(ConfChangeOp.REMOVE, slow[0])
+            ch.held_off[slow[0]] = now + settings.catch_up_timeout
+            self.metrics["catch_up_timeouts"] += 1
+            log.info("node %s: %s: learner %s silent for %gs; dropped, added again later",
+                     self.id, part.group, slow[0], settings.catch_up_timeout)
+            self._release_slot(ch)
         elif missing:
+            if not self._move_slot(part, ch, settings.max_moves):
+                if part.group not in self._move_waiters:
+                    self.metrics["move_slot_waits"] += 1
+                self._move_waiters.add(part.group)
+                self._wait(part)
+                return
             ch.move(ChangePhase.ADDING)
             cc = ConfChange(ConfChangeOp.ADD_LEARNER, missing[0],
                             self._address(missing[0]).encode())
         elif conf.learners:
-            # Catching up: the core promotes each learner once it is close enough.
+            # Catching up: the core promotes each learner once it is close enough. Look
+            # again in a while for the catch-up timeout (nothing else announces it).
             ch.move(ChangePhase.CATCHING_UP)
+            if settings.catch_up_timeout:
+                self._wait(part)
+            return
+        elif target - conf.voters:
+            self._wait(part)  # members held off after a catch-up timeout
             return
         else:
+            self._release_slot(ch)  # every new member is a voter
             extra = conf.voters - target
             if not extra:
                 ch.move(ChangePhase.APPLIED)
@@ -407,6 +466,40 @@ class ChangePeers(ManagerBase):
         self.metrics["conf_changes"] += 1
         self._on_loop(self.node.change_membership(part.group, cc),
                       lambda f: self._conf_change_done(part, ch, f))
+
+    def _move_slot(self, part: PartitionState, ch: Change, limit: int) -> bool:
+        """Take a move slot for ``ch`` if it has none and fewer than ``limit`` (0: no
+        limit) changes this node leads hold one; whether it holds one now. A change of
+        a term this node no longer leads holds none, so slots cannot leak."""
+        if ch.slot or not limit:
+            return True
+        if self.moves_held(exclude=part) >= limit:
+            return False
+        ch.slot = True
+        return True
+
+    def moves_held(self, exclude: PartitionState | None = None) -> int:
+        """How many move slots the changes this node leads hold."""
+        busy = 0
+        for other in self._parts.values():
+            och = other.change
+            if other is exclude or och is None or not och.slot:
+                continue
+            g = self.node.groups.get(other.group)
+            if g is not None and g.raft.role == Role.LEADER and g.raft.term == och.term:
+                busy += 1
+        return busy
+
+    def _release_slot(self, ch: Change) -> None:
+        if ch.slot:
+            ch.slot = False
+            self._kick_move_waiters()
+
+    def _kick_move_waiters(self) -> None:
+        """A move slot may be free: look again at the partitions waiting for one."""
+        waiters, self._move_waiters = self._move_waiters, set()
+        for gid in sorted(waiters):
+            self._kick(gid)
 
     def _live_voters(self, part: PartitionState, raft: Raft) -> set[str]:
         """The voters this leader can count on now: itself, and each voter that is

@@ -122,6 +122,7 @@ log = logging.getLogger(__name__)
 LIVENESS_PERIOD = 0.5
 # The settings' bounds: a timeout above a week is a typo, not a policy.
 MAX_TIMEOUT = 7 * 24 * 3600.0
+MAX_MOVES = 10_000
 
 
 class LivenessState(Enum):
@@ -157,21 +158,27 @@ class LivenessRecord:
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """Cluster-wide placement settings (see the module docstring)."""
+    """Cluster-wide placement settings (see the module docstring; ``max_moves`` and
+    ``catch_up_timeout`` are ``change_peers``'s "Moving data at a bounded rate")."""
 
     scale_down_timeout: float = 30.0  # seconds of silence before a node is dead; 0: never
     scale_up_timeout: float = 5.0  # seconds a dead node must be heard from to count again
     metastore_voters: int = 3  # how many voters the metastore keeps (3 or 5)
+    max_moves: int = 8  # partitions a leader adds replicas to at once; 0: no limit
+    catch_up_timeout: float = 60.0  # seconds a new replica has to catch up; 0: no limit
 
     def encode(self) -> bytes:
         return json.dumps({"scale_down_timeout": self.scale_down_timeout,
                            "scale_up_timeout": self.scale_up_timeout,
-                           "metastore_voters": self.metastore_voters}).encode()
+                           "metastore_voters": self.metastore_voters,
+                           "max_moves": self.max_moves,
+                           "catch_up_timeout": self.catch_up_timeout}).encode()
 
     @classmethod
     def decode(cls, raw: bytes | None) -> ClusterSettings:
         """The stored settings; the defaults when there are none or they do not parse (a
-        node must keep placing partitions whatever a bad write left there)."""
+        node must keep placing partitions whatever a bad write left there). A field an
+        older version did not write keeps its default."""
         if not raw:
             return cls()
         try:
@@ -181,11 +188,13 @@ class ClusterSettings:
 
     def update(self, body: object) -> ClusterSettings:
         """These settings with ``body``'s fields changed; ``ValueError`` naming the field
-        for anything but a known field set to a finite number of seconds in
-        [0, MAX_TIMEOUT]."""
+        for anything but a known field set to a valid value: a timeout is a finite number
+        of seconds in [0, MAX_TIMEOUT], ``metastore_voters`` 3 or 5, ``max_moves`` an
+        integer in [0, MAX_MOVES]."""
         if not isinstance(body, dict) or not body:
-            raise ValueError('expected a JSON object with "scale_down_timeout" and/or '
-                             '"scale_up_timeout" (seconds), "metastore_voters" (3 or 5)')
+            raise ValueError('expected a JSON object of settings: "scale_down_timeout", '
+                             '"scale_up_timeout", "catch_up_timeout" (seconds), '
+                             '"metastore_voters" (3 or 5), "max_moves" (partitions)')
         out = self
         for name, value in body.items():
             if name == "metastore_voters":
@@ -193,15 +202,25 @@ class ClusterSettings:
                     raise ValueError(f"metastore_voters must be 3 or 5, got {value!r}")
                 out = replace(out, metastore_voters=value)
                 continue
-            if name not in ("scale_down_timeout", "scale_up_timeout"):
+            if name == "max_moves":
+                if type(value) is not int or not 0 <= value <= MAX_MOVES:
+                    raise ValueError(f"max_moves must be an integer between 0 (no limit) "
+                                     f"and {MAX_MOVES}, got {value!r}")
+                out = replace(out, max_moves=value)
+                continue
+            if name not in ("scale_down_timeout", "scale_up_timeout", "catch_up_timeout"):
                 raise ValueError(f"unknown setting {name!r}")
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not math.isfinite(value) or not 0 <= value <= MAX_TIMEOUT):
                 raise ValueError(f"{name} must be a number of seconds between 0 and "
                                  f"{MAX_TIMEOUT:.0f}, got {value!r}")
             seconds = float(value)
-            out = (replace(out, scale_down_timeout=seconds) if name == "scale_down_timeout"
-                   else replace(out, scale_up_timeout=seconds))
+            if name == "scale_down_timeout":
+                out = replace(out, scale_down_timeout=seconds)
+            elif name == "scale_up_timeout":
+                out = replace(out, scale_up_timeout=seconds)
+            else:
+                out = replace(out, catch_up_timeout=seconds)
         return out
 
 

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftkv.core import Raft
 from raftkv.node.driver import Node
@@ -47,6 +47,9 @@ from raftkv.placement.partition_state import PartitionState
 from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
 from raftkv.placement.service import MetaService
 from raftkv.storage.lmdb_log import LogEnv
+
+if TYPE_CHECKING:
+    from raftkv.placement.liveness import ClusterSettings
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,7 @@ class ManagerBase:
     _hosted: set[str]
     _routes: dict[str, Any]
     _dirty: set[str]
+    _move_waiters: set[str]  # partitions waiting for a move slot (ChangePeers._move_slot)
     _drain_queued: bool
     _revision: int
     _synced: bool
@@ -118,6 +122,9 @@ class ManagerBase:
 
     def _holds(self, part: PartitionState, node: str,
                kv: dict[bytes, VersionedValue] | None = None) -> bool:  # SafeRestart
+        raise NotImplementedError
+
+    def _settings(self) -> ClusterSettings:  # Liveness
         raise NotImplementedError
 
     # ================================================= loop thread: plumbing ============

@@ -58,8 +58,11 @@ outside the target: back to ``TRIMMING``), and a transfer that fails leaves us l
 (``HANDING_OVER`` back to ``REMOVING``). A new target in the same term (pending
 rewritten, Approach 2's cancel, an API call) starts over from ``NEW``
 (``Change.retarget``); an answer to a step taken before it may still arrive then
-(``NEW`` to ``HANDING_OVER``). Going back to ``ADDING`` needs a target member to have left
-the configuration, which no step of ours and no act of the core does within one term.
+(``NEW`` to ``HANDING_OVER``). The catch-up timeout (``change_peers``, "Moving data at a
+bounded rate") removes a silent target learner (``CATCHING_UP`` to ``TRIMMING``, a core-like
+exception) and adds it again once its hold-off ends, possibly while another learner
+catches up (``CATCHING_UP`` to ``ADDING``); no other step of ours and no act of the core
+takes a target member out of the configuration within one term.
 Any move the table does not list is a bug, raised as ``IllegalTransition``, which the
 manager records as an internal error and the placement simulator as a violation.
 """
@@ -100,7 +103,7 @@ CHANGE_TRANSITIONS: dict[ChangePhase, frozenset[ChangePhase]] = {
                        _P.APPLIED}),
     _P.TRIMMING: _CORE | {_P.ADDING, _P.REMOVING, _P.APPLIED},
     _P.ADDING: _CORE | {_P.ADDING, _P.REMOVING, _P.APPLIED},
-    _P.CATCHING_UP: _CORE | {_P.REMOVING, _P.APPLIED},
+    _P.CATCHING_UP: _CORE | {_P.ADDING, _P.REMOVING, _P.APPLIED},
     _P.REMOVING: _CORE | {_P.REMOVING, _P.HANDING_OVER, _P.APPLIED},
     _P.HANDING_OVER: _CORE | {_P.HANDING_OVER, _P.REMOVING},
     _P.APPLIED: _CORE | {_P.APPLIED},
@@ -191,6 +194,16 @@ class Change:
     inflight: str | None = None  # the membership change proposed and not yet answered
     phase: ChangePhase = ChangePhase.NEW
     handovers: int = 0  # transfers started to remove ourselves (each a LeaderStepping)
+    # Catch-up timeout (change_peers, "Moving data at a bounded rate"): since when each
+    # target learner has been silent (now, while it is heard from), and the members the
+    # change dropped for it, with the time before which it does not add them again.
+    learner_since: dict[str, float] = field(default_factory=dict)
+    held_off: dict[str, float] = field(default_factory=dict)
+    # Holds one of the leader's move slots: taken by its first learner added in this
+    # term, given back once every target member is a voter, at a catch-up timeout, or
+    # when the change ends (a learner a previous leader added holds none: its copy
+    # was counted there).
+    slot: bool = False
 
     def move(self, to: ChangePhase) -> None:
         """Enter ``to``; ``IllegalTransition`` unless ``CHANGE_TRANSITIONS`` allows it."""
@@ -202,6 +215,8 @@ class Change:
     def retarget(self, target: frozenset[str], origin: str) -> None:
         """A new target in the same term: the steps start over."""
         self.target, self.origin, self.phase = target, origin, ChangePhase.NEW
+        self.learner_since.clear()
+        self.held_off.clear()
 
 
 @dataclass

@@ -260,6 +260,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         self._hosted: set[str] = set()
         self._routes: dict[str, Route] = {}
         self._dirty: set[str] = set()
+        self._move_waiters: set[str] = set()
         self._drain_queued = False
         self._revision = 0
         self._synced = False

@@ -542,8 +542,9 @@ class TablesApi:
         return web.json_response(json.loads(s.encode()))
 
     async def put_settings(self, request: web.Request) -> web.Response:
-        """``{"scale_down_timeout"?, "scale_up_timeout"?}`` in seconds (0 <= t <= a week;
-        ``scale_down_timeout: 0`` turns automatic removal of dead nodes off)."""
+        """``{"scale_down_timeout"?, "scale_up_timeout"?, "catch_up_timeout"?}`` in seconds
+        (0 <= t <= a week; ``scale_down_timeout: 0`` turns automatic removal of dead nodes
+        off), ``"metastore_voters"?`` (3 or 5), ``"max_moves"?`` (0: no limit)."""
         body = await json_body(request)
         try:
             ClusterSettings().update(body)  # validated before anything is sent

@@ -143,6 +143,8 @@ ALL_FAULTS = NETWORK_FAULTS + NODE_FAULTS
 LIVENESS_FAULTS = ("outage", "flap")
 SCALE_DOWN = 3.0
 SCALE_UP = 2.0
+MAX_MOVES = 2  # per leader; a table has up to 8 partitions here
+CATCH_UP = 1.5  # seconds of a learner's silence (shorter than most outages)
 DEFAULT_STEPS = 6  # scenario actions per seed (plan_scenario)
 
 
@@ -458,6 +460,7 @@ class Invariants:
         node = host.node
         if node is None:
             return
+        self._moves_bounded(host)
         for gid, g in list(node.groups.items()):
             raft = g.raft
             if raft.role == Role.LEADER:
@@ -482,6 +485,18 @@ class Invariants:
                             f"{gid}: {host.id} committed a different entry at {e.index} "
                             f"(term {e.term}, first seen term {seen[0]})")
             self.checked[ck] = commit
+
+
+    def _moves_bounded(self, host: Host) -> None:
+        """No leader's changes hold more move slots than ``max_moves``
+        (``ChangePeers._move_slot``)."""
+        mgr = host.mgr
+        if mgr is None:
+            return
+        limit = mgr._settings().max_moves
+        held = mgr.moves_held()
+        if limit and held > limit:
+            self.sim.violation(f"{host.id} holds {held} move slots (max_moves {limit})")
 
 
 # ================================================================ the clients ==========
@@ -1154,8 +1169,14 @@ class PlacementSim:
             for nid in META:
                 self.hosts[nid].start()
             self.set_nodes(self.topology)
-            if set(LIVENESS_FAULTS) & set(self.faults):
-                self.set_settings(ClusterSettings(SCALE_DOWN, SCALE_UP))
+            # Every run bounds its moves tighter than the defaults, so that the slots
+            # and the catch-up timeout (change_peers, "Moving data at a bounded rate")
+            # are exercised under every fault; the liveness faults shorten the timeouts.
+            live = bool(set(LIVENESS_FAULTS) & set(self.faults))
+            self.set_settings(ClusterSettings(
+                SCALE_DOWN if live else ClusterSettings.scale_down_timeout,
+                SCALE_UP if live else ClusterSettings.scale_up_timeout,
+                max_moves=MAX_MOVES, catch_up_timeout=CATCH_UP))
             self.create_table(s.partitions, s.replicas, s.storage)
             self.settle("created")
             self.clients = Clients(self, s.partitions, keys, 3)
