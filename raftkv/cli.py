@@ -9,7 +9,7 @@
     raftkv cluster nodes | drain ID | settings [--scale-down-timeout S] [--scale-up-timeout S]
                    [--metastore-voters 3|5] [--max-moves N] [--catch-up-timeout S]
     raftkv table create NAME --partitions N --replicas R [--storage persistent|memory]
-                 [--allow-unsafe]   (2 in-memory replicas are refused without it)
+                 [--allow-unsafe]   (1 or 2 in-memory replicas are refused without it)
     raftkv table list | describe NAME | drop NAME | set-replicas NAME N [--allow-unsafe]
     raftkv recover unsafe-reset --data-dir DIR ... --members ... --yes-i-understand-data-may-be-lost
     raftkv spark load|verify --table T --input PATH --key COL [--master URL]   (raftkv.spark.cli)
@@ -467,8 +467,8 @@ def parser() -> argparse.ArgumentParser:
                         help="replicas of each partition")
     create.add_argument("--storage", choices=("persistent", "memory"), default="persistent",
                         help="LMDB on disk, or memory only (default: %(default)s)")
-    unsafe = ("accept a replica count that cannot survive one failure (2 replicas of an "
-              "in-memory table are refused without it)")
+    unsafe = ("accept a replica count that cannot survive one failure (1 or 2 replicas of "
+              "an in-memory table are refused without it)")
     create.add_argument("--allow-unsafe", action="store_true", help=unsafe)
     _sub(tba, "list", "list the tables")
     _sub(tba, "describe", "a table's partitions: assignments, leaders, replicas, "

@@ -117,6 +117,9 @@ BAD: list[tuple[str, str, bytes, str, bytes | None, int]] = [
      b"v", 400),
     ("prev_value twice", "PUT", b"k", "?prev_value=a&prev_value=b", b"v", 400),
     ("prev_absent not a boolean", "PUT", b"k", "?prev_absent=maybe", b"v", 400),
+    # etcd v2's prevExist=false means "must be absent": not a silent blind overwrite.
+    ("prev_absent false", "PUT", b"k", "?prev_absent=false", b"v", 400),
+    ("prev_absent 0", "PUT", b"k", "?prev_absent=0", b"v", 400),
     ("prev_index (no revisions yet)", "PUT", b"k", "?prev_index=3", b"v", 400),
     ("key over 511 bytes", "PUT", b"k" * 600, "", b"v", 400),
     ("reserved key prefix", "PUT", b"\x00raftkv.batch.x", "", b"v", 400),

@@ -206,3 +206,17 @@ def test_drain_refuses_an_unknown_node_and_the_last_one(cluster: Cluster) -> Non
         mgr.drain("bad id!")
     assert mgr.meta.get(TOPOLOGY_KEY).result(5).value == b"n1"  # nothing changed
     assert mgr.meta.get(DRAINING_KEY).result(5) is None
+
+
+def test_drain_refuses_to_leave_a_table_fewer_nodes_than_replicas(cluster: Cluster) -> None:
+    """Found from outside: draining two of three nodes of a 3-replica table answered 200
+    and left every partition one copy, with nothing reporting it. Draining is an
+    operator's choice, so it is refused, naming the table, and nothing changes."""
+    mgr = cluster.mgrs["n1"]
+    mgr.set_nodes(["n1", "n2", "n3"])
+    mgr.create_table(TABLE, PARTS, 3)
+    wait_for(lambda: mgr.table(TABLE) is not None, 10, "the table cached")
+    with pytest.raises(ValueError, match=f"live data node.*{TABLE}'s 3 replicas"):
+        mgr.drain("n3")
+    assert mgr.meta.get(TOPOLOGY_KEY).result(5).value == b"n1,n2,n3"  # nothing changed
+    assert mgr.meta.get(DRAINING_KEY).result(5) is None

@@ -274,6 +274,12 @@ def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart
     assert "cannot survive one failure" in created["warning"]
     assert "cannot survive one failure" in admin.create_table("disk2", 1, 2)["warning"]
     assert "warning" not in admin.create_table("mem3", 1, 3, "memory")
+    # One replica: in memory, every row goes with a restart (found from outside: a
+    # 1-replica in-memory table was accepted silently and lost its rows on restart).
+    with pytest.raises(ClientError) as e:
+        admin.create_table("mem1", 1, 1, "memory")
+    assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]
+    assert "any failure" in admin.create_table("disk1", 1, 1)["warning"]
     with pytest.raises(ClientError) as e:
         admin.set_replicas("mem3", 2)
     assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]
@@ -319,3 +325,38 @@ def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart
     assert took < 45, took
     logs = "".join(cluster.nodes[n].log_text() for n in ids)
     assert "the lone holder campaigns without it" in logs
+
+
+def test_add_node_never_moves_or_shares_a_nodes_addresses_and_cancels_a_drain(
+    cluster: ProcCluster,
+) -> None:
+    """Found from outside: ``cluster add-node`` of an existing id answered 200 and
+    overwrote its HTTP address (other nodes then proxied to nowhere), and a new id with
+    another node's raft address was placed partitions it could never host. Both are 409
+    now, a repeat with the same addresses is a harmless 200, and adding back a node that
+    is draining cancels the drain (its status said draining for ever)."""
+    admin = cluster.client()
+    n1 = cluster.nodes["n1"]
+    for args, want in (
+        (("n1", "10.9.9.9:1"), "already a node at"),
+        (("n1", n1.raft_addr, "127.0.0.1:1"), "already serves HTTP at"),
+        (("n9", n1.raft_addr), "is n1's"),
+    ):
+        with pytest.raises(ClientError) as e:
+            admin.add_node(*args)
+        assert e.value.status == 409 and want in e.value.body["error"], e.value.body
+    assert admin.add_node("n1", n1.raft_addr, f"127.0.0.1:{n1.http_port}")["id"] == "n1"
+    assert admin.status(n1.endpoint)  # its HTTP address still works for the others
+    assert "n9" not in {r["id"] for r in admin.cluster_nodes()}
+
+    cluster.add_table_node("n4")
+    admin.create_table(TABLE, 2, 3)
+    admin.drain("n4")
+    rows = {r["id"]: r for r in admin.cluster_nodes()}
+    if "n4" in rows:  # not yet gone: add it back while it drains
+        n4 = cluster.nodes["n4"]
+        admin.add_node("n4", n4.raft_addr)
+        cluster.wait_until(lambda: not {r["id"]: r for r in admin.cluster_nodes()}
+                           .get("n4", {"draining": True})["draining"], 20,
+                           "n4 no longer draining")
+    admin.close()

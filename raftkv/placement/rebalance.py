@@ -433,7 +433,8 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         promoted in its place) and removes it from the metastore once nothing is placed
         on it (``raftkv.placement.liveness``). Returns the topology left. ``UnknownNode``
         if it is in neither the topology nor draining already; ``ValueError`` for the
-        last node."""
+        last node, or if fewer live data nodes would be left than a table has replicas
+        (its partitions would silently drop below their replica count)."""
         check_node_id(node)
         self._not_on_loop()
         for _ in range(ADMIN_ATTEMPTS):
@@ -450,6 +451,17 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
             if not rest:
                 raise ValueError(f"{node} is the last node of the placement topology: "
                                  "there is nowhere to move its partitions")
+            dead = self.meta.get(DEAD_KEY).result(self.admin_timeout)
+            gone = set(decode_nodes(dead.value)) if dead is not None else set()
+            live = [n for n in rest if n not in gone]
+            short = sorted((d.name, d.replicas) for d in list(self._tables.values())
+                           if d.replicas > len(live))
+            if short:
+                name, replicas = short[0]
+                raise ValueError(
+                    f"draining {node} would leave {len(live)} live data node(s) for table "
+                    f"{name}'s {replicas} replicas: add a node first, or lower its replica "
+                    f"count (raftkv table set-replicas)")
             res = self.meta.invoke(
                 [Cond.revision(k).eq(v.mod_revision if v is not None else 0)
                  for k, v in ((TOPOLOGY_KEY, topo), (DRAINING_KEY, dr))],

@@ -79,6 +79,11 @@ async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
         raise CommandError("prev_index is not supported: compare on prev_value or prev_absent")
     expected = query_bytes(request, "prev_value")
     absent = method == "PUT" and flag(request, "prev_absent")
+    if method == "PUT" and not absent and query_bytes(request, "prev_absent") is not None:
+        # etcd v2's prevExist=false means "must be absent": read either way, a false
+        # here would silently turn a compare-and-set into an unconditional put.
+        raise CommandError("?prev_absent takes only true (the key must be absent); leave "
+                           "it out for an unconditional put, or give ?prev_value=V")
     if expected is not None and absent:
         raise CommandError("give prev_value or prev_absent, not both")
     compare = expected is not None or absent

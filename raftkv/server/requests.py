@@ -266,8 +266,9 @@ def query_bytes(request: web.Request, name: str) -> bytes | None:
 
 
 def flag(request: web.Request, name: str) -> bool:
-    """A boolean parameter: absent or ``false``/``0`` is False; ``true``/``1``/empty is
-    True; anything else is a 400 (a misspelt value must not read as false)."""
+    """A boolean parameter: absent or ``false``/``0`` is False; ``true``/``1``/empty (a
+    bare ``?stale``) is True, in any case; anything else is a 400 (a misspelt value must
+    not read as false)."""
     raw = _raw_query(request).get(name)
     if raw is None:
         return False

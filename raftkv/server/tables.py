@@ -9,9 +9,9 @@ Endpoints (JSON; errors are ``{"error": ...}``):
 
 - ``POST /v1/tables`` ``{"name", "partitions", "replicas", "storage", "allow_unsafe"}``:
   201 with the descriptor; 400 bad name/numbers or replicas above the topology's node
-  count; 409 if it exists. Two replicas cannot survive one failure (``replica_risk``):
-  for an in-memory table that is a 400 unless ``"allow_unsafe": true``; otherwise the
-  answer carries a ``"warning"``.
+  count; 409 if it exists. One or two replicas cannot survive one failure
+  (``replica_risk``): for an in-memory table that is a 400 unless ``"allow_unsafe":
+  true``; otherwise the answer carries a ``"warning"``.
 - ``GET /v1/tables``: ``{"tables": [{"name", "partitions", "replicas", "storage"}]}``.
 - ``GET /v1/tables/{t}``: the descriptor and, per partition, ``stable``/``pending``/
   ``planned`` assignments, the IGNITE-16668 ``switch_reduce``/``switch_append``, ``leader``, ``voters``, ``learners`` (merged from every node's
@@ -23,8 +23,8 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   table that was in flight answers 404 ``table <t> was dropped``; later ones 404
   ``unknown table``.
 - ``PUT /v1/tables/{t}/replicas`` ``{"replicas": n, "allow_unsafe"}``: ``{"revision"}``;
-  400 if n exceeds the node count, or is 2 for an in-memory table without
-  ``allow_unsafe`` (and a ``"warning"`` with 2, as for create).
+  400 if n exceeds the node count, or is 1 or 2 for an in-memory table without
+  ``allow_unsafe`` (and a ``"warning"`` with 1 or 2, as for create).
 - ``POST /v1/tables/{t}/batch``: puts and deletes (``requests.decode_batch_body``'s formats)
   split by partition, one atomic entry per partition, the partitions concurrently:
   ``{"ops", "partitions": {p: index}}``. Not atomic across partitions: on a failure the
@@ -86,6 +86,8 @@ from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, UnknownGroup
 from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of, partitions_of
 from raftkv.placement.catalog import (
+    ADDRESS_PREFIX,
+    DRAINING_KEY,
     MEMORY,
     TABLES_PREFIX,
     TOPOLOGY_KEY,
@@ -97,6 +99,7 @@ from raftkv.placement.catalog import (
 )
 from raftkv.placement.leader_balance import LeaderBalancer
 from raftkv.placement.liveness import ClusterSettings
+from raftkv.placement.manager_base import ADMIN_ATTEMPTS
 from raftkv.placement.meta_commands import Cond, InvokeResult, Op
 from raftkv.placement.partition_state import UnknownNode
 from raftkv.placement.rebalance import (
@@ -496,11 +499,35 @@ class TablesApi:
                 return error(421, "not the metastore leader", leader=leader)
             return await self._proxy(request, target, await request.read())
 
+        def published() -> tuple[dict[str, str], dict[str, str], list[str]]:
+            """Every node's own raft and HTTP addresses, and who is draining."""
+            raft = self.p.meta.range(ADDRESS_PREFIX).result(ADMIN_TIMEOUT)
+            dr = self.p.meta.get(DRAINING_KEY).result(ADMIN_TIMEOUT)
+            return ({k[len(ADDRESS_PREFIX):].decode(errors="replace"):
+                     v.value.decode(errors="replace") for k, v in raft.items},
+                    self.p.http_addrs(fresh=True),
+                    decode_nodes(dr.value) if dr is not None else [])
+
+        raft_of, http_of, draining = await self._run(published)
+        # A node's addresses are its own to publish (it does at every start): add-node
+        # may name them again, not change them, and never give one node's to another.
+        if node in raft_of and raft_of[node] != addr:
+            return error(409, f"{node} is already a node at {raft_of[node]}; add-node "
+                              f"cannot move it to {addr} (restart it with --raft-addr)")
+        if node in http_of and isinstance(http, str) and http_of[node] != http:
+            return error(409, f"{node} already serves HTTP at {http_of[node]}; add-node "
+                              f"cannot move it to {http}")
+        taken = sorted(n for n, a in raft_of.items() if a == addr and n != node)
+        if taken:
+            return error(409, f"raft address {addr} is {taken[0]}'s")
+
         def run() -> list[str]:
             if node not in self.p.meta_members():
                 join_metastore_as_learner(self.p.meta, node, addr).result(ADMIN_TIMEOUT)
-            if isinstance(http, str):
+            if isinstance(http, str) and node not in http_of:
                 self.p.meta.put(http_key(node), http.encode()).result(ADMIN_TIMEOUT)
+            if node in draining:
+                self._cancel_drain(node)
             return self.p.change_topology(lambda nodes: [*nodes, node])
 
         try:
@@ -508,6 +535,23 @@ class TablesApi:
         except NotLeader as e:
             return error(421, "not the metastore leader", leader=e.leader)
         return web.json_response({"id": node, "topology": nodes})
+
+    def _cancel_drain(self, node: str) -> None:
+        """A node added back while draining is no longer leaving: out of
+        ``placement.draining`` (guarded by its revision, as the metastore leader's
+        liveness writes are), so status stops saying it is."""
+        meta = self.p.meta
+        for _ in range(ADMIN_ATTEMPTS):
+            cur = meta.get(DRAINING_KEY).result(ADMIN_TIMEOUT)
+            nodes = decode_nodes(cur.value) if cur is not None else []
+            if node not in nodes:
+                return
+            res = meta.invoke([Cond.revision(DRAINING_KEY).eq(cur.mod_revision if cur else 0)],
+                              [Op.put(DRAINING_KEY, encode_nodes(
+                                  [n for n in nodes if n != node]))]).result(ADMIN_TIMEOUT)
+            if res.succeeded:
+                return
+        raise RuntimeError("placement.draining kept changing")
 
     async def nodes(self, request: web.Request) -> web.Response:
         """Each placement node's liveness (``raftkv.placement.liveness``), as this node's
@@ -870,7 +914,16 @@ def replica_risk(replicas: int, storage: str) -> str | None:
     is two, so while either node is down its partitions take no writes; and an in-memory
     partition whose replica restarted continues on the other alone (see "The lone holder
     of a two-voter configuration" in ``raftkv.placement.safe_restart``) until the replica is
-    re-added, so one more loss in that window loses acknowledged writes."""
+    re-added, so one more loss in that window loses acknowledged writes. One replica is
+    plainer: in memory, every row goes with any restart of its node; on disk, with its
+    disk."""
+    if replicas == 1:
+        if storage == MEMORY:
+            return ("1 in-memory replica loses every row of its partitions whenever its "
+                    "node restarts. Use 3 replicas, or pass allow_unsafe to accept this")
+        return ("1 replica cannot survive any failure: while its node is down its "
+                "partitions are unavailable, and losing its disk loses them. 3 replicas "
+                "survive one failure")
     if replicas != 2:
         return None
     if storage == MEMORY:
