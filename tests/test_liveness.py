@@ -220,3 +220,15 @@ def test_drain_refuses_to_leave_a_table_fewer_nodes_than_replicas(cluster: Clust
         mgr.drain("n3")
     assert mgr.meta.get(TOPOLOGY_KEY).result(5).value == b"n1,n2,n3"  # nothing changed
     assert mgr.meta.get(DRAINING_KEY).result(5) is None
+
+
+def test_a_node_taken_out_of_the_topology_alive_leaves_the_node_list(
+    cluster: Cluster,
+) -> None:
+    """Found from outside: a node removed from the topology while alive kept its row,
+    "alive" and counting up, for ever (no look maintains it any more)."""
+    mgr = cluster.mgrs["n1"]
+    mgr.set_nodes(ALL)
+    wait_for(lambda: _state(cluster, "n1", "n4") == "alive", 10, "n4 alive")
+    mgr.set_nodes(["n1", "n2", "n3"])
+    wait_for(lambda: "n4" not in _nodes(cluster, "n2"), 10, "n4's row gone")

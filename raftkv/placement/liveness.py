@@ -300,8 +300,14 @@ class Liveness(ManagerBase):
             self._write_liveness(n, rec, state, inc, dead)
             return  # one write at a time; the next look continues
         stale = dead - set(topo)  # taken out of the topology while dead
-        if stale:
-            self._write_dead(dead - stale, [Op.remove(liveness_key(n)) for n in sorted(stale)])
+        # Taken out while alive (remove-node; not a drain, which forgets it itself): no
+        # look keeps its record, which would show "alive" for ever.
+        gone = {k[len(LIVENESS_PREFIX):].decode(errors="replace")
+                for k in self._kv if k.startswith(LIVENESS_PREFIX)} - set(topo) - dead - set(
+                    self._nodes(DRAINING_KEY))
+        if stale or gone:
+            self._write_dead(dead - stale,
+                             [Op.remove(liveness_key(n)) for n in sorted(stale | gone)])
             return
         self._maintain_metastore(g.raft, settings, dead, lease)
 
