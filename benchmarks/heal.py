@@ -80,7 +80,7 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> None:
     labels, dead, rebal, stall = [], [], [], []
     for row in rows:
         for i, k in enumerate(row["kills"]):
-            labels.append(f"{row['partitions']}p, loss {i + 1}/{len(row['kills'])}")
+            labels.append(f"{row['partitions']}p, {row['nodes']} nodes, loss {i + 1}")
             dead.append(k["dead_after"])
             rebal.append(k["rereplicate_s"])
             stall.append(k["max_write_stall"])
