@@ -240,6 +240,24 @@ def test_an_in_memory_voter_restarting_before_stable_names_it_is_removed_and_re_
         c.stop()
 
 
+class _Store:
+    """A metastore on disk, fed commands as its Raft group would apply them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        from raftkv.placement.metastore import MetaStore
+
+        self.store = MetaStore(str(tmp_path / "meta"), map_size=1 << 24)
+
+    def run(self, data: bytes) -> object:
+        return self.store.apply([(self.store.applied_index() + 1, data)])[0]
+
+    def nodes(self, key: bytes) -> list[str]:
+        from raftkv.placement.assignments import decode_nodes
+
+        e = self.store.get_entry(key)
+        return decode_nodes(e.value if e is not None else None)
+
+
 def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
     tmp_path: Path,
 ) -> None:
@@ -251,9 +269,8 @@ def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
     assignment naming X, a restarted node in switch.reduce already removed from the
     configuration: the leader waited for X to catch up as a learner, X waited, not
     started, to be removed."""
-    from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_keys
+    from raftkv.placement.assignments import encode_nodes, partition_keys
     from raftkv.placement.meta_commands import encode_iif, encode_put
-    from raftkv.placement.metastore import MetaStore
     from raftkv.placement.rebalance_steps import (
         DONE_SWITCH_APPEND,
         leave_pending_for_switch_reduce,
@@ -261,17 +278,11 @@ def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
         switch_keys,
     )
 
-    store = MetaStore(str(tmp_path / "meta"), map_size=1 << 24)
+    meta = _Store(tmp_path)
+    store, run = meta.store, meta.run
     try:
-        def run(data: bytes) -> object:
-            return store.apply([(store.applied_index() + 1, data)])[0]
-
         def state(*keys: bytes) -> list[list[str]]:
-            out = []
-            for k in keys:
-                e = store.get_entry(k)
-                out.append(decode_nodes(e.value if e is not None else None))
-            return out
+            return [meta.nodes(k) for k in keys]
 
         k, sw = partition_keys("t", 0), switch_keys("t", 0)
         run(encode_put(k.stable, encode_nodes(["A", "B", "X"])))
@@ -311,9 +322,8 @@ def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: P
     alone would leave pending [C], naming neither member, and A could never prove the
     survivor rule's (B). With ``keep`` the leader A stays in pending; the watch on
     switch.reduce keeps it the same way when calc no longer names it."""
-    from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_keys
+    from raftkv.placement.assignments import encode_nodes, partition_keys
     from raftkv.placement.meta_commands import encode_iif, encode_put
-    from raftkv.placement.metastore import MetaStore
     from raftkv.placement.rebalance_steps import (
         SWITCH_PENDING_WRITTEN,
         leave_pending_for_switch_reduce,
@@ -321,14 +331,9 @@ def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: P
         trigger_switch_reduce,
     )
 
-    store = MetaStore(str(tmp_path / "meta"), map_size=1 << 24)
+    meta = _Store(tmp_path)
+    store, run, nodes = meta.store, meta.run, meta.nodes
     try:
-        def run(data: bytes) -> object:
-            return store.apply([(store.applied_index() + 1, data)])[0]
-
-        def nodes(key: bytes) -> list[str]:
-            e = store.get_entry(key)
-            return decode_nodes(e.value if e is not None else None)
 
         k, sw = partition_keys("t", 0), switch_keys("t", 0)
         run(encode_put(k.stable, encode_nodes(["A", "X"])))
