@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from test_rebalance import ALL, META, PARTS, TABLE, Cluster, _check, _no_errors, _write, wait_for
 
-from raftkv.placement.catalog import DEAD_KEY, DRAINING_KEY, TOPOLOGY_KEY
+from raftkv.placement.catalog import DEAD_KEY, DRAINING_KEY, TOPOLOGY_KEY, partition_group
 from raftkv.placement.liveness import ClusterSettings, LivenessRecord, data_nodes
 from raftkv.placement.meta_commands import VersionedValue
 from raftkv.placement.partition_state import UnknownNode
@@ -232,3 +232,23 @@ def test_a_node_taken_out_of_the_topology_alive_leaves_the_node_list(
     wait_for(lambda: _state(cluster, "n1", "n4") == "alive", 10, "n4 alive")
     mgr.set_nodes(["n1", "n2", "n3"])
     wait_for(lambda: "n4" not in _nodes(cluster, "n2"), 10, "n4's row gone")
+
+
+def test_a_change_begun_during_a_transfer_to_a_dead_node_goes_on(cluster: Cluster) -> None:
+    """Found from outside (a 256-partition heal run, one partition in five runs): the
+    leader balancer had begun moving an idle partition's leadership to a node that then
+    died; the change to replace that node began while the transfer was pending, found
+    the configuration unsettled, and nothing looked again once the transfer timed out
+    (an idle partition applies nothing). It now looks again."""
+    mgr = cluster.mgrs["n1"]
+    mgr.set_nodes(META)
+    mgr.create_table(TABLE, 1, 3)
+    cluster.wait_converged(TABLE, META, 3, timeout=20)
+    gid = partition_group(TABLE, 0)
+    lead = cluster.leader(gid)
+    doomed = next(n for n in META if n != lead)
+    cluster.kill(doomed)
+    cluster.nodes[lead].transfer_leadership(gid, doomed)  # pending for an election timeout
+    rest = [n for n in ALL if n != doomed]
+    cluster.mgrs[lead].set_nodes(rest)
+    cluster.wait_converged(TABLE, rest, 3, timeout=20)

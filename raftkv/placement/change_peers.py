@@ -386,7 +386,14 @@ class ChangePeers(ManagerBase):
         if raft.role != Role.LEADER or raft.term != ch.term:
             self._abort_change(part, StaleTerm(f"{self.id} no longer leads term {ch.term}"))
             return
-        if ch.inflight is not None or not conf_settled(raft):
+        if ch.inflight is not None:
+            return  # its answer looks again (_conf_change_done)
+        if not conf_settled(raft):
+            # Nothing announces that it settles: a transfer the leader balancer began
+            # towards a node that then died ends by timing out, and an idle partition
+            # applies nothing meanwhile. Look again (found from outside: a 256-partition
+            # heal run left one idle partition's change in NEW for good).
+            self._wait(part)
             return
         conf = raft.conf
         target = ch.target
