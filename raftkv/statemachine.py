@@ -38,9 +38,11 @@ parameters with these names):
   its ``exception()`` is what the method raised, or why the proposal failed.
 - ``timeout=seconds``: with ``sync``, raise ``TimeoutError`` if the entry is not applied in
   time. The command may still be applied later: a timeout does not cancel it.
-- ``callback=fn``: call ``fn(result, error)`` once the call completes. It runs on the node's
-  apply thread, so it must be quick and must not make synchronous replicated calls. Passing a
-  callback makes the call asynchronous unless ``sync=True`` is given explicitly.
+- ``callback=fn``: call ``fn(result, error)`` once the call completes. Callbacks run one at a
+  time, in the order the calls complete, on a thread of their own (one per process), never on
+  the node's thread: a callback may make synchronous replicated calls, as in PySyncObj, and a
+  slow one delays the callbacks after it, not the node. Passing a callback makes the call
+  asynchronous unless ``sync=True`` is given explicitly.
 
 Rules for replicated methods:
 
@@ -112,6 +114,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import queue
 import sys
 import threading
 import types
@@ -125,6 +129,8 @@ import msgpack
 from raftkv.futures import then
 from raftkv.node.errors import RemoteError
 from raftkv.storage.commands import MAX_COMMAND_BYTES, UNPACK_ERRORS
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MalformedCommand",
@@ -488,6 +494,13 @@ def replicated(func: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         if not isinstance(self, ReplicatedObject):
             raise TypeError(f"{func.__qualname__}: @replicated methods need a ReplicatedObject")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):
+            # Checked before proposing: a bad timeout must not leave a call that "may
+            # still be applied later".
+            raise ValueError(f"{func.__qualname__}(): timeout must be a number of seconds "
+                             f">= 0 or None, not {timeout!r}")
         hosting = _hosting(self)
         if hosting.applying_thread == threading.get_ident():
             return func(self, *args, **kwargs)  # nested in an apply: already replicated
@@ -504,7 +517,7 @@ def replicated(func: Callable[..., Any]) -> Callable[..., Any]:
         data = encode_call(name, args, kwargs)
         future = _results(propose(data))
         if callback is not None:
-            future.add_done_callback(functools.partial(_call_back, callback))
+            future.add_done_callback(functools.partial(_CALLBACKS.submit, callback))
         if sync is None:
             sync = callback is None
         if not sync:
@@ -534,11 +547,41 @@ def _results(raw: Future[Any]) -> Future[Any]:
     return then(raw, _raise_error_result)
 
 
-def _call_back(callback: Callable[[Any, BaseException | None], object], f: Future[Any]) -> None:
-    if f.cancelled():
-        return
-    error = f.exception()
-    callback(None if error is not None else f.result(), error)
+class _CallbackThread:
+    """Runs ``callback=`` functions one at a time, in completion order, on a daemon thread
+    started on first use. The futures complete on the node's loop thread; a callback run
+    there that made a synchronous replicated call waited for that very thread, and the node
+    hung for good (found by an outside-in check). A daemon, so that a callback that never
+    returns cannot hold the interpreter's exit."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[Any, BaseException | None], object],
+                                             Future[Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, callback: Callable[[Any, BaseException | None], object],
+               f: Future[Any]) -> None:
+        if f.cancelled():
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="raftkv-callbacks",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put((callback, f))
+
+    def _run(self) -> None:
+        while True:
+            callback, f = self._queue.get()
+            error = f.exception()
+            try:
+                callback(None if error is not None else f.result(), error)
+            except Exception:  # the caller's bug; the next callback still runs
+                log.exception("a callback= function raised")
+
+
+_CALLBACKS = _CallbackThread()
 
 
 # -- the base class ----------------------------------------------------------------------------

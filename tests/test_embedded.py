@@ -230,3 +230,36 @@ def test_transfer_to_a_closed_voter_times_out(tmp_path: Path) -> None:
     finally:
         for kv in kvs.values():
             kv.close()
+
+
+def test_a_callback_may_make_synchronous_calls_and_bad_timeouts_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Found by an outside-in check: ``callback=`` ran on the node's loop thread, so a
+    synchronous replicated call inside it waited for that very thread and the node hung
+    for good (PySyncObj users write exactly that). Callbacks now run on a thread of their
+    own, in completion order. A negative timeout was accepted and reported as "may still
+    be applied later"; it is refused before anything is proposed."""
+    ps = {"n1": f"127.0.0.1:{free_ports(1)[0]}"}
+    obj = Counter()
+    node = raftkv.ReplicatedNode(obj, "n1", ps["n1"], ps, SECRET, data_dir=str(tmp_path))
+    try:
+        node.wait_for_leader()
+        seen: list[tuple[object, object, int]] = []
+
+        def nested(result: object, error: object) -> None:
+            seen.append((result, error, obj.incr(100, timeout=5)))  # synchronous
+
+        obj.incr(1, callback=nested)
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline, "the callback never ran (the node hung?)"
+            time.sleep(0.02)
+        assert seen == [(1, None, 101)]
+        assert obj.incr(1, timeout=5) == 102  # the node is alive
+        for bad in (-1, float("nan"), "5", True):
+            with pytest.raises(ValueError, match="timeout must be"):
+                obj.incr(1, timeout=bad)  # type: ignore[arg-type]
+        assert obj.get() == 102  # none of them was proposed
+    finally:
+        node.close()

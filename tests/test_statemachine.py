@@ -14,7 +14,9 @@ import os
 import queue
 import random
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -145,11 +147,20 @@ def test_async_call_returns_a_future_and_callback_gets_result_and_error() -> Non
     seen: list[tuple[Any, Any]] = []
     ret = c.incr(1, callback=lambda r, e: seen.append((r, e)))
     assert isinstance(ret, Future)  # a callback makes the call asynchronous
+    _until(lambda: len(seen) == 1)  # callbacks run on a thread of their own
     assert seen == [(4, None)]
     r = Registry()
     Group(r)
     r.fail("boom", callback=lambda res, err: seen.append((res, err)))
+    _until(lambda: len(seen) == 2)
     assert seen[-1][0] is None and isinstance(seen[-1][1], KeyError)
+
+
+def _until(pred: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not pred():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.005)
 
 
 def test_call_does_not_run_locally_only_through_the_log() -> None:
