@@ -375,6 +375,9 @@ def test_repldict_and_lock_manager_as_consumers_with_deterministic_auto_unlock(
 
     # client0 takes the lock again, then its node crashes: nobody prolongs it any more.
     assert locks[0].tryAcquire("job", sync=True, timeout=15) is True
+    # A sync call returns once the caller's node applied it; node 1 may lag (it did, on
+    # a loaded machine, and the lookup below raised KeyError).
+    wait_until(lambda: "job" in lock_table(locks[1]))
     nodes[0].destroy()
     crashed_at = real_time()
     held_until = lock_table(locks[1])["job"][1] + unlock
