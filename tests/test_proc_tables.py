@@ -280,6 +280,14 @@ def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart
         admin.create_table("mem1", 1, 1, "memory")
     assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]
     assert "any failure" in admin.create_table("disk1", 1, 1)["warning"]
+    # A misspelt field is refused, not ignored (it created a persistent table).
+    typo = b'{"name": "typo", "partitions": 1, "replicas": 3, "storgae": "memory"}'
+    for path, body in (("/v1/tables", typo),
+                       ("/v1/tables/mem3/replicas", b'{"replicas": 3, "alow_unsafe": true}')):
+        with pytest.raises(ClientError) as e:
+            admin.request("POST" if path == "/v1/tables" else "PUT", path, body)
+        assert e.value.status == 400 and "unknown field" in e.value.body["error"], path
+    assert "typo" not in {t["name"] for t in admin.list_tables()}
     with pytest.raises(ClientError) as e:
         admin.set_replicas("mem3", 2)
     assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]

@@ -326,6 +326,10 @@ class TablesApi:
     # -- admin ----------------------------------------------------------------------------
     async def create(self, request: web.Request) -> web.Response:
         body = await json_body(request)
+        unknown = _unknown_fields(body, ("name", "partitions", "replicas", "storage",
+                                         "allow_unsafe"))
+        if unknown:
+            return error(400, unknown)
         name = body.get("name")
         parts: Any = body.get("partitions")
         replicas: Any = body.get("replicas")
@@ -383,6 +387,9 @@ class TablesApi:
     async def set_replicas(self, request: web.Request) -> web.Response:
         name = self._name(request)
         body = await json_body(request)
+        unknown = _unknown_fields(body, ("replicas", "allow_unsafe"))
+        if unknown:
+            return error(400, unknown)
         replicas = body.get("replicas")
         if type(replicas) is not int or replicas < 1:
             return error(400, f'"replicas" must be an integer >= 1, got {replicas!r}')
@@ -951,6 +958,15 @@ def _check_replicas(replicas: object, storage: object, body: dict[str, Any]) -> 
     if risk is not None and storage == MEMORY and not allow:
         raise ValueError(risk)
     return risk
+
+
+def _unknown_fields(body: dict[str, Any], known: tuple[str, ...]) -> str:
+    """The error for a field the request does not take, or "": a misspelt ``"storgae":
+    "memory"`` must not create a persistent table without a word (found from outside)."""
+    extra = sorted(set(body) - set(known))
+    if not extra:
+        return ""
+    return f"unknown field {extra[0]!r} (accepted: {', '.join(known)})"
 
 
 def _desc_json(d: TableDescriptor) -> dict[str, Any]:
