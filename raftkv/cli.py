@@ -377,7 +377,8 @@ def parser() -> argparse.ArgumentParser:
                                     "(default $RAFTKV_CACERT; endpoints without a scheme "
                                     "are then https)")
     p.add_argument("--cert", help="client certificate for mutual TLS (default $RAFTKV_CERT)")
-    p.add_argument("--key", help="its private key (default $RAFTKV_KEY)")
+    # dest: ``key`` is the data key of get/put/del/cas (the TLS key was read as it).
+    p.add_argument("--key", dest="tls_key", help="its private key (default $RAFTKV_KEY)")
     p.add_argument("--token-file",
                    help="file holding the bearer token to send (default: $RAFTKV_TOKEN, "
                         "else the file named by $RAFTKV_TOKEN_FILE)")
@@ -525,13 +526,13 @@ def main(argv: list[str] | None = None) -> int:
 
             # The jobs' clients (in Spark's workers too) read the TLS files from here.
             for var, value in (("RAFTKV_CACERT", args.cacert), ("RAFTKV_CERT", args.cert),
-                               ("RAFTKV_KEY", args.key)):
+                               ("RAFTKV_KEY", args.tls_key)):
                 if value:
                     os.environ[var] = value
             return spark_job(args, args.endpoints, resolve_token(token_file=args.token_file))
         client = Client(args.endpoints, timeout=args.timeout,
                         connect_timeout=args.connect_timeout, cacert=args.cacert,
-                        cert=args.cert, key=args.key, token_file=args.token_file)
+                        cert=args.cert, key=args.tls_key, token_file=args.token_file)
         try:
             if args.cmd == "cluster":
                 return _cluster_commands(args, client)

@@ -9,6 +9,7 @@ the way a PySyncObj ``SyncObj`` does.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -28,6 +29,10 @@ from raftkv.statemachine import ReplicatedObject
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 from raftkv.storage.state_store import StateStore
 from raftkv.tls import TlsConfig
+from raftkv.transport.tcp import parse_addr
+
+# What ``--peers id=host:port,...`` can name.
+_NODE_ID = re.compile(r"[^\s,=]{1,128}")
 
 
 class EmbeddedNode:
@@ -93,9 +98,37 @@ class EmbeddedNode:
 
     # -- membership and leadership --------------------------------------------------------
     def add_learner(self, node_id: str, raft_addr: str) -> int:
-        """Add a PRE_FOLLOWER; the leader promotes it once it has caught up."""
+        """Add a PRE_FOLLOWER; the leader promotes it once it has caught up. ``ValueError``
+        before anything is proposed for an id ``--peers`` could not name (empty,
+        whitespace, ``,`` or ``=``) or an address another member has: two ids at one
+        address answer as one node, and the new one never catches up."""
+        if not isinstance(node_id, str) or not _NODE_ID.fullmatch(node_id):
+            raise ValueError(f"a node id is 1-128 printable characters without spaces, "
+                             f"',' or '=', got {node_id!r}")
+        parse_addr(raft_addr)
+        owner = self._member_at(raft_addr)
+        if owner is not None and owner != node_id:
+            raise ValueError(f"raft address {raft_addr} is {owner}'s")
         cc = conf_change(ConfChangeOp.ADD_LEARNER, node_id, raft_addr)
         return self._wait(self.node.change_membership(self.group, cc))[0]
+
+    def _member_at(self, raft_addr: str) -> str | None:
+        """The member of the group (voter or learner) whose raft address is
+        ``raft_addr``, as this node's transport knows it, or None."""
+        def look() -> str | None:
+            conf = self.node.groups[self.group].raft.conf
+            for n in sorted(conf.voters | conf.learners):
+                if n == self.node_id:
+                    addr: str | None = self.node.cfg.raft_addr
+                else:
+                    peer = self.node.transport.peers.get(n)
+                    addr = peer.addr if peer is not None else None
+                if addr == raft_addr:
+                    return n
+            return None
+
+        found: str | None = self.node.call(look).result(self.timeout)
+        return found
 
     def promote(self, node_id: str) -> int:
         cc = conf_change(ConfChangeOp.PROMOTE, node_id)

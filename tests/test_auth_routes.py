@@ -149,6 +149,15 @@ def test_refused_writes_and_admin_calls_change_nothing(cluster: ProcCluster) -> 
     assert cluster.client().get(KEY0 + "-never", table=TABLE) is None
 
 
+def test_a_token_with_bytes_no_token_has_is_a_401(cluster: ProcCluster) -> None:
+    """Found from outside: a token that is not ASCII failed to hash, a 500 and a
+    traceback in the log, for anyone."""
+    for token in ("\xff\xfeAAAAAAAAAAAAAAAAAAAA", "bad;token;AAAAAAAAAAAAAAAA"):
+        status, _, answer = call(cluster, "n1", "GET", "/v1/kv/anything", token=token)
+        assert status == 401, (token, status, answer)
+    assert "Traceback" not in cluster.nodes["n1"].log_text()
+
+
 def test_a_path_that_matches_no_route_needs_a_token_before_it_is_a_404(
         cluster: ProcCluster) -> None:
     status, headers, _ = call(cluster, "n2", "GET", "/v1/nope")

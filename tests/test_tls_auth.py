@@ -91,6 +91,24 @@ def test_cluster_status_asks_every_member_with_the_callers_tls_files_and_token(
     assert rows and all(r["error"].startswith("refused (HTTP 403") for r in rows), rows
 
 
+def test_key_commands_work_over_mutual_tls(cluster: ProcCluster,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Found from outside: the TLS option --key and the data key of put/get/del/cas were
+    one argument, so over TLS every key command read the data key as the key file
+    ("TLS key file user:1 does not exist"), by flag and by $RAFTKV_KEY alike."""
+    cc = cluster.client_cert
+    assert cc is not None
+    common = ["--endpoints", cluster.nodes["n1"].endpoint.removeprefix("https://"),
+              "--cacert", cc.ca, "--cert", cc.cert, "--key", cc.key,
+              "--token-file", cluster.token_file(Role.WRITE)]
+    assert cli.main([*common, "put", "user:1", "alice"]) == 0
+    capsys.readouterr()
+    assert cli.main([*common, "get", "user:1"]) == 0
+    assert capsys.readouterr().out.strip() == "alice"
+    assert cli.main([*common, "cas", "user:1", "bob", "--prev-value", "alice"]) == 0
+    assert cli.main([*common, "del", "user:1"]) == 0
+
+
 def test_refusals_are_counted_in_the_request_metrics(cluster: ProcCluster) -> None:
     node = "n3"
     ep = cluster.nodes[node].endpoint

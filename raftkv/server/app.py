@@ -243,7 +243,10 @@ class Api:
             parse_addr(addr)
         except ValueError as e:
             raise CommandError(f'"raft_addr": {e}') from None
-        index = await self._admin(lambda: self.kv.add_learner(node, addr))
+        try:
+            index = await self._admin(lambda: self.kv.add_learner(node, addr))
+        except ValueError as e:  # a bad id, or another member's address
+            raise CommandError(str(e)) from None
         return web.json_response({"index": index, "id": node, "kind": "pre-follower"})
 
     async def promote(self, request: web.Request) -> web.Response:

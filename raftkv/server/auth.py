@@ -73,6 +73,7 @@ class Role(enum.IntEnum):
 # RFC 6750's b64token: what may follow "Bearer " in a header, so any token in the file
 # can be sent. At least 16 characters: a short token can be guessed over the network.
 _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]{16,}=*")
+_B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 
 
@@ -196,6 +197,11 @@ def bearer(request: web.Request) -> str | None:
     token = token.strip()
     if scheme.lower() != "bearer" or not token or " " in token:
         raise ValueError("the Authorization header must be 'Bearer TOKEN'")
+    if not _B64TOKEN.fullmatch(token):
+        # No token in the file can look like this (RFC 6750's b64token), and bytes that
+        # are not ASCII would fail to hash: a 500 and a traceback for anyone (found from
+        # outside).
+        raise ValueError("the bearer token has characters a token cannot have")
     return token
 
 

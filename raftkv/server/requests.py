@@ -293,6 +293,10 @@ def str_field(body: dict[str, Any], name: str) -> str:
     v = body.get(name)
     if not isinstance(v, str) or not v:
         raise CommandError(f'"{name}" must be a non-empty string')
+    try:
+        v.encode()
+    except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate has no UTF-8
+        raise CommandError(f'"{name}" is not valid Unicode') from None
     return v
 
 
@@ -317,7 +321,10 @@ def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes 
     for op in ops:
         if not (isinstance(op, list) and len(op) == 2):
             raise CommandError(f"batch item {op!r:.60} is not a [key, value] pair")
-        k, v = (x.encode() if isinstance(x, str) else x for x in op)
+        try:
+            k, v = (x.encode() if isinstance(x, str) else x for x in op)
+        except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate has no UTF-8
+            raise CommandError(f"batch item {op!r:.60} is not valid Unicode") from None
         if not isinstance(k, bytes) or not (v is None or isinstance(v, bytes)):
             raise CommandError("batch keys and values must be strings or bytes")
         out.append((k, v))
