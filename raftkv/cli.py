@@ -267,6 +267,11 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
     if args.action == "status":
         rows = status_rows(client, discover=not args.only_endpoints,
                            groups=set(args.group) or None)
+        unknown = sorted(set(args.group) - {r["group"] for r in rows if "group" in r})
+        if unknown and not any("error" in r for r in rows):  # every node answered
+            # An empty table and exit 0 read as "nothing wrong" (found from outside).
+            print(f"error: no node hosts group {unknown[0]!r}", file=sys.stderr)
+            return 1
         if args.write_out == "json":
             print(json.dumps(rows, indent=1))
         else:

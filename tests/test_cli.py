@@ -127,6 +127,10 @@ def test_status_finds_every_member_from_one_endpoint(cluster: ProcCluster) -> No
     code, rows = _status(cluster)
     assert {(r["node"], r["group"]) for r in rows} >= {
         (n, g) for n in ("n1", "n2", "n3") for g in ("default", "meta")}
+    # A group no node hosts is an error, not an empty table and exit 0.
+    res = raftkv("--endpoints", cluster.nodes["n1"].endpoint, "cluster", "status",
+                 "--group", "nosuch")
+    assert res.returncode == 1 and "no node hosts group 'nosuch'" in res.stderr, res
 
 
 def test_write_out_table_and_json(cluster: ProcCluster) -> None:

@@ -82,14 +82,14 @@ class PeerLink:
             self._stage = "handshake"
             nonce_a, used = self._parse(
                 hs.parse_challenge,
-                "its challenge" if tls is not None else
-                "its challenge (a raft port under TLS waits for a TLS client)")
+                "challenge" if tls is not None else
+                "challenge (a raft port under TLS waits for a TLS client)")
             del self._buf[:used]
             nonce_d = hs.new_nonce()
             self._sendall(hs.hello(secret, nonce_a, nonce_d, peer_id, addr))
             self.node_id, used = self._parse(
                 lambda b: hs.parse_welcome(b, secret, nonce_a, nonce_d),
-                "its welcome: a wrong secret (a node closes the connection on one)?")
+                "welcome: a wrong secret (a node closes the connection on one)?")
             del self._buf[:used]
             self.mac: FrameMac | None = None
             recv_mac = None
