@@ -551,6 +551,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
+    except BrokenPipeError:
+        # The reader went away (`raftkv ... | head`): as a Unix tool does, stop quietly.
+        # stdout is pointed at devnull so the interpreter's final flush cannot complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (ClientError, Unavailable, ValueError, OSError, http.client.HTTPException,
             StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
