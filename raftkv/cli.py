@@ -268,7 +268,10 @@ def _cluster_commands(args: argparse.Namespace, client: Client) -> int:
         rows = status_rows(client, discover=not args.only_endpoints,
                            groups=set(args.group) or None)
         unknown = sorted(set(args.group) - {r["group"] for r in rows if "group" in r})
-        if unknown and not any("error" in r for r in rows):  # every node answered
+        # Only when every member answered: with --only-endpoints, a node that did not,
+        # or one with no published address, the group may be there.
+        if (unknown and not args.only_endpoints
+                and not any("error" in r or "note" in r for r in rows)):
             # An empty table and exit 0 read as "nothing wrong" (found from outside).
             print(f"error: no node hosts group {unknown[0]!r}", file=sys.stderr)
             return 1
@@ -508,6 +511,16 @@ def _leading_tls_options(argv: list[str]) -> int:
     return min(i, len(argv))
 
 
+def _reader_gone() -> int:
+    """The reader of our output went away (``raftkv ... | head``): stop quietly, as a Unix
+    tool does. stdout goes to devnull so the interpreter's final flush cannot complain."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout replaced by a caller: nothing to redirect
+        pass
+    return 141
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The recovery tool owns its own arguments (and its own refusals).
@@ -544,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "table":
                 return _table_commands(args, client)
             return _kv_commands(args, client)
+        except BrokenPipeError:
+            return _reader_gone()
         finally:
             client.close()
     except UsageError as e:
@@ -551,11 +566,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
-    except BrokenPipeError:
-        # The reader went away (`raftkv ... | head`): as a Unix tool does, stop quietly.
-        # stdout is pointed at devnull so the interpreter's final flush cannot complain.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
     except (ClientError, Unavailable, ValueError, OSError, http.client.HTTPException,
             StorageError) as e:
         print(f"error: {e}", file=sys.stderr)

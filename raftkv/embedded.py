@@ -35,6 +35,15 @@ from raftkv.transport.tcp import parse_addr
 _NODE_ID = re.compile(r"[^\s,=]{1,128}")
 
 
+def _encodable(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (a lone surrogate from JSON has none)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class EmbeddedNode:
     def __init__(
         self,
@@ -102,7 +111,8 @@ class EmbeddedNode:
         before anything is proposed for an id ``--peers`` could not name (empty,
         whitespace, ``,`` or ``=``) or an address another member has: two ids at one
         address answer as one node, and the new one never catches up."""
-        if not isinstance(node_id, str) or not _NODE_ID.fullmatch(node_id):
+        if (not isinstance(node_id, str) or not _NODE_ID.fullmatch(node_id)
+                or not node_id.isprintable() or not _encodable(node_id)):
             raise ValueError(f"a node id is 1-128 printable characters without spaces, "
                              f"',' or '=', got {node_id!r}")
         parse_addr(raft_addr)

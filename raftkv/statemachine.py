@@ -496,11 +496,11 @@ def replicated(func: Callable[..., Any]) -> Callable[..., Any]:
             raise TypeError(f"{func.__qualname__}: @replicated methods need a ReplicatedObject")
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float))
-                                    or not timeout >= 0):
+                                    or not 0 <= timeout < 1e9):
             # Checked before proposing: a bad timeout must not leave a call that "may
             # still be applied later".
             raise ValueError(f"{func.__qualname__}(): timeout must be a number of seconds "
-                             f">= 0 or None, not {timeout!r}")
+                             f">= 0 (and finite) or None, not {timeout!r}")
         hosting = _hosting(self)
         if hosting.applying_thread == threading.get_ident():
             return func(self, *args, **kwargs)  # nested in an apply: already replicated

@@ -257,7 +257,7 @@ def test_a_callback_may_make_synchronous_calls_and_bad_timeouts_are_refused(
             time.sleep(0.02)
         assert seen == [(1, None, 101)]
         assert obj.incr(1, timeout=5) == 102  # the node is alive
-        for bad in (-1, float("nan"), "5", True):
+        for bad in (-1, float("nan"), float("inf"), 1e300, "5", True):
             with pytest.raises(ValueError, match="timeout must be"):
                 obj.incr(1, timeout=bad)  # type: ignore[arg-type]
         assert obj.get() == 102  # none of them was proposed

@@ -129,6 +129,8 @@ def test_settings_and_records_decode_strictly() -> None:
     older = json.dumps({"scale_down_timeout": 12, "scale_up_timeout": 0.5,
                         "metastore_voters": 5}).encode()  # before max_moves existed
     assert ClusterSettings.decode(older) == ClusterSettings(12, 0.5, 5)
+    newer = json.dumps({"scale_down_timeout": 0, "a_later_setting": 1}).encode()
+    assert ClusterSettings.decode(newer) == ClusterSettings(scale_down_timeout=0)
     assert ClusterSettings.decode(json.dumps({"scale_down_timeout": -5}).encode()) == \
         ClusterSettings()
     for raw in (b"", b"\xc1", b"\x93\x01\x02\x03", b"\x81\xa5state\xa3bad"):

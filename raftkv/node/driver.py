@@ -69,6 +69,7 @@ from pysyncobj.monotonic import monotonic
 from raftkv.core import (
     ConfChange,
     ConfChangeOp,
+    ConfChangeRejected,
     Config,
     EntryType,
     Message,
@@ -428,13 +429,20 @@ class Node:
         self._chain(self.call(run), out)
         return out
 
-    def change_membership(self, group: str, cc: ConfChange) -> Future[Any]:
+    def change_membership(self, group: str, cc: ConfChange,
+                          learner_only: bool = False) -> Future[Any]:
         """Propose one membership change on the leader; resolves to ``(index, None)``
-        once applied here. ``LeaderStepping`` means a transfer started instead."""
+        once applied here. ``LeaderStepping`` means a transfer started instead.
+        ``learner_only``: a removal meant for a learner, refused with
+        ``ConfChangeRejected`` if the core has promoted it since the caller looked (the
+        proposal runs on a later loop call; removing a voter needs the caller's quorum
+        checks)."""
         out: Future[Any] = Future()
 
         def run() -> None:
             g = self._group(group)
+            if learner_only and cc.node not in g.raft.conf.learners:
+                raise ConfChangeRejected(f"{cc.node} is no longer a learner of {group}")
             index = g.raft.propose_conf_change(cc)
             g.pending[index] = (g.raft.term, out)
             g.deadlines.append((self.clock() + self.cfg.request_timeout, index))

@@ -55,12 +55,14 @@ tablet copies and CockroachDB its rebalancing snapshots:
   copy nothing, and a removal of a lost member must never wait behind copies. A leader
   that takes over a change whose learners were added by its predecessor lets them catch
   up without a slot (the copy is under way; stopping it would waste it).
-- ``catch_up_timeout`` (default 60 s; 0: no limit): a target learner that the leader has
-  not heard from for that long (its node's transport: ``Node.heard_from``) is removed
-  from the configuration, which is safe for a learner (it never voted), and is added
-  again only after another timeout. Its slot goes to the next partition meanwhile; if its
+- ``catch_up_timeout`` (default 60 s; 0: no limit): a target learner silent in the group
+  for that long (it answered nothing since the last check-quorum round and its match did
+  not grow) is removed from the configuration, which is safe for a learner (it never
+  voted), and is added again only after another timeout. The removal is proposed only if
+  it still is a learner then (``Node.change_membership(learner_only=True)``): the core may
+  have promoted it meanwhile, and removing a voter needs the removal phase's checks. Its slot goes to the next partition meanwhile; if its
   node is declared dead in between, the assignment is recomputed without it and the
-  change retargets (Approach 2). A learner that is heard from is never dropped, however
+  change retargets (Approach 2). A learner that answers is never dropped, however
   slow: a large snapshot would otherwise start over at every timeout and never finish.
 
 """
@@ -149,7 +151,8 @@ class ChangePeers(ManagerBase):
             if planned is not None and planned.value:
                 self._maybe_cancel(part, g, target, planned)
         elif part.change is not None and part.change.origin == "pending":
-            part.change = None  # someone finished it (pending is empty)
+            self._abort_change(part, ChangeSuperseded(  # someone finished it
+                f"{part.group}: pending is empty"))
         if part.change is not None:
             self._advance(part, g)
         elif not pending:
@@ -199,7 +202,7 @@ class ChangePeers(ManagerBase):
                      self.id, part.group, node)
             self.metrics["conf_changes"] += 1
             self._on_loop(self.node.change_membership(
-                part.group, ConfChange(ConfChangeOp.REMOVE, node)), done)
+                part.group, ConfChange(ConfChangeOp.REMOVE, node), learner_only=True), done)
 
         def done(f: Future[Any]) -> None:
             part.tidy_inflight = False
@@ -249,8 +252,8 @@ class ChangePeers(ManagerBase):
 
     def _lone_holder(self, part: PartitionState, g: Group) -> set[str]:
         """{us} if we lead as the lone holder of a two-member stable whose other member
-        is in switch.reduce, else the empty set. A pending the leader writes then names
-        us, whatever calc or a cancel says.
+        is in switch.reduce, else the empty set. A pending the leader writes (the reduce
+        trigger, the unblock, a cancel) then names us, whatever calc or planned says.
 
         Why. Without us in pending, the partition waits for ever (placement simulator
         seed 785: stable [n2, n3], n3 wiped, a cancel moved planned [n3, n4] into
@@ -260,8 +263,9 @@ class ChangePeers(ManagerBase):
         holder of a two-voter configuration"). Naming ourselves keeps (B) true: we are a
         voter in our own log, which as leader holds every committed configuration, so no
         removal of us exists now; and with us in pending none is ever begun. The change
-        to that pending cannot finish while n3 is lost (we cannot commit); it finishes
-        after the survivor election, and the next rebalance moves the partition on to
+        to that pending waits while n3 is a voter (we cannot commit without it); it
+        finishes after the survivor election (or at once if pending is just us: removing
+        n3 then commits on us alone), and the next rebalance moves the partition on to
         calc, n3 re-added fresh."""
         stable = self._nodes(part.keys.stable)
         reduce = set(self._nodes(part.sw.reduce))
@@ -399,33 +403,38 @@ class ChangePeers(ManagerBase):
         target = ch.target
         settings = self._settings()
         now = self.node.clock()
-        lease = self.node.lease_seconds()
-        for n in conf.learners & target:
-            # The clock runs only while the learner is silent: a live one may be slow
-            # (a large snapshot), and dropping it would start its copy over, for ever.
-            if n not in ch.learner_since or self.node.heard_from(n, lease):
-                ch.learner_since[n] = now
+        if settings.catch_up_timeout:
+            for n in conf.learners & target:
+                # The clock runs only while the learner is silent in this group: one
+                # that answers may be slow (a large snapshot), and dropping it would
+                # start its copy over, for ever. Its node's liveness is not enough: a
+                # live node whose replica never started would hold its slot for good.
+                pr = raft.prs.get(n)
+                match = pr.match if pr is not None else -1
+                if (n not in ch.learner_since or (pr is not None and pr.recent_active)
+                        or match > ch.learner_match.get(n, -1)):
+                    ch.learner_since[n] = now
+                ch.learner_match[n] = match
         for n in set(ch.learner_since) - conf.learners:
             del ch.learner_since[n]  # promoted, or removed
+            ch.learner_match.pop(n, None)
         stale = sorted(conf.learners - target)
         slow = sorted(n for n, since in ch.learner_since.items()
                       if settings.catch_up_timeout and now - since >= settings.catch_up_timeout)
         missing = sorted(n for n in target - conf.voters - conf.learners
                          if ch.held_off.get(n, 0.0) <= now)
+        learner_only = False  # a removal meant for a learner (never a voter's)
         if stale:
             ch.move(ChangePhase.TRIMMING)
             cc = ConfChange(ConfChangeOp.REMOVE, stale[0])
+            learner_only = True
         elif slow:
-            # Removing a learner is always safe (it never voted); its slot goes to the
-            # next partition, and it is added again after another timeout, unless the
-            # assignment has moved on without it by then (its node declared dead).
+            # Removing a learner is always safe (it never voted); it is added again
+            # after another timeout, unless the assignment has moved on without it by
+            # then (its node declared dead). Done below, once the proposal is due.
             ch.move(ChangePhase.TRIMMING)
             cc = ConfChange(ConfChangeOp.REMOVE, slow[0])
-            ch.held_off[slow[0]] = now + settings.catch_up_timeout
-            self.metrics["catch_up_timeouts"] += 1
-            log.info("node %s: %s: learner %s silent for %gs; dropped, added again later",
-                     self.id, part.group, slow[0], settings.catch_up_timeout)
-            self._release_slot(ch)
+            learner_only = True
         elif missing:
             if not self._move_slot(part, ch, settings.max_moves):
                 if part.group not in self._move_waiters:
@@ -469,9 +478,16 @@ class ChangePeers(ManagerBase):
                 return
         if not self._backoff(part, "change").ready((ch.term, target), self.node.clock()):
             return
+        if slow and not stale:
+            ch.held_off[cc.node] = now + settings.catch_up_timeout
+            self.metrics["catch_up_timeouts"] += 1
+            log.info("node %s: %s: learner %s silent for %gs; dropped, added again later",
+                     self.id, part.group, cc.node, settings.catch_up_timeout)
+            if not (conf.learners & target) - {cc.node}:
+                self._release_slot(ch)  # no other new member is copying
         ch.inflight = cc.describe()
         self.metrics["conf_changes"] += 1
-        self._on_loop(self.node.change_membership(part.group, cc),
+        self._on_loop(self.node.change_membership(part.group, cc, learner_only),
                       lambda f: self._conf_change_done(part, ch, f))
 
     def _move_slot(self, part: PartitionState, ch: Change, limit: int) -> bool:
@@ -663,8 +679,8 @@ class ChangePeers(ManagerBase):
                 log.info("node %s: %s cancelled changePeers(%s) for planned %s", self.id,
                          part.group, sorted(target), decode_nodes(planned.value))
 
-        self._on_loop(self.meta.iif(steps.move_planned_to_pending(part.keys, pending, planned)),
-                      done)
+        self._on_loop(self.meta.iif(steps.move_planned_to_pending(
+            part.keys, pending, planned, self._lone_holder(part, g))), done)
 
     def _address(self, node: str) -> str:
         v = self._kv.get(ADDRESS_PREFIX + node.encode())

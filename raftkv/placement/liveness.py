@@ -94,7 +94,7 @@ import logging
 import math
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -182,7 +182,12 @@ class ClusterSettings:
         if not raw:
             return cls()
         try:
-            return cls().update(json.loads(raw))
+            body = json.loads(raw)
+            if isinstance(body, dict):
+                # A field a newer version wrote is not ours to refuse: the ones we know
+                # must keep their values through a rolling upgrade.
+                body = {k: v for k, v in body.items() if k in _FIELDS}
+            return cls().update(body)
         except ValueError:
             return cls()
 
@@ -224,6 +229,9 @@ class ClusterSettings:
         return out
 
 
+_FIELDS = frozenset(f.name for f in fields(ClusterSettings))
+
+
 def data_nodes(topo: VersionedValue | None, dead: VersionedValue | None,
                ) -> tuple[list[str], int]:
     """The nodes partitions are placed on (the topology without the dead, never empty)
@@ -251,9 +259,16 @@ class Liveness(ManagerBase):
         self._meta_change_inflight = False
         self._timer.after(LIVENESS_PERIOD, lambda: self._defer(self._liveness_tick))
 
+    # (revision, settings): every leader's change reads them at each step, and decoding
+    # is a JSON parse.
+    _settings_at: tuple[int, ClusterSettings] | None = None
+
     def _settings(self) -> ClusterSettings:
         v = self._kv.get(SETTINGS_KEY)
-        return ClusterSettings.decode(v.value if v is not None else None)
+        rev = v.mod_revision if v is not None else 0
+        if self._settings_at is None or self._settings_at[0] != rev:
+            self._settings_at = (rev, ClusterSettings.decode(v.value if v is not None else None))
+        return self._settings_at[1]
 
     def _liveness_record(self, node: str) -> LivenessRecord | None:
         v = self._kv.get(liveness_key(node))

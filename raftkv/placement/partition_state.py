@@ -195,9 +195,11 @@ class Change:
     phase: ChangePhase = ChangePhase.NEW
     handovers: int = 0  # transfers started to remove ourselves (each a LeaderStepping)
     # Catch-up timeout (change_peers, "Moving data at a bounded rate"): since when each
-    # target learner has been silent (now, while it is heard from), and the members the
-    # change dropped for it, with the time before which it does not add them again.
+    # target learner has been silent in the group (now, while it answers or its match
+    # grows), and the members the change dropped for it, with the time before which it
+    # does not add them again.
     learner_since: dict[str, float] = field(default_factory=dict)
+    learner_match: dict[str, int] = field(default_factory=dict)  # its match at the last look
     held_off: dict[str, float] = field(default_factory=dict)
     # Holds one of the leader's move slots: taken by its first learner added in this
     # term, given back once every target member is a voter, at a catch-up timeout, or
@@ -216,6 +218,7 @@ class Change:
         """A new target in the same term: the steps start over."""
         self.target, self.origin, self.phase = target, origin, ChangePhase.NEW
         self.learner_since.clear()
+        self.learner_match.clear()
         self.held_off.clear()
 
 

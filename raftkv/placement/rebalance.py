@@ -454,8 +454,11 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
             dead = self.meta.get(DEAD_KEY).result(self.admin_timeout)
             gone = set(decode_nodes(dead.value)) if dead is not None else set()
             live = [n for n in rest if n not in gone]
-            short = sorted((d.name, d.replicas) for d in list(self._tables.values())
-                           if d.replicas > len(live))
+            # Only a live node's drain lowers the count (a dead one's replicas are
+            # already being placed elsewhere).
+            short = [] if node in gone else sorted(
+                (d.name, d.replicas) for d in list(self._tables.values())
+                if d.replicas > len(live))
             if short:
                 name, replicas = short[0]
                 raise ValueError(

@@ -114,12 +114,14 @@ def finish_rebalance(keys: PartitionKeys, applied_peers: bytes,
 
 
 def move_planned_to_pending(keys: PartitionKeys, pending: VersionedValue,
-                            planned: VersionedValue) -> If:
-    """Approach 2: ``pending = planned; remove(planned)`` if neither moved since read."""
+                            planned: VersionedValue, keep: Iterable[str] = ()) -> If:
+    """Approach 2: ``pending = planned ∪ keep; remove(planned)`` if neither moved since
+    read. ``keep``: as in ``leave_pending_for_switch_reduce`` (ours)."""
+    value = encode_nodes(_nodes(planned) | set(keep)) if keep else planned.value
     return If(
         Cond.revision(keys.pending).eq(pending.mod_revision)
         & Cond.revision(keys.planned).eq(planned.mod_revision),
-        Do(MOVED, Op.put(keys.pending, planned.value), Op.remove(keys.planned)),
+        Do(MOVED, Op.put(keys.pending, value), Op.remove(keys.planned)),
         Do(MOVE_RETRY),
     )
 

@@ -492,8 +492,9 @@ class TablesApi:
             if not isinstance(value, str):
                 return error(400, f'"{field}" must be a string host:port')
             try:
+                value.encode()  # a lone surrogate from JSON has no UTF-8 (it was a 500)
                 parse_addr(value)
-            except ValueError as e:
+            except (ValueError, UnicodeEncodeError) as e:
                 return error(400, f'"{field}": {e}')
         assert isinstance(node, str) and isinstance(addr, str)
         leads, leader = await self._run(self.p.meta_role)
@@ -507,13 +508,17 @@ class TablesApi:
             return await self._proxy(request, target, await request.read())
 
         def published() -> tuple[dict[str, str], dict[str, str], list[str]]:
-            """Every node's own raft and HTTP addresses, and who is draining."""
+            """The raft and HTTP addresses of the nodes the cluster still knows (in the
+            topology, draining, or in the metastore: a removed node's address may be
+            reused), and who is draining."""
             raft = self.p.meta.range(ADDRESS_PREFIX).result(ADMIN_TIMEOUT)
             dr = self.p.meta.get(DRAINING_KEY).result(ADMIN_TIMEOUT)
-            return ({k[len(ADDRESS_PREFIX):].decode(errors="replace"):
-                     v.value.decode(errors="replace") for k, v in raft.items},
-                    self.p.http_addrs(fresh=True),
-                    decode_nodes(dr.value) if dr is not None else [])
+            draining = decode_nodes(dr.value) if dr is not None else []
+            known = set(self.p.topology()) | set(draining) | self.p.meta_members()
+            return ({n: a for n, a in ((k[len(ADDRESS_PREFIX):].decode(errors="replace"),
+                                        v.value.decode(errors="replace"))
+                                       for k, v in raft.items) if n in known},
+                    self.p.http_addrs(fresh=True), draining)
 
         raft_of, http_of, draining = await self._run(published)
         # A node's addresses are its own to publish (it does at every start): add-node
@@ -529,12 +534,14 @@ class TablesApi:
             return error(409, f"raft address {addr} is {taken[0]}'s")
 
         def run() -> list[str]:
+            if node in draining:
+                # First: the metastore leader removes a drained node's metastore replica
+                # once it hosts nothing, and must not do so under the re-add.
+                self._cancel_drain(node)
             if node not in self.p.meta_members():
                 join_metastore_as_learner(self.p.meta, node, addr).result(ADMIN_TIMEOUT)
             if isinstance(http, str) and node not in http_of:
                 self.p.meta.put(http_key(node), http.encode()).result(ADMIN_TIMEOUT)
-            if node in draining:
-                self._cancel_drain(node)
             return self.p.change_topology(lambda nodes: [*nodes, node])
 
         try:
