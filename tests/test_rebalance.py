@@ -376,9 +376,10 @@ def test_reconfiguration_errors_back_off_are_recorded_when_exhausted_and_a_new_l
     for m in cluster.mgrs.values():
         m.retry = RetryPolicy(base=0.01, factor=2, cap=0.05, max_attempts=3)
     for node in cluster.nodes.values():
-        def broken(group: str, cc: ConfChange, orig: Any = node.change_membership) -> Any:
+        def broken(group: str, cc: ConfChange, learner_only: bool = False, *,
+                   orig: Any = node.change_membership) -> Any:
             if group != gid:
-                return orig(group, cc)
+                return orig(group, cc, learner_only)
             f: Future[Any] = Future()
             f.set_exception(ConfChangeRejected("injected"))
             return f
