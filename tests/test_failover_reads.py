@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from raftkv.storage.commands import encode_put
 
+from raftkv.core import ConfChange, ConfChangeOp, ConfChangeRejected
 from raftkv.node.driver import Node, NodeConfig
 from raftkv.node.stores import open_group_storage
 from raftkv.testing.procs import free_ports
@@ -71,3 +72,18 @@ def test_a_read_sent_to_a_leader_that_dies_is_answered_by_the_next(
     assert took < TIMEOUT / 3, f"the read waited {took:.1f}s"
     survivors = [n for n in nodes if n != lead]
     assert _leader(nodes, survivors) in survivors
+
+
+def test_a_removal_meant_for_a_learner_never_removes_a_voter(
+    nodes: dict[str, Node],
+) -> None:
+    """``change_membership(..., learner_only=True)``: the placement layer decides to drop
+    a learner on one loop call and proposes on a later one; if the core promoted it in
+    between, the removal must not take out a voter (that needs the removal phase's
+    quorum checks)."""
+    lead = _leader(nodes, list(nodes))
+    voter = next(n for n in nodes if n != lead)
+    cc = ConfChange(ConfChangeOp.REMOVE, voter)
+    with pytest.raises(ConfChangeRejected, match="no longer a learner"):
+        nodes[lead].change_membership(GID, cc, learner_only=True).result(5)
+    assert voter in nodes[lead].groups[GID].raft.conf.voters

@@ -325,8 +325,10 @@ def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: P
     from raftkv.placement.assignments import encode_nodes, partition_keys
     from raftkv.placement.meta_commands import encode_iif, encode_put
     from raftkv.placement.rebalance_steps import (
+        MOVED,
         SWITCH_PENDING_WRITTEN,
         leave_pending_for_switch_reduce,
+        move_planned_to_pending,
         switch_keys,
         trigger_switch_reduce,
     )
@@ -351,5 +353,13 @@ def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: P
                                      keep=["A"])
         assert getattr(run(encode_iif(tree)), "tag", None) == SWITCH_PENDING_WRITTEN
         assert nodes(k.pending) == ["A", "C"]
+
+        # The cancel (Approach 2) moves planned into pending the same way.
+        run(encode_put(k.planned, encode_nodes(["C", "X"])))
+        pending, planned = store.get_entry(k.pending), store.get_entry(k.planned)
+        assert pending is not None and planned is not None
+        tree = move_planned_to_pending(k, pending, planned, keep=["A"])
+        assert getattr(run(encode_iif(tree)), "tag", None) == MOVED
+        assert nodes(k.pending) == ["A", "C", "X"] and nodes(k.planned) == []
     finally:
         store.close()
