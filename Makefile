@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.recovery
 	$(BIN)/python -m benchmarks.throughput --all
 	$(BIN)/python -m benchmarks.compat_pysyncobj
+	$(BIN)/python -m benchmarks.heal
 
 clean:
 	rm -rf $(VENV) build *.egg-info
