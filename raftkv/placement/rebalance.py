@@ -438,7 +438,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         check_node_id(node)
         self._not_on_loop()
         for _ in range(ADMIN_ATTEMPTS):
-            topo, dr = self.meta.get_many([TOPOLOGY_KEY, DRAINING_KEY]).result(
+            topo, dr, dead = self.meta.get_many([TOPOLOGY_KEY, DRAINING_KEY, DEAD_KEY]).result(
                 self.admin_timeout)
             nodes = decode_nodes(topo.value) if topo is not None else []
             draining = set(decode_nodes(dr.value)) if dr is not None else set()
@@ -451,7 +451,6 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
             if not rest:
                 raise ValueError(f"{node} is the last node of the placement topology: "
                                  "there is nowhere to move its partitions")
-            dead = self.meta.get(DEAD_KEY).result(self.admin_timeout)
             gone = set(decode_nodes(dead.value)) if dead is not None else set()
             live = [n for n in rest if n not in gone]
             # Only a live node's drain lowers the count (a dead one's replicas are
