@@ -149,6 +149,39 @@ def test_a_learner_promoted_beyond_the_survivors_log_refuses_and_nothing_is_lost
         assert c.raft(n).log.term(index) == c.raft("n3").log.term(index)
 
 
+def test_a_removal_of_the_survivor_after_a_promotion_beyond_its_log_is_refused() -> None:
+    """(B) needs only "no removal of n1 made from a configuration of W": a removal
+    further down follows another change beyond n1's log, which committed with a member
+    of the electorate (part 1), and that member refuses n1 (part 3). n2 promotes n3 and
+    then removes n1, both beyond n1's log, and commits an entry with n3; n2 is lost.
+    n3 is a voter of no configuration of n1's W (``voters_since_commit``), so the
+    placement layer, seeing pending [n3], lets n1 campaign (placement simulator seed
+    1076); n3 refuses, n1 does not lead, and the entry stays committed."""
+    c = two_voters()
+    c.elect("n2")
+    c.propose("n2", cmd(0))
+    add_learner(c, "n2", "n3")
+    c.stabilize()
+    c.isolate("n1")
+    c.raft("n2").propose_conf_change(ConfChange(ConfChangeOp.PROMOTE, "n3"))
+    c.stabilize()
+    c.raft("n2").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n1"))
+    c.stabilize()
+    index = c.propose("n2", cmd(1))
+    assert set(c.raft("n3").conf.voters) == {"n2", "n3"}
+    assert c.raft("n3").log.committed >= index
+    r = c.raft("n1")
+    assert r.voters_since_commit() == {"n1", "n2"}  # n3 was never a voter in n1's log
+    c.nodes["n2"].crash()
+    c.heal()
+    wait_without_leader(c, ["n1"])
+    r.campaign_without("n2")
+    c.stabilize()
+    assert r.role != Role.LEADER
+    assert c.raft("n3").log.term(index) is not None
+    assert c.raft("n3").log.committed >= index
+
+
 def test_a_learner_ahead_with_uncommitted_entries_attests_and_does_not_block() -> None:
     """Part 3's exception: n3, a recorded learner that was never a voter, holds an entry
     n1 lacks (n2 sent it before it was lost; with n1 cut off it never committed). By

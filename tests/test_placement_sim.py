@@ -101,16 +101,16 @@ KEPT_SEEDS = [
 ]
 
 
-# Found by the long run on the final code of 2026-11-27 and not fixed (liveness, two
-# replicas): stable [n1, n3], a cancel by the leader n3 wrote pending [n2, n4, n5] after
-# n1's files were wiped but before n1 recorded the loss, and n3 had lost its term before it
-# could name itself again; its survivor election needs pending to name it
-# (docs/placement-simulator.md, "Open"). Its schedule depends on the hash seed, so it runs
-# as the command line replays it (PYTHONHASHSEED=0); strict: a fix must remove this.
-@pytest.mark.xfail(strict=True, reason="open: a lone holder that a cancel left out of pending")
-def test_open_seed_1076() -> None:
+# Found by the long run on the final code of 2026-11-27 (liveness, two replicas): stable
+# [n1, n3], a cancel by the leader n3 wrote pending [n2, n4, n5] after n1's files were
+# wiped but before n1 recorded the loss, and n3 lost its term before it could name itself
+# again. A pending that names a node that is a voter of no configuration of the holder's
+# log now proves (B) as well (SafeRestart._survivor_case). Its schedule depends on the
+# hash seed, so it runs as the command line replays it, with PYTHONHASHSEED=0.
+def test_seed_1076_a_lone_holder_left_out_of_pending_by_a_cancel() -> None:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
     res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", "1076"],
-                         check=False, capture_output=True, text=True, timeout=600)
+                         check=False, capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-2000:]
 
 

@@ -217,9 +217,14 @@ three voters, from a alone, or from b alone). G is a, the voter z of each three-
 configuration of W, and each learner y of a two-voter one that is recorded (any
 learner with identities off). The caller asserts two things the core cannot see: (A)
 b's state is lost: the incarnation the group counts on will never vote or acknowledge
-again; (B) no configuration that removes or demotes a exists beyond a's log. The
-placement layer derives both from the metastore (``raftkv/placement/safe_restart.py``,
-"The lone holder of a two-voter configuration"). The simulator's opt-in ``survive``
+again; (B) no configuration that removes or demotes a was appended, beyond a's log, as
+one change from a configuration of W. A removal of a further down, after some other
+change beyond a's log, needs no assertion: that change committed with a member of G
+(part 1), which then refuses a (part 3). ``voters_since_commit`` gives the caller what
+it needs to tell: a removal of a made from a configuration of W has no other voters but
+that configuration's. The placement layer derives both from the metastore
+(``raftkv/placement/safe_restart.py``, "The lone holder of a two-voter
+configuration"). The simulator's opt-in ``survive``
 fault runs the rule under every other fault, and its checker recounts each survivor's
 grants from this text.
 
@@ -970,6 +975,14 @@ class Raft:
             else:
                 later.append(conf)
         return [base, *later]
+
+    def voters_since_commit(self) -> frozenset[str]:
+        """Every voter of the configuration in effect at the commit index and of each
+        later one in the log (W in "The lone survivor of two voters"). A caller of
+        ``campaign_without`` may use it for (B): if it removes a voter only once every
+        member of its target is a voter, a removal of this node made from a
+        configuration of W has a target within this set."""
+        return frozenset(n for conf in self._confs_since_commit() for n in conf.voters)
 
     def _survivor_blocker(self, lost: str) -> str | None:
         if self.role == Role.LEADER:

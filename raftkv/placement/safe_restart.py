@@ -67,7 +67,9 @@ then n1 restarted). The rule:
 - *a, the holder* (``_maybe_survive``): hosting the group, not its leader, whose Raft
   voters are {a, b}; on a linearizable read, b is in switch.reduce and does not hold the
   partition (its holds key does not name its current incarnation), a holds it, is not in
-  switch.reduce, is in stable, and pending is empty or names a. Then a runs a survivor
+  switch.reduce, is in stable, and pending is empty, names a, or names a node that is a
+  voter of no configuration of a's log from its commit index on
+  (``Raft.voters_since_commit``). Then a runs a survivor
   election, ``Raft.campaign_without(b)`` (at most once per two election timeouts): it
   wins with its own vote and the grants of the learners that may have been promoted
   and, if the change to {a, b} removed a third voter z and a does not know it
@@ -108,8 +110,17 @@ refuses the others) given two facts it cannot see; the metastore read establishe
     (``ChangePeers._lone_holder``: placement simulator seed 785, where a cancel and the
     drop left pending naming neither member); as leader it is a voter of every committed
     configuration, so that adds no removal either. So a in stable and pending empty or
-    naming a means no such removal was made. (A direct ``change_peers`` call by an operator is outside
-    this argument.)
+    naming a means no such removal was made. The core needs less: only no removal of a
+    made *from a configuration of W* (a's log from its commit index on; a removal
+    further down follows a change the core's electorate sees). changePeers removes a
+    voter only once every pending member is a voter (``_advance``), and the pending of
+    a removal of a keeps its members while it stays (a cancel cannot happen; the drop
+    of switch.reduce members only shrinks it; a lone holder that keeps itself is a
+    voter already). So a pending that names a node that is a voter of no configuration
+    of W proves it too (placement simulator seed 1076: stable [n1, n3], the leader n3
+    cancelled towards [n2, n4, n5] before n1 recorded the loss of its files, and lost
+    its term before it could name itself). (A direct ``change_peers`` call by an
+    operator is outside this argument.)
 
 (A) is about the past, and a removal of a appended after the read could commit only
 under {b} or {b, z}, which needs b. Only one side of a pair is ever a survivor: b runs
@@ -465,10 +476,11 @@ class SafeRestart(ManagerBase):
         self._add_to_switch_reduce(part)
 
     # ======================= loop thread: the lone holder of a two-voter configuration ==
-    def _survivor_case(self, part: PartitionState, lost: str,
+    def _survivor_case(self, part: PartitionState, g: Group, lost: str,
                        kv: dict[bytes, VersionedValue]) -> bool:
         """The metastore side of the rule (module docstring): ``lost`` declared the loss
-        of its state and does not hold it, we hold ours and nobody asked to remove us."""
+        of its state and does not hold it, we hold ours and no removal of us can have
+        been made from a configuration of our log (B)."""
         def nodes(key: bytes) -> list[str]:
             v = kv.get(key)
             return decode_nodes(v.value) if v is not None else []
@@ -476,7 +488,8 @@ class SafeRestart(ManagerBase):
         reduce, stable, pending = (nodes(part.sw.reduce), nodes(part.keys.stable),
                                    nodes(part.keys.pending))
         return (lost in reduce and self.id not in reduce and self.id in stable
-                and (not pending or self.id in pending)
+                and (not pending or self.id in pending
+                     or not set(pending) <= g.raft.voters_since_commit())
                 and not self._holds(part, lost, kv) and self._holds(part, self.id, kv))
 
     def _maybe_survive(self, part: PartitionState, g: Group) -> None:
@@ -488,7 +501,7 @@ class SafeRestart(ManagerBase):
         if part.survive_inflight or len(voters) != 2 or self.id not in voters:
             return
         (lost,) = voters - {self.id}
-        if not self._survivor_case(part, lost, self._kv):
+        if not self._survivor_case(part, g, lost, self._kv):
             return
         if self.node.clock() < part.survive_after:
             self._wait(part)
@@ -507,7 +520,7 @@ class SafeRestart(ManagerBase):
             kv = {k: v for k, v in zip(keys, f.result(), strict=True) if v is not None}
             now_g = self.node.groups.get(part.group) if part.group in self._hosted else None
             if (not self._current(part) or now_g is not g or g.raft.role == Role.LEADER
-                    or g.raft.conf.voters != voters or not self._survivor_case(part, lost, kv)):
+                    or g.raft.conf.voters != voters or not self._survivor_case(part, g, lost, kv)):
                 self._kick(part.group)
                 return
             part.survive_after = self.node.clock() + 2 * self.node.cfg.election_tick * \
