@@ -239,7 +239,11 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
     table = args.table
     if args.cmd == "put":
         emit(args, {"index": client.put(args.key, args.value, table=table)})
+    elif args.cmd == "scan" or (args.cmd == "get" and args.prefix is not None):
+        return _range_command(args, client)
     elif args.cmd == "get":
+        if args.key is None:
+            raise UsageError("raftkv get: error: give a KEY, or --prefix P")
         v = client.get(args.key, stale=args.stale, table=table)
         if v is None:
             print(f"error: key {args.key!r} not found", file=sys.stderr)
@@ -247,10 +251,7 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
         if args.write_out is None:
             sys.stdout.buffer.write(v + b"\n")
             return 0
-        try:
-            emit(args, {"key": args.key, "value": v.decode()})
-        except UnicodeDecodeError:
-            emit(args, {"key": args.key, "value_base64": base64.b64encode(v).decode()})
+        emit(args, {"key": args.key, **_text(v, "value")})
     elif args.cmd == "del":
         emit(args, {"index": client.delete(args.key, table=table)})
     elif args.cmd == "cas":
@@ -260,6 +261,50 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
         swapped, index = client.cas(args.key, args.prev_value, args.new, table=table)
         emit(args, {"swapped": swapped, "index": index})
         return 0 if swapped else 2
+    return 0
+
+
+def _text(b: bytes, field: str) -> dict[str, str]:
+    try:
+        return {field: b.decode()}
+    except UnicodeDecodeError:
+        return {f"{field}_base64": base64.b64encode(b).decode()}
+
+
+def _range_command(args: argparse.Namespace, client: Client) -> int:
+    """``get --prefix`` and ``scan``: every key of a range in key order, page by page
+    (``Client.scan``; the pages are not one snapshot). Text: each key and then its value
+    on a line of their own, as ``etcdctl get --prefix`` prints them; ``-w json``: a list
+    of ``{"key", "value"}`` (``*_base64`` for bytes that are not UTF-8)."""
+    if args.cmd == "get" and args.key is not None:
+        raise UsageError("raftkv get: error: give a KEY or --prefix, not both")
+    # os.fsencode: a key given in bytes that are not UTF-8 reaches argv as surrogates
+    prefix, start, end = (None if a is None else os.fsencode(a) for a in
+                          (args.prefix, getattr(args, "start", None), getattr(args, "end", None)))
+    if prefix is None and start is None and end is None:
+        prefix = b""  # `raftkv scan`: every key
+    limit = getattr(args, "limit", None)
+    if limit is not None and limit < 1:
+        raise UsageError(f"raftkv {args.cmd}: error: --limit must be at least 1")
+    if getattr(args, "count", False):
+        doc = client.range_page(prefix=prefix, start=start, end=end, count_only=True,
+                                stale=args.stale, table=args.table)
+        emit(args, {"count": doc["count"], "revision": doc["revision"]})
+        return 0
+    keys_only = getattr(args, "keys_only", False)
+    rows = client.scan(prefix=prefix, start=start, end=end, keys_only=keys_only,
+                       stale=args.stale, table=args.table,
+                       page=min(limit, 1000) if limit else 1000)
+    out: list[dict[str, str]] = []
+    for n, (k, v) in enumerate(rows):
+        if limit is not None and n >= limit:
+            break
+        if args.write_out is None:
+            sys.stdout.buffer.write(k + b"\n" + (b"" if v is None else v + b"\n"))
+        else:
+            out.append({**_text(k, "key"), **({} if v is None else _text(v, "value"))})
+    if args.write_out is not None:
+        emit(args, out)
     return 0
 
 
@@ -398,11 +443,27 @@ def parser() -> argparse.ArgumentParser:
     put.add_argument("key", help="the key (1..511 bytes)")
     put.add_argument("value", help="the value (at most 1 MiB)")
     put.add_argument("--table", help=table_help)
-    get = _sub(sub, "get", "read a key (linearizable unless --stale); exit 1 if absent")
-    get.add_argument("key", help="the key")
+    get = _sub(sub, "get", "read a key (linearizable unless --stale); exit 1 if absent. "
+                           "With --prefix, every key that starts with it")
+    get.add_argument("key", nargs="?", help="the key")
+    get.add_argument("--prefix", help="read every key with this prefix instead (each key "
+                                      "and its value on lines of their own)")
     get.add_argument("--stale", action="store_true",
                      help="read the answering node's local replica, which may lag")
     get.add_argument("--table", help=table_help)
+    scan = _sub(sub, "scan", "every key of a range in key order (default: every key), "
+                             "read page by page; each page is linearizable unless "
+                             "--stale, the pages together are not one snapshot")
+    scan.add_argument("--prefix", help="keys that start with this")
+    scan.add_argument("--start", help="the first key (inclusive)")
+    scan.add_argument("--end", help="the end key (exclusive)")
+    scan.add_argument("--limit", type=int, help="at most this many keys")
+    scan.add_argument("--keys-only", action="store_true", help="print keys only")
+    scan.add_argument("--count", action="store_true",
+                      help="print only how many keys the range holds")
+    scan.add_argument("--stale", action="store_true",
+                      help="read the answering node's local replica, which may lag")
+    scan.add_argument("--table", help="a table's keys (default: the default KV group's)")
     delete = _sub(sub, "del", "delete a key (deleting an absent key is not an error)")
     delete.add_argument("key", help="the key")
     delete.add_argument("--table", help=table_help)

@@ -38,12 +38,13 @@ by ``$RAFTKV_TOKEN_FILE`` (``resolve_token``); with none of them it sends no hea
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -284,6 +285,54 @@ class Client:
             if e.status == 404 and e.body.get("error") == KEY_NOT_FOUND:
                 return None
             raise
+
+    def range_page(self, *, prefix: bytes | str | None = None, start: bytes | str | None = None,
+                   end: bytes | str | None = None, limit: int | None = None,
+                   after: str | None = None, keys_only: bool = False,
+                   count_only: bool = False, stale: bool = False,
+                   table: str | None = None) -> dict[str, Any]:
+        """One page of a range read (``GET /v1/kv?...``; ``table``: over that table):
+        ``{"revision", "kvs": [(key, value | None)], "count", "more", "continue"}`` with
+        keys and values as bytes, or ``{"revision", "count"}`` with ``count_only``.
+        ``after``: the previous page's ``continue``."""
+        def raw(v: bytes | str) -> bytes:
+            return v.encode() if isinstance(v, str) else v
+
+        q: list[str] = []
+        for name, v in (("prefix", prefix), ("start", start), ("end", end)):
+            if v is not None:
+                q.append(f"{name}=" + quote(raw(v), safe=""))
+        for name, on in (("keys_only", keys_only), ("count_only", count_only),
+                         ("stale", stale)):
+            if on:
+                q.append(f"{name}=true")
+        if limit is not None:
+            q.append(f"limit={int(limit)}")
+        if after is not None:
+            q.append("continue=" + quote(after, safe=""))
+        base = f"/v1/tables/{quote(table, safe='')}/kv" if table is not None else "/v1/kv"
+        doc = json.loads(self.request("GET", base + "?" + "&".join(q))[1])
+        if "kvs" in doc:
+            dec = base64.b64decode
+            doc["kvs"] = [(dec(kv["key"]), dec(kv["value"]) if "value" in kv else None)
+                          for kv in doc["kvs"]]
+        return doc
+
+    def scan(self, *, prefix: bytes | str | None = None, start: bytes | str | None = None,
+             end: bytes | str | None = None, page: int = 1000, keys_only: bool = False,
+             stale: bool = False, table: str | None = None
+             ) -> Iterator[tuple[bytes, bytes | None]]:
+        """Every ``(key, value)`` of a range in key order, page by page. Each page is
+        consistent at its own revision; the pages together are not a snapshot (a key
+        written during the scan is seen as of a later page, ``raftkv.server.range_ops``)."""
+        after: str | None = None
+        while True:
+            doc = self.range_page(prefix=prefix, start=start, end=end, limit=page,
+                                  after=after, keys_only=keys_only, stale=stale, table=table)
+            yield from doc["kvs"]
+            if not doc["more"]:
+                return
+            after = doc["continue"]
 
     def put(self, key: bytes | str, value: bytes | str, table: str | None = None) -> int:
         v = value.encode() if isinstance(value, str) else value

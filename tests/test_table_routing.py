@@ -94,9 +94,9 @@ async def _closed_port() -> str:
 
 
 def _api(addrs: dict[str, str]) -> TablesApi:
-    """A TablesApi whose placement routes key k of table t to n1 (leader), then n2."""
+    """A TablesApi whose placement routes partition 0 of table t to n1 (leader), then n2."""
     route = SimpleNamespace(leader="n1", nodes=["n1", "n2"])
-    placement = SimpleNamespace(id="n9", mgr=SimpleNamespace(route=lambda name, key: route,
+    placement = SimpleNamespace(id="n9", mgr=SimpleNamespace(partition_route=lambda name, p: route,
                                                              generation=lambda name: 7),
                                 http_addrs=lambda: dict(addrs),
                                 node=SimpleNamespace(groups={}), scheme="http", http_ssl=None)
@@ -121,7 +121,7 @@ async def _through_proxy(first: Upstream | None, method: str, query: str = ""
     api = _api({"n1": a1, "n2": a2})
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await api._elsewhere(request, "t", "t.t.0", b"k", await request.read())
+        return await api._elsewhere(request, "t", 0, await request.read())
 
     app = web.Application(middlewares=[errors_middleware])
     app.router.add_route("*", "/v1/tables/t/kv/{key}", handler)

@@ -399,7 +399,12 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         desc = self._tables.get(table)
         if desc is None:
             raise UnknownTable(table)
-        p = partition_of(key, desc.partitions)
+        return self.partition_route(table, partition_of(key, desc.partitions))
+
+    def partition_route(self, table: str, p: int) -> Route:
+        """Partition ``p`` of ``table``'s stable nodes (and leader hint)."""
+        if table not in self._tables:
+            raise UnknownTable(table)
         r = self._routes.get(partition_group(table, p))
         return r if r is not None else Route(partition_group(table, p), table, p, (), None)
 

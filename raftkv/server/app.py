@@ -11,6 +11,9 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
   ``{"index", "swapped": true}``, or 412 with ``"swapped": false``.
 - ``DELETE /v1/kv/{key}`` (write): ``{"index": N}`` (deleting an absent key is not an
   error).
+- ``GET /v1/kv?prefix=P`` or ``?start=A&end=B`` (read): one page of a range read, with
+  ``limit``, ``continue``, ``keys_only``, ``count_only`` and ``stale``
+  (``raftkv.server.range_ops``).
 - ``POST /v1/batch`` (write): many puts/deletes as ONE log entry, atomically
   (``decode_batch_body`` gives the body formats); ``{"index", "ops"}``.
 - ``GET /v1/digest`` (read): ``{"count", "digest", "applied"}`` of this replica
@@ -64,6 +67,7 @@ from raftkv.server import auth
 from raftkv.server.auth import Role
 from raftkv.server.kv_ops import parse_kv, serve_kv
 from raftkv.server.metrics import HttpMetrics, StatusCollector, exposition
+from raftkv.server.range_ops import parse_range, serve_range
 from raftkv.server.requests import (
     PARSER_LINE_LIMIT,
     Starting,
@@ -98,6 +102,7 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("GET", "/v1/kv/{key}"): Role.READ,
     ("PUT", "/v1/kv/{key}"): Role.WRITE,
     ("DELETE", "/v1/kv/{key}"): Role.WRITE,
+    ("GET", "/v1/kv"): Role.READ,
     ("POST", "/v1/batch"): Role.WRITE,
     ("GET", "/v1/digest"): Role.READ,
     ("GET", "/v1/cluster"): Role.READ,
@@ -113,6 +118,8 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("DELETE", "/v1/tables/{table}"): Role.ADMIN,
     ("PUT", "/v1/tables/{table}/replicas"): Role.ADMIN,
     ("GET", "/v1/tables/{table}/kv/{key}"): Role.READ,
+    ("GET", "/v1/tables/{table}/kv"): Role.READ,
+    ("GET", "/v1/tables/{table}/partitions/{p}/kv"): Role.READ,
     ("PUT", "/v1/tables/{table}/kv/{key}"): Role.WRITE,
     ("DELETE", "/v1/tables/{table}/kv/{key}"): Role.WRITE,
     ("POST", "/v1/tables/{table}/batch"): Role.WRITE,
@@ -184,6 +191,7 @@ class Api:
         )
         r = app.router
         # ".*" so an empty key reaches check_key and gets a 400, not a 404.
+        r.add_get("/v1/kv", self.kv_range)
         r.add_get("/v1/kv/{key:.*}", self.kv_op)
         r.add_put("/v1/kv/{key:.*}", self.kv_op)
         r.add_delete("/v1/kv/{key:.*}", self.kv_op)
@@ -212,6 +220,9 @@ class Api:
     # -- KV ---------------------------------------------------------------------------
     async def kv_op(self, request: web.Request) -> web.Response:
         return await serve_kv(self.kv.node, self.kv.group, await parse_kv(request, KV_PREFIX))
+
+    async def kv_range(self, request: web.Request) -> web.Response:
+        return await serve_range(self.kv.node, self.kv.group, parse_range(request))
 
     async def batch(self, request: web.Request) -> web.Response:
         ops = decode_batch_body(await request.read(), request.content_type)

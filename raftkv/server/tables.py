@@ -46,6 +46,11 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   one's value). A proxied request carries ``X-Raftkv-Forwarded``; a node that receives
   one for a partition it does not host (it just moved) answers 503, which the client
   retries.
+- ``GET /v1/tables/{t}/kv?prefix=P`` (or ``start``/``end``, with ``limit``, ``continue``,
+  ``keys_only``, ``count_only``, ``stale``): a range read over the table
+  (``raftkv.server.range_ops``): one page of every partition, asked concurrently (served
+  here or by a host through ``GET /v1/tables/{t}/partitions/{p}/kv``), merged in key
+  order; ``revision`` maps each partition to the index its page was read at.
 - ``POST /v1/cluster/nodes`` ``{"id", "raft_addr", "http_addr"?}``: add a node to the
   placement topology: admit it to the metastore as a learner (on the metastore leader;
   another node proxies there) and add it to ``placement.nodes``, which rebalances every
@@ -111,6 +116,14 @@ from raftkv.placement.rebalance import (
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
 from raftkv.server.kv_ops import KvRequest, parse_kv, serve_kv
+from raftkv.server.range_ops import (
+    RangeRequest,
+    merge_pages,
+    page_from_json,
+    page_json,
+    parse_range,
+    read_page,
+)
 from raftkv.server.requests import (
     Starting,
     decode_batch_body,
@@ -132,6 +145,7 @@ FORWARDED = "X-Raftkv-Forwarded"
 # from a partition of the other table of that name.
 GENERATION = "X-Raftkv-Table-Generation"
 ADMIN_TIMEOUT = 10.0
+RANGE_FANOUT = 32  # partitions a table range read asks at once
 
 
 def http_key(node: str) -> bytes:
@@ -273,12 +287,14 @@ class TablesApi:
         r.add_get("/v1/tables/{table}", self.describe)
         r.add_delete("/v1/tables/{table}", self.drop)
         r.add_put("/v1/tables/{table}/replicas", self.set_replicas)
+        r.add_get("/v1/tables/{table}/kv", self.range)
         r.add_get("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_put("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_delete("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_post("/v1/tables/{table}/batch", self.table_batch)
         r.add_post("/v1/tables/{table}/partitions/{p}/batch", self.partition_batch)
         r.add_get("/v1/tables/{table}/partitions/{p}/digest", self.partition_digest)
+        r.add_get("/v1/tables/{table}/partitions/{p}/kv", self.partition_range)
         r.add_post("/v1/cluster/nodes", self.add_node)
         r.add_get("/v1/cluster/nodes", self.nodes)
         r.add_delete("/v1/cluster/nodes/{id}", self.remove_node)
@@ -637,18 +653,20 @@ class TablesApi:
         if desc is None:
             desc = await self._desc(name)  # 404 if absent; else this node's cache lags
         self._same_generation(request, name)
-        gid = partition_group(name, partition_of(req.key, desc.partitions))
+        p = partition_of(req.key, desc.partitions)
+        gid = partition_group(name, p)
         if gid in self.p.node.groups:
             return await self._local(name, gid, req)
-        return await self._elsewhere(request, name, gid, req.key, req.value)
+        return await self._elsewhere(request, name, p, req.value)
 
-    async def _elsewhere(self, request: web.Request, name: str, gid: str, key: bytes,
+    async def _elsewhere(self, request: web.Request, name: str, p: int,
                          body: bytes) -> web.Response:
-        """Proxy a request for partition group ``gid`` (holding ``key``) that this node does
-        not host to a node that does: its leader first, then its other stable nodes."""
+        """Proxy a request for partition ``p`` that this node does not host to a node that
+        does: its leader first, then its other stable nodes."""
+        gid = partition_group(name, p)
         if request.headers.get(FORWARDED):
             return error(503, f"{gid} is not hosted here (it may have just moved); retry")
-        candidates = self._hosts(name, key)
+        candidates = self._hosts(name, p)
         if not candidates:
             return error(503, f"no known host of {gid} yet; retry")
         addrs = await self._run(self.p.http_addrs)
@@ -687,11 +705,11 @@ class TablesApi:
         gen = self.p.mgr.generation(name)
         return {GENERATION: str(gen)} if gen is not None else {}
 
-    def _hosts(self, name: str, key: bytes) -> Sequence[str]:
-        """Other nodes hosting the partition of ``key``: its leader first, then its other
-        stable nodes (possibly repeating the leader)."""
+    def _hosts(self, name: str, p: int) -> Sequence[str]:
+        """Other nodes hosting partition ``p``: its leader first, then its other stable
+        nodes (possibly repeating the leader)."""
         try:
-            route = self.p.mgr.route(name, key)
+            route = self.p.mgr.partition_route(name, p)
         except UnknownTable:
             return []
         return [n for n in ([route.leader] if route.leader else []) + list(route.nodes)
@@ -713,6 +731,80 @@ class TablesApi:
                 # to). A 404 would read as "no such key" to a GET (Client.get: None).
                 return error(503, f"{gid} moved ({e}); retry", group=gid)
             raise
+
+    async def range(self, request: web.Request) -> web.Response:
+        """A range read over a table (``range_ops``): a page of every partition, asked
+        concurrently with the same query, merged in key order (``merge_pages``)."""
+        name = self._name(request)
+        req = parse_range(request)
+        desc = self.p.mgr.table(name) or await self._desc(name)
+        self._same_generation(request, name)
+        caller, gate = _caller(request), asyncio.Semaphore(RANGE_FANOUT)
+
+        async def one(p: int) -> dict[str, Any]:
+            async with gate:
+                return await self._partition_page(name, p, req, request.query_string, caller)
+
+        got = await asyncio.gather(*(one(p) for p in range(desc.partitions)),
+                                   return_exceptions=True)
+        for p, r in enumerate(got):
+            if isinstance(r, _PartitionFailed):
+                return error(r.status, f"partition {p}: {r}", partition=p)
+            if isinstance(r, BaseException):
+                raise r
+        pages = {p: r for p, r in enumerate(got) if not isinstance(r, BaseException)}
+        return web.json_response(page_json(merge_pages(pages, req.limit)))
+
+    async def partition_range(self, request: web.Request) -> web.Response:
+        """One page of a range read on one partition (``range_ops``), served here or by
+        a node that hosts it (the table range read's fan-out)."""
+        name, _, p, gid = await self._partition(request)
+        req = parse_range(request)
+        if gid not in self.p.node.groups:
+            return await self._elsewhere(request, name, p, b"")
+        try:
+            return web.json_response(page_json(await self._local_page(name, gid, req)))
+        except _PartitionFailed as e:
+            return error(e.status, str(e), group=gid)
+
+    async def _local_page(self, name: str, gid: str, req: RangeRequest) -> dict[str, Any]:
+        if not req.stale:
+            require_leader(self.p.node, gid)
+        try:
+            page: dict[str, Any] = await wait(self.p.node.read(
+                gid, lambda s: read_page(s, req), linearizable=not req.stale))
+            return page
+        except (NodeStopped, UnknownGroup) as e:
+            if await self._run(lambda: self.p.descriptor(name)) is None:
+                raise _PartitionFailed(404, f"table {name} was dropped") from e
+            raise _PartitionFailed(503, f"{gid} moved ({e}); retry") from e
+
+    async def _partition_page(self, name: str, p: int, req: RangeRequest, query: str,
+                              caller: dict[str, str]) -> dict[str, Any]:
+        """Partition ``p``'s page of a table range read: read here if this node hosts it,
+        else asked of its hosts in turn (a read may be asked again anywhere)."""
+        gid = partition_group(name, p)
+        if gid in self.p.node.groups:
+            return await self._local_page(name, gid, req)
+        addrs = await self._run(self.p.http_addrs)
+        last = _PartitionFailed(503, f"no known host of {gid} yet; retry")
+        for n in dict.fromkeys(self._hosts(name, p)):
+            if n not in addrs:
+                continue
+            url = f"{self.p.scheme}://{addrs[n]}/v1/tables/{name}/partitions/{p}/kv?{query}"
+            try:
+                async with self._session().get(url, headers={
+                        FORWARDED: self.p.id, **caller, **self._generation_header(name)}) as r:
+                    answer = await r.json(content_type=None)
+                    if r.status == 200:
+                        return page_from_json(answer)
+                    why = answer.get("error", answer) if isinstance(answer, dict) else answer
+                    last = _PartitionFailed(r.status, f"{n}: {why}")
+                    if r.status not in (421, 503):
+                        raise last
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
+                last = _PartitionFailed(503, f"{n}: {e!r}")
+        raise last
 
     async def table_batch(self, request: web.Request) -> web.Response:
         """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
@@ -755,7 +847,7 @@ class TablesApi:
         addrs = await self._run(self.p.http_addrs)
         body = msgpack.packb({"id": None, "ops": [[k, v] for k, v in ops]}, use_bin_type=True)
         last: Exception = _PartitionFailed(503, f"no known host of {gid} yet; retry")
-        for n in dict.fromkeys(self._hosts(name, ops[0][0])):
+        for n in dict.fromkeys(self._hosts(name, p)):
             if n not in addrs:
                 continue
             url = f"{self.p.scheme}://{addrs[n]}/v1/tables/{name}/partitions/{p}/batch"
@@ -810,7 +902,7 @@ class TablesApi:
                 raise CommandError(f"key {k[:64]!r} belongs to partition {got}, not {p}")
         cmd = encode_batch(ops, batch_id)
         if gid not in self.p.node.groups:
-            return await self._elsewhere(request, name, gid, ops[0][0], body)
+            return await self._elsewhere(request, name, p, body)
         require_leader(self.p.node, gid)
         try:
             index, applied = await wait(

@@ -1,0 +1,231 @@
+"""Range reads over HTTP, for any group: the one definition of what ``GET /v1/kv?...`` and
+``GET /v1/tables/{t}/kv?...`` mean.
+
+A range is a half-open key interval ``[start, end)``, given as ``?prefix=P`` (every key
+that starts with P; an empty P is every key) or as ``?start=A`` and/or ``?end=B`` (either
+bound may be left out: unbounded). Parameters are percent-decoded to raw bytes, as keys
+in the path are. An answer is one *page*::
+
+    {"revision": R, "kvs": [{"key": b64, "value": b64}, ...], "count": n,
+     "more": bool, "continue": token | null}
+
+Keys and values are base64 (standard alphabet), as in etcd's JSON gateway: they are
+arbitrary bytes. ``revision`` is the Raft index the page was read at: the state after
+applying exactly the log up to R. Options:
+
+- ``limit``: at most this many keys (1..10,000; default 1,000). A page also stops once it
+  holds ``PAGE_BYTES`` of keys and values (at least one key), so one request cannot pin
+  the node's memory or stall its loop.
+- ``continue``: the ``continue`` token of the previous page; the request must repeat the
+  same range. The next page starts just after the last key of the previous one.
+- ``keys_only=true``: no values. ``count_only=true``: only ``{"revision", "count"}``, the
+  number of keys in the range (from ``continue`` on, if given), with no limit.
+- ``stale=true``: read the local replica; otherwise the read is linearizable (a ReadIndex
+  round through the leader, Raft §6.4), as a single-key GET is.
+
+*Pages are not a snapshot.* Each page is consistent in itself (one read of the state
+machine at its revision), and a key that does not change during a scan is returned
+exactly once; but a key written between two pages is seen as of the later page's
+revision (or not at all, if it sorts before the continuation point). The revisions in
+the answers say which state each page saw. etcd keeps old revisions to read every page
+at the first one's; raftkv's state machine keeps only the latest state.
+
+The state machine's own rows (batch markers, under ``RESERVED_PREFIX``) are never
+returned or counted. Bad input is a 400: an inverted range (end below start), a prefix
+with start or end, a limit out of bounds, a token that is not one, an unknown parameter.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from raftkv.node.driver import Node
+from raftkv.server.requests import check_query, flag, query_bytes, require_leader, wait
+from raftkv.storage.commands import MAX_KEY_BYTES, RESERVED_PREFIX, CommandError
+from raftkv.storage.state_store import StateStore
+
+DEFAULT_LIMIT = 1_000
+MAX_LIMIT = 10_000
+PAGE_BYTES = 4 << 20  # etcd's default max request/response size is 1.5 MiB; values here reach 1 MiB
+ACCEPTED = ("prefix", "start", "end", "limit", "continue", "keys_only", "count_only", "stale")
+_RESERVED_END = RESERVED_PREFIX[:-1] + bytes([RESERVED_PREFIX[-1] + 1])
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The least key above every key that starts with ``prefix`` (None: no bound)."""
+    p = prefix.rstrip(b"\xff")
+    return p[:-1] + bytes([p[-1] + 1]) if p else None
+
+
+@dataclass(frozen=True)
+class RangeRequest:
+    """A parsed range read: keys in ``[start, end)`` (``end`` None: unbounded), from
+    ``after`` exclusive on if set."""
+
+    start: bytes
+    end: bytes | None
+    limit: int = DEFAULT_LIMIT
+    after: bytes | None = None
+    keys_only: bool = False
+    count_only: bool = False
+    stale: bool = False
+
+    def lo(self) -> bytes:
+        """The first key this page may hold."""
+        if self.after is not None and self.after >= self.start:
+            return self.after + b"\x00"  # the least key above ``after``
+        return self.start
+
+
+def is_range(request: web.Request) -> bool:
+    """Whether a GET of the keyspace names a range (any range parameter given)."""
+    return any(query_bytes(request, p) is not None for p in ("prefix", "start", "end"))
+
+
+def parse_range(request: web.Request) -> RangeRequest:
+    """The ``RangeRequest`` of ``request``'s query; ``CommandError`` (400) for bad input."""
+    check_query(request, ACCEPTED)
+    prefix = query_bytes(request, "prefix")
+    start, end = query_bytes(request, "start"), query_bytes(request, "end")
+    if prefix is not None:
+        if start is not None or end is not None:
+            raise CommandError("give ?prefix= or ?start=/?end=, not both")
+        start, end = prefix, prefix_end(prefix)
+    elif start is None and end is None:
+        raise CommandError("a range read needs ?prefix= (empty: every key), or "
+                           "?start= and/or ?end=")
+    start = start or b""
+    end = end or None  # ?end= (empty) is no bound, as a left-out one
+    if end is not None and end < start:
+        raise CommandError(f"inverted range: end {end[:64]!r} sorts below start "
+                           f"{start[:64]!r}")
+    raw_limit = query_bytes(request, "limit")
+    limit = DEFAULT_LIMIT
+    if raw_limit is not None:
+        text = raw_limit.decode("ascii", "replace")
+        if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+            raise CommandError(f"?limit must be an integer from 1 to {MAX_LIMIT}, "
+                               f"not {text[:20]!r}")
+        limit = int(text)
+    token = query_bytes(request, "continue")
+    after = decode_token(token) if token is not None else None
+    keys_only, count_only = flag(request, "keys_only"), flag(request, "count_only")
+    if keys_only and count_only:
+        raise CommandError("give keys_only or count_only, not both")
+    return RangeRequest(start, end, limit, after, keys_only, count_only,
+                        flag(request, "stale"))
+
+
+def encode_token(last_key: bytes) -> str:
+    """The ``continue`` token after ``last_key``: opaque to clients (base64url)."""
+    return base64.urlsafe_b64encode(last_key).decode()
+
+
+def decode_token(token: bytes) -> bytes:
+    try:
+        key = base64.urlsafe_b64decode(token)
+    except (binascii.Error, ValueError):
+        key = b""
+    if not 0 < len(key) <= MAX_KEY_BYTES:
+        raise CommandError("?continue is not a continuation token of this API (give the "
+                           "\"continue\" of the previous page)")
+    return key
+
+
+def _user_scans(state: StateStore, lo: bytes, hi: bytes | None) -> list[Iterator[tuple[bytes, bytes]]]:
+    """Scans of ``[lo, hi)`` around the state machine's own rows, all opened now, in one
+    call on the loop thread with nothing applied in between: one view."""
+    scans = []
+    if lo < RESERVED_PREFIX:
+        scans.append(state.scan(lo, RESERVED_PREFIX if hi is None else min(hi, RESERVED_PREFIX)))
+    rest = max(lo, _RESERVED_END)
+    if hi is None or rest < hi:
+        scans.append(state.scan(rest, hi))
+    return scans
+
+
+def read_page(state: StateStore, req: RangeRequest) -> dict[str, Any]:
+    """One page of ``req`` from ``state`` (on the loop thread): the answer's fields, keys
+    and values still raw (``"kvs"``: ``[(key, value | None)]``)."""
+    lo, hi = req.lo(), req.end
+    revision = state.applied_index()
+    if hi is not None and lo >= hi:
+        return ({"revision": revision, "count": 0} if req.count_only else
+                {"revision": revision, "kvs": [], "count": 0, "more": False})
+    scans = _user_scans(state, lo, hi)
+    try:
+        rows = itertools.chain.from_iterable(scans)
+        if req.count_only:
+            return {"revision": revision, "count": sum(1 for _ in rows)}
+        kvs: list[tuple[bytes, bytes | None]] = []
+        size, more = 0, False
+        for k, v in rows:
+            if len(kvs) >= req.limit or (kvs and size + len(k) + len(v) > PAGE_BYTES):
+                more = True
+                break
+            kvs.append((k, None if req.keys_only else v))
+            size += len(k) + (0 if req.keys_only else len(v))
+    finally:
+        for scan in scans:
+            close = getattr(scan, "close", None)
+            if close is not None:
+                close()  # an LMDB scan stopped early holds a read transaction
+    return {"revision": revision, "kvs": kvs, "count": len(kvs), "more": more}
+
+
+def page_json(page: dict[str, Any]) -> dict[str, Any]:
+    """The JSON answer of a page ``read_page`` (or ``merge_pages``) made."""
+    if "kvs" not in page:
+        return page
+    b64 = base64.b64encode
+    kvs = [{"key": b64(k).decode()} if v is None else
+           {"key": b64(k).decode(), "value": b64(v).decode()} for k, v in page["kvs"]]
+    last = page["kvs"][-1][0] if page["kvs"] and page["more"] else None
+    return {**page, "kvs": kvs, "continue": encode_token(last) if last is not None else None}
+
+
+def page_from_json(doc: dict[str, Any]) -> dict[str, Any]:
+    """A page as ``read_page`` returns it, from its JSON answer (a proxied partition's)."""
+    if "kvs" not in doc:
+        return {"revision": int(doc["revision"]), "count": int(doc["count"])}
+    dec = base64.b64decode
+    kvs = [(dec(kv["key"]), dec(kv["value"]) if "value" in kv else None) for kv in doc["kvs"]]
+    return {"revision": int(doc["revision"]), "kvs": kvs, "count": len(kvs),
+            "more": bool(doc["more"])}
+
+
+def merge_pages(pages: dict[int, dict[str, Any]], limit: int) -> dict[str, Any]:
+    """One page of a table from one page of each of its partitions (each read with
+    ``limit``): the first ``limit`` keys of all of them in key order. A partition page
+    that stopped early (``more``) bounds the merged page at its last key, or a key it
+    did not return could be skipped. ``revision`` maps each partition to its own (each
+    partition is its own Raft group, with its own log)."""
+    revisions = {str(p): page["revision"] for p, page in sorted(pages.items())}
+    if any("kvs" not in page for page in pages.values()):
+        return {"revision": revisions, "count": sum(page["count"] for page in pages.values())}
+    bound: bytes | None = None
+    for page in pages.values():
+        if page["more"] and page["kvs"]:
+            last = page["kvs"][-1][0]
+            bound = last if bound is None else min(bound, last)
+    rows = sorted((kv for page in pages.values() for kv in page["kvs"]
+                   if bound is None or kv[0] <= bound), key=lambda kv: kv[0])
+    more = bound is not None or len(rows) > limit
+    rows = rows[:limit]
+    return {"revision": revisions, "kvs": rows, "count": len(rows), "more": more}
+
+
+async def serve_range(node: Node, group: str, req: RangeRequest) -> web.Response:
+    """Read one page of ``req`` from ``group`` on ``node`` and answer it."""
+    if not req.stale:
+        require_leader(node, group)
+    page = await wait(node.read(group, lambda s: read_page(s, req),
+                                linearizable=not req.stale))
+    return web.json_response(page_json(page))
