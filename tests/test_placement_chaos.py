@@ -363,3 +363,55 @@ def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: P
         assert nodes(k.pending) == ["A", "C", "X"] and nodes(k.planned) == []
     finally:
         store.close()
+
+
+def test_a_cancel_in_flight_is_refused_once_the_leader_fenced_its_removals(
+        tmp_path: Path) -> None:
+    """A review of the survivor rule (``safe_restart``, (B)): a leader's cancel is decided
+    on its view ("a pending member is not yet a voter") but applies in the metastore
+    later. Sent by a that then handed leadership to b, it could apply after b began
+    removing a towards pending [b], and pending [x] would no longer say a may have been
+    removed. b's removal fence, committed before its first removal, refuses it;
+    onRebalanceDone clears the fence."""
+    from raftkv.placement.assignments import encode_nodes, partition_keys
+    from raftkv.placement.meta_commands import encode_iif, encode_put
+    from raftkv.placement.rebalance_steps import (
+        FENCE_STALE,
+        FENCED,
+        MOVE_RETRY,
+        MOVED,
+        fence_removals,
+        finish_rebalance,
+        move_planned_to_pending,
+    )
+
+    meta = _Store(tmp_path)
+    store, run, nodes = meta.store, meta.run, meta.nodes
+    try:
+        k = partition_keys("t", 0)
+        run(encode_put(k.stable, encode_nodes(["a"])))
+        run(encode_put(k.pending, encode_nodes(["b"])))
+        run(encode_put(k.planned, encode_nodes(["x"])))
+        pending, planned = store.get_entry(k.pending), store.get_entry(k.planned)
+        assert pending is not None and planned is not None
+        cancel = move_planned_to_pending(k, pending, planned)  # a's, still in flight
+        assert getattr(run(encode_iif(fence_removals(k, pending))), "tag", None) == FENCED
+        assert getattr(run(encode_iif(cancel)), "tag", None) == MOVE_RETRY
+        assert nodes(k.pending) == ["b"] and nodes(k.planned) == ["x"]
+        # A fence for a pending that moved is refused, as is one after a cancel.
+        stale = store.get_entry(k.pending)
+        assert stale is not None
+        done = finish_rebalance(k, encode_nodes(["b"]), store.get_entry(k.planned))
+        assert getattr(run(encode_iif(done)), "tag", None) is not None
+        assert nodes(k.stable) == ["b"] and nodes(k.pending) == ["x"]
+        assert store.get_entry(k.removing) is None  # done cleared it
+        assert getattr(run(encode_iif(fence_removals(k, stale))), "tag", None) == FENCE_STALE
+        # With no fence, a cancel applies as before.
+        run(encode_put(k.planned, encode_nodes(["y"])))
+        pending, planned = store.get_entry(k.pending), store.get_entry(k.planned)
+        assert pending is not None and planned is not None
+        assert getattr(run(encode_iif(move_planned_to_pending(k, pending, planned))),
+                       "tag", None) == MOVED
+        assert nodes(k.pending) == ["y"]
+    finally:
+        store.close()

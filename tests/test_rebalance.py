@@ -64,7 +64,7 @@ class Meta:
         return self.store.apply([(self.store.applied_index() + 1, data)])[0]
 
     def state(self, k: PartitionKeys) -> tuple[list[str], list[str], list[str] | None, int]:
-        st, pe, pl, tr = self.store.get_many(list(k))
+        st, pe, pl, tr = self.store.get_many(list(k)[:4])
         return (decode_nodes(st.value if st else None), decode_nodes(pe.value if pe else None),
                 None if pl is None else decode_nodes(pl.value),
                 decode_revision(tr.value) if tr else 0)

@@ -218,11 +218,13 @@ configuration of W, and each learner y of a two-voter one that is recorded (any
 learner with identities off). The caller asserts two things the core cannot see: (A)
 b's state is lost: the incarnation the group counts on will never vote or acknowledge
 again; (B) no configuration that removes or demotes a was appended, beyond a's log, as
-one change from a configuration of W. A removal of a further down, after some other
-change beyond a's log, needs no assertion: that change committed with a member of G
-(part 1), which then refuses a (part 3). ``voters_since_commit`` gives the caller what
-it needs to tell: a removal of a made from a configuration of W has no other voters but
-that configuration's. The placement layer derives both from the metastore
+one change from a configuration of W (only {a, b} to {b} matters: the quorum of any
+other such removal contains a member of G). A removal of a further down, after some
+other change beyond a's log, needs no assertion: that change committed with a member of
+G (part 1), which then refuses a (part 3). ``voters_since_commit`` helps a caller that
+removes a voter only once every member of its target is a voter: the target of a
+removal made from a configuration of W names only that configuration's voters. The
+placement layer derives both from the metastore
 (``raftkv/placement/safe_restart.py``, "The lone holder of a two-voter
 configuration"). The simulator's opt-in ``survive``
 fault runs the rule under every other fault, and its checker recounts each survivor's
@@ -235,9 +237,9 @@ Why it is safe.
    in W or is a *successor* that a lacks: one change from a configuration of W (one
    at a time, and only after its predecessor committed). A successor matters only if
    it or something under it committed, and it takes effect when appended, so it
-   commits with a quorum of its own. Removing or demoting a is excluded by B. What is
-   left: from {a}, a learner promoted to {a, y}; from {a, b}, {a} or {a, b, y}; from
-   {a, b, z}, {a, b}, {a, z} or {a, b, z, y}. A {b} of W has no successor but the
+   commits with a quorum of its own. Removing or demoting a (a direct successor) is
+   excluded by B. What is left: from {a}, a learner promoted to {a, y}; from {a, b},
+   {a} or {a, b, y}; from {a, b, z}, {a, b}, {a, z} or {a, b, z, y}. A {b} of W has no successor but the
    promotion of a that follows it: b, its only voter, is its only possible leader,
    and b appended that promotion (a holds it), so b's log never held anything else
    after it. A learner is promoted only once recorded (``_maybe_promote``; the
@@ -981,7 +983,8 @@ class Raft:
         later one in the log (W in "The lone survivor of two voters"). A caller of
         ``campaign_without`` may use it for (B): if it removes a voter only once every
         member of its target is a voter, a removal of this node made from a
-        configuration of W has a target within this set."""
+        configuration of W has a target within this set (the caller must also know that
+        the target it reads is that removal's, or a subset of it)."""
         return frozenset(n for conf in self._confs_since_commit() for n in conf.voters)
 
     def _survivor_blocker(self, lost: str) -> str | None:

@@ -76,6 +76,9 @@ class PartitionKeys(NamedTuple):
     pending: bytes
     planned: bytes
     trigger: bytes
+    # Ours: set by the leader before its first removal towards pending, cleared by
+    # onRebalanceDone; while set, planned's cancel is refused (rebalance_steps.fence_removals).
+    removing: bytes
 
 
 def partition_keys(table: str, partition: int) -> PartitionKeys:
@@ -83,6 +86,7 @@ def partition_keys(table: str, partition: int) -> PartitionKeys:
     return PartitionKeys(
         base + b".assignments.stable", base + b".assignments.pending",
         base + b".assignments.planned", base + b".change.trigger.revision",
+        base + b".assignments.removing",
     )
 
 
@@ -126,11 +130,13 @@ def rebalance_done(keys: PartitionKeys, applied_peers: bytes,
 
     ``pending = planned`` copies a value the invoke cannot read, so the caller reads
     planned first and the invoke is guarded by its revision: ``DONE_RETRY`` means planned
-    moved meanwhile and the caller must read it again and retry."""
+    moved meanwhile and the caller must read it again and retry. Ours: both branches also
+    clear the removal fence (``keys.removing``): the change it fenced is over."""
     seen = 0 if planned is None else planned.mod_revision
     return If(
         Cond.empty(keys.planned),
-        Do(DONE_CLEARED, Op.put(keys.stable, applied_peers), Op.put(keys.pending, b"")),
+        Do(DONE_CLEARED, Op.put(keys.stable, applied_peers), Op.put(keys.pending, b""),
+           Op.remove(keys.removing)),
         If(
             Cond.revision(keys.planned).eq(seen),
             Do(
@@ -138,6 +144,7 @@ def rebalance_done(keys: PartitionKeys, applied_peers: bytes,
                 Op.put(keys.stable, applied_peers),
                 Op.put(keys.pending, b"" if planned is None else planned.value),
                 Op.remove(keys.planned),
+                Op.remove(keys.removing),
             ),
             Do(DONE_RETRY),
         ),

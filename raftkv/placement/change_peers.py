@@ -476,6 +476,8 @@ class ChangePeers(ManagerBase):
                 # {lost, leader} left of three voters). Wait for them instead.
                 self._wait(part)
                 return
+            if ch.origin == "pending" and not self._fenced(part, ch):
+                return
         if not self._backoff(part, "change").ready((ch.term, target), self.node.clock()):
             return
         if slow and not stale:
@@ -489,6 +491,37 @@ class ChangePeers(ManagerBase):
         self.metrics["conf_changes"] += 1
         self._on_loop(self.node.change_membership(part.group, cc, learner_only),
                       lambda f: self._conf_change_done(part, ch, f))
+
+    def _fenced(self, part: PartitionState, ch: Change) -> bool:
+        """Whether the removal fence is committed for the pending ``ch`` targets
+        (``rebalance_steps.fence_removals``: no cancel of it applies from then on, so a
+        pending written later only shrinks it, which ``safe_restart``'s (B) needs). If
+        not, its invoke goes out and its answer looks again."""
+        pending = self._kv.get(part.keys.pending)
+        if pending is None or frozenset(decode_nodes(pending.value)) != ch.target:
+            self._wait(part)  # the cache lags the target, or pending moved: retarget first
+            return False
+        if ch.fenced == pending.mod_revision:
+            return True
+        if ch.fencing:
+            return False
+        ch.fencing = True
+
+        def done(f: Future[Any]) -> None:
+            ch.fencing = False
+            exc = f.exception()
+            if exc is not None:
+                self._failed(part, "change", exc)
+                return
+            res = f.result()
+            if isinstance(res, BranchResult) and res.tag == steps.FENCED:
+                ch.fenced = pending.mod_revision
+                self.metrics["removals_fenced"] += 1
+            self._kick(part.group)
+
+        self._on_loop(self.meta.iif(self._if_table(part, steps.fence_removals(part.keys,
+                                                                              pending))), done)
+        return False
 
     def _move_slot(self, part: PartitionState, ch: Change, limit: int) -> bool:
         """Take a move slot for ``ch`` if it has none and fewer than ``limit`` (0: no
@@ -655,8 +688,10 @@ class ChangePeers(ManagerBase):
     def _maybe_cancel(self, part: PartitionState, g: Group, target: frozenset[str],
                       planned: VersionedValue) -> None:
         """Approach 2: a change still catching up gives way to planned."""
-        if not target - g.raft.conf.voters:
-            return  # every pending member is a voter: too late, planned waits for done
+        if not target - g.raft.conf.voters or self._kv.get(part.keys.removing) is not None:
+            # Every pending member is a voter, or a leader fenced its removals (the
+            # metastore would refuse): too late, planned waits for done.
+            return
         pending = self._kv[part.keys.pending]
         key = (pending.mod_revision, planned.mod_revision)
         if part.cancel_key == key:

@@ -44,8 +44,8 @@ repaired by the next look), and the phase names what that step is:
 - ``TRIMMING``: removing learners outside the target (a cancelled change's);
 - ``ADDING``: adding a missing member as a PRE_FOLLOWER learner;
 - ``CATCHING_UP``: learners catch up; the core promotes each one automatically;
-- ``REMOVING``: every target member is a voter; departing voters are removed, the
-  leader last;
+- ``REMOVING``: every target member is a voter; once the removal fence is committed
+  (``rebalance_steps.fence_removals``), departing voters are removed, the leader last;
 - ``HANDING_OVER``: removing ourselves: leadership is being transferred (the next leader
   resumes the change in its own term, and this one ends with our term);
 - ``APPLIED``: voters equal the target, no learner left, all committed:
@@ -206,6 +206,10 @@ class Change:
     # when the change ends (a learner a previous leader added holds none: its copy
     # was counted there).
     slot: bool = False
+    # The removal fence (rebalance_steps.fence_removals): the pending revision it was
+    # committed for, and whether its invoke is out. No voter is removed before it.
+    fenced: int | None = None
+    fencing: bool = False
 
     def move(self, to: ChangePhase) -> None:
         """Enter ``to``; ``IllegalTransition`` unless ``CHANGE_TRANSITIONS`` allows it."""
@@ -217,6 +221,7 @@ class Change:
     def retarget(self, target: frozenset[str], origin: str) -> None:
         """A new target in the same term: the steps start over."""
         self.target, self.origin, self.phase = target, origin, ChangePhase.NEW
+        self.fenced = None
         self.learner_since.clear()
         self.learner_match.clear()
         self.held_off.clear()

@@ -34,7 +34,17 @@
   the switch keys, the four retry preconditions and the planned revision).
 
 - ``move_planned_to_pending``: Approach 2's "move planned peers to pending", guarded by the
-  revisions of both keys as the caller read them (``MOVE_RETRY``: re-read and decide again).
+  revisions of both keys as the caller read them (``MOVE_RETRY``: re-read and decide again),
+  and refused while the removal fence is set (ours).
+
+- ``fence_removals`` (ours): the leader's invoke before the first removal of a change
+  towards pending. A cancel is decided on the leader's view ("some pending member is not
+  yet a voter") but applies later, in the metastore; one issued by a leader that then
+  lost its term could apply after its successor began removing voters towards the old
+  pending, and the pending it writes would no longer say who may have been removed (a
+  review of the survivor rule found that; ``safe_restart``'s (B) rests on it). With the
+  fence set and committed before any removal, a cancel that applies later is refused
+  whatever its sender saw. onRebalanceDone clears it.
 """
 
 from __future__ import annotations
@@ -120,10 +130,23 @@ def move_planned_to_pending(keys: PartitionKeys, pending: VersionedValue,
     value = encode_nodes(_nodes(planned) | set(keep)) if keep else planned.value
     return If(
         Cond.revision(keys.pending).eq(pending.mod_revision)
-        & Cond.revision(keys.planned).eq(planned.mod_revision),
+        & Cond.revision(keys.planned).eq(planned.mod_revision)
+        & Cond.not_exists(keys.removing),
         Do(MOVED, Op.put(keys.pending, value), Op.remove(keys.planned)),
         Do(MOVE_RETRY),
     )
+
+
+FENCED, FENCE_STALE = 8, 9
+
+
+def fence_removals(keys: PartitionKeys, pending: VersionedValue) -> If:
+    """``removing = pending's revision`` if pending has not moved since read (module
+    docstring): from then on until onRebalanceDone, planned's cancel is refused.
+    ``FENCE_STALE``: pending moved; the leader re-reads it and retargets."""
+    return If(Cond.revision(keys.pending).eq(pending.mod_revision),
+              Do(FENCED, Op.put(keys.removing, encode_revision(pending.mod_revision))),
+              Do(FENCE_STALE))
 
 
 # ====================================================== IGNITE-16668: the switch keys =====
@@ -274,7 +297,8 @@ def rebalance_done_switch(
     unless pending still names ``new_peers`` (a late duplicate is DONE_STALE, as in
     ``finish_rebalance``); ``append'`` also drops nodes already in resolvedStable (else
     a no-op "addition" would repeat forever); and a reduction that would empty pending
-    falls to the common branch (a group needs a voter)."""
+    falls to the common branch (a group needs a voter); every write clears the removal
+    fence (``fence_removals``)."""
     resolved = set(new_peers)
     calc = set(calc_part_assignments)
     if _nodes(pending) != resolved:
@@ -306,11 +330,12 @@ def rebalance_done_switch(
             ops += [Op.put(keys.pending, planned.value), Op.remove(keys.planned)]
         else:
             ops.append(Op.put(keys.pending, b""))
-        tree = If(pre, Do(tag, *ops, *switch_ops), Do(DONE_RETRY))
+        tree = If(pre, Do(tag, *ops, *switch_ops, Op.remove(keys.removing)), Do(DONE_RETRY))
         return SwitchDone(tree, sorted(resolved), sorted(calc_reduce), sorted(calc_append),
                           sorted(_nodes(planned)))
     tree = If(pre, Do(tag, Op.put(keys.stable, new_stable),
-                      Op.put(keys.pending, encode_nodes(new_pending)), *switch_ops),
+                      Op.put(keys.pending, encode_nodes(new_pending)), *switch_ops,
+                      Op.remove(keys.removing)),
               Do(DONE_RETRY))
     return SwitchDone(tree, sorted(resolved), sorted(calc_reduce), sorted(calc_append),
                       sorted(new_pending))

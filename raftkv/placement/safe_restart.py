@@ -99,28 +99,30 @@ refuses the others) given two facts it cannot see; the metastore read establishe
     counts on is gone, and the new b starts the group only as an empty joiner, after a
     configuration without b applied. A new b re-added and promoted would have written
     its holds key, and the read would fail.
-(B) *No configuration that removes or demotes a exists beyond a's log.* The placement
-    layer never demotes, and the core READMITs a only if a's storage incarnation
-    changed, which a holder's has not. The placement layer removes a voter only in
-    changePeers' removal phase, towards a pending without it. After that, pending
-    changes only by onRebalanceDone, which writes stable = that pending (without a), by
-    a cancel, which happens only while some pending member is not yet a voter, never
-    once the removal phase began, or by dropping members of switch.reduce, which a is
-    not in. A leading a that is the lone holder adds itself to a pending it writes
-    (``ChangePeers._lone_holder``: placement simulator seed 785, where a cancel and the
-    drop left pending naming neither member); as leader it is a voter of every committed
-    configuration, so that adds no removal either. So a in stable and pending empty or
-    naming a means no such removal was made. The core needs less: only no removal of a
-    made *from a configuration of W* (a's log from its commit index on; a removal
-    further down follows a change the core's electorate sees). changePeers removes a
-    voter only once every pending member is a voter (``_advance``), and the pending of
-    a removal of a keeps its members while it stays (a cancel cannot happen; the drop
-    of switch.reduce members only shrinks it; a lone holder that keeps itself is a
-    voter already). So a pending that names a node that is a voter of no configuration
-    of W proves it too (placement simulator seed 1076: stable [n1, n3], the leader n3
-    cancelled towards [n2, n4, n5] before n1 recorded the loss of its files, and lost
-    its term before it could name itself). (A direct ``change_peers`` call by an
-    operator is outside this argument.)
+(B) *No configuration that removes or demotes a was made from a configuration of W*
+    (a's log from its commit index on; that is all the core needs: a removal further
+    down follows another change beyond a's log, which committed with a member of the
+    electorate, and that member refuses a). The placement layer never demotes, and the
+    core READMITs a only if a's storage incarnation changed, which a holder's has not.
+    It removes a voter only in changePeers' removal phase, towards a pending P without
+    it, once every member of P is a voter (``_advance``), and only after its *removal
+    fence* committed (``rebalance_steps.fence_removals``). From the fence on, pending
+    changes only by onRebalanceDone, which writes stable = that pending (without a) and
+    clears the fence, or by dropping members of switch.reduce or pending-only members
+    that leave, which only shrinks it (a leading lone holder that keeps itself,
+    ``ChangePeers._lone_holder``, is a voter already and is not removed). A cancel is
+    refused while the fence is set, checked when the cancel applies: deciding it on the
+    leader's view was not enough, since a cancel sent by a leader that then lost its
+    term could apply after its successor began removing (found by a review of this
+    rule). So while a is in stable, every pending since a removal of a began is a subset
+    of P, whose members were voters of the configuration the removal was made from. So
+    a in stable, with pending empty, naming a, or naming a node that is a voter of no
+    configuration of W (``Raft.voters_since_commit``), means no such removal was made.
+    (The pending that names a is the case of placement simulator seed 785, kept by
+    ``_lone_holder``; the other is seed 1076: stable [n1, n3], the leader n3 cancelled
+    towards [n2, n4, n5] before n1 recorded the loss of its files, and lost its term
+    before it could name itself.) (A direct ``change_peers`` call by an operator is
+    outside this argument: it sets no fence.)
 
 (A) is about the past, and a removal of a appended after the read could commit only
 under {b} or {b, z}, which needs b. Only one side of a pair is ever a survivor: b runs

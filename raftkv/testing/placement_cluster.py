@@ -168,7 +168,7 @@ class Cluster:
 
     def assignments(self, table: str, p: int) -> tuple[list[str], list[str], list[str]]:
         m = self.metas[self.live[0]]
-        st, pe, pl, _ = m.get_many(list(partition_keys(table, p))).result(5)
+        st, pe, pl = m.get_many(list(partition_keys(table, p))[:3]).result(5)
         return (decode_nodes(st.value if st else None), decode_nodes(pe.value if pe else None),
                 decode_nodes(pl.value if pl else None))
 
