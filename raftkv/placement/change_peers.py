@@ -476,7 +476,7 @@ class ChangePeers(ManagerBase):
                 # {lost, leader} left of three voters). Wait for them instead.
                 self._wait(part)
                 return
-            if ch.origin == "pending" and not self._fenced(part, ch):
+            if not self._fenced(part, ch):
                 return
         if not self._backoff(part, "change").ready((ch.term, target), self.node.clock()):
             return
@@ -496,14 +496,19 @@ class ChangePeers(ManagerBase):
         """Whether the removal fence is committed for the pending ``ch`` targets
         (``rebalance_steps.fence_removals``: no cancel of it applies from then on, so a
         pending written later only shrinks it, which ``safe_restart``'s (B) needs). If
-        not, its invoke goes out and its answer looks again."""
+        not, its invoke goes out and its answer looks again. An operator's change towards
+        pending's own value is fenced too (a review found one taking over from the
+        listener); one towards anything else is outside (B)."""
         pending = self._kv.get(part.keys.pending)
         if pending is None or frozenset(decode_nodes(pending.value)) != ch.target:
+            if ch.origin == "api":
+                return True
             self._wait(part)  # the cache lags the target, or pending moved: retarget first
             return False
         if ch.fenced == pending.mod_revision:
             return True
-        if ch.fencing:
+        if ch.fencing or ch.fence_refused == pending.mod_revision:
+            self._wait(part)  # refused: the watch brings the pending that moved
             return False
         ch.fencing = True
 
@@ -517,6 +522,8 @@ class ChangePeers(ManagerBase):
             if isinstance(res, BranchResult) and res.tag == steps.FENCED:
                 ch.fenced = pending.mod_revision
                 self.metrics["removals_fenced"] += 1
+            else:  # pending moved, or the table is gone: not again for this revision
+                ch.fence_refused = pending.mod_revision
             self._kick(part.group)
 
         self._on_loop(self.meta.iif(self._if_table(part, steps.fence_removals(part.keys,

@@ -210,6 +210,7 @@ class Change:
     # committed for, and whether its invoke is out. No voter is removed before it.
     fenced: int | None = None
     fencing: bool = False
+    fence_refused: int | None = None  # a pending revision whose fence was refused
 
     def move(self, to: ChangePhase) -> None:
         """Enter ``to``; ``IllegalTransition`` unless ``CHANGE_TRANSITIONS`` allows it."""
