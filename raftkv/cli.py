@@ -244,6 +244,14 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
     elif args.cmd == "get":
         if args.key is None:
             raise UsageError("raftkv get: error: give a KEY, or --prefix P")
+        if args.meta:
+            doc = client.get_meta(args.key, stale=args.stale, table=table)
+            if doc is None:
+                print(f"error: key {args.key!r} not found", file=sys.stderr)
+                return 1
+            emit(args, {"key": args.key, **_text(doc.pop("value"), "value"), **doc},
+                 indent=1)
+            return 0
         v = client.get(args.key, stale=args.stale, table=table)
         if v is None:
             print(f"error: key {args.key!r} not found", file=sys.stderr)
@@ -255,10 +263,14 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
     elif args.cmd == "del":
         emit(args, {"index": client.delete(args.key, table=table)})
     elif args.cmd == "cas":
-        if (args.prev_value is None) == (not args.prev_absent):
-            raise UsageError("raftkv cas: error: give exactly one of --prev-value or "
-                             "--prev-absent")
-        swapped, index = client.cas(args.key, args.prev_value, args.new, table=table)
+        given = (args.prev_value is not None) + args.prev_absent + (args.prev_index is not None)
+        if given != 1:
+            raise UsageError("raftkv cas: error: give exactly one of --prev-value, "
+                             "--prev-absent or --prev-index")
+        if args.prev_index is not None and args.prev_index < 0:
+            raise UsageError("raftkv cas: error: --prev-index is a mod revision, 0 or more")
+        swapped, index = client.cas(args.key, args.prev_value, args.new, table=table,
+                                    prev_index=args.prev_index)
         emit(args, {"swapped": swapped, "index": index})
         return 0 if swapped else 2
     return 0
@@ -450,6 +462,9 @@ def parser() -> argparse.ArgumentParser:
                                       "and its value on lines of their own)")
     get.add_argument("--stale", action="store_true",
                      help="read the answering node's local replica, which may lag")
+    get.add_argument("--meta", action="store_true",
+                     help="print the value with the key's create and mod revisions and "
+                          "version (JSON)")
     get.add_argument("--table", help=table_help)
     scan = _sub(sub, "scan", "every key of a range in key order (default: every key), "
                              "read page by page; each page is linearizable unless "
@@ -473,6 +488,9 @@ def parser() -> argparse.ArgumentParser:
     cas.add_argument("new", help="the value to write")
     cas.add_argument("--prev-value", help="the value the key must hold")
     cas.add_argument("--prev-absent", action="store_true", help="the key must be absent")
+    cas.add_argument("--prev-index", type=int, metavar="REVISION",
+                     help="the key's mod revision must be this (0: absent; "
+                          "`raftkv get --meta` shows it)")
     cas.add_argument("--table", help=table_help)
 
     cl = _sub(sub, "cluster", "membership (of the default group, of the placement topology) "

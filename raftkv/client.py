@@ -334,6 +334,21 @@ class Client:
                 return
             after = doc["continue"]
 
+    def get_meta(self, key: bytes | str, stale: bool = False, table: str | None = None
+                 ) -> dict[str, Any] | None:
+        """The value and revisions, ``{"value", "create_revision", "mod_revision",
+        "version"}`` (value as bytes), or None if absent."""
+        path = self._kv(key, table) + "?meta=true" + ("&stale=true" if stale else "")
+        try:
+            doc = dict(json.loads(self.request("GET", path)[1]))
+        except ClientError as e:
+            if e.status == 404 and e.body.get("error") == KEY_NOT_FOUND:
+                return None
+            raise
+        doc.pop("key", None)
+        doc["value"] = base64.b64decode(doc["value"])
+        return doc
+
     def put(self, key: bytes | str, value: bytes | str, table: str | None = None) -> int:
         v = value.encode() if isinstance(value, str) else value
         return int(json.loads(self.request("PUT", self._kv(key, table), v)[1])["index"])
@@ -343,11 +358,15 @@ class Client:
 
     def cas(
         self, key: bytes | str, expected: bytes | str | None, new: bytes | str,
-        table: str | None = None,
+        table: str | None = None, prev_index: int | None = None,
     ) -> tuple[bool, int]:
-        """Set ``new`` if the value is ``expected`` (None: the key must be absent):
-        ``(swapped, index)``. ``table``: a key of that table (else the default group)."""
-        if expected is None:
+        """Set ``new`` if the value is ``expected`` (None: the key must be absent), or,
+        with ``prev_index``, if the key's mod revision is that (0: absent; ``expected``
+        is then ignored): ``(swapped, index)``. ``table``: a key of that table (else the
+        default group)."""
+        if prev_index is not None:
+            q = f"?prev_index={int(prev_index)}"
+        elif expected is None:
             q = "?prev_absent=true"
         else:
             e = expected.encode() if isinstance(expected, str) else expected

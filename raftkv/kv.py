@@ -30,9 +30,11 @@ from raftkv.storage.commands import (
     check_value,
     encode_batch,
     encode_cas,
+    encode_cas_index,
     encode_delete,
     encode_put,
 )
+from raftkv.storage.revisions import KeyMeta
 from raftkv.storage.state_store import StateStore
 
 Key = bytes | str
@@ -66,14 +68,15 @@ class RaftKV(EmbeddedNode):
         return self.node.propose(self.group, encode_delete(_key(key)), _index)
 
     def cas_async(
-        self, key: Key, expected: Value | None, new: Value | None
+        self, key: Key, expected: Value | None, new: Value | None,
+        prev_index: int | None = None,
     ) -> Future[tuple[bool, int]]:
         """Set ``key`` to ``new`` (None deletes) if its value is ``expected`` (None: the
-        key must be absent). Resolves to ``(swapped, index)``."""
-        cmd = encode_cas(
-            _key(key), None if expected is None else _value(expected),
-            None if new is None else _value(new),
-        )
+        key must be absent), or, with ``prev_index``, if its mod revision is that (0:
+        absent; ``expected`` is then ignored). Resolves to ``(swapped, index)``."""
+        k, v = _key(key), None if new is None else _value(new)
+        cmd = (encode_cas_index(k, prev_index, v) if prev_index is not None else
+               encode_cas(k, None if expected is None else _value(expected), v))
         return self.node.propose(self.group, cmd, _swapped)
 
     def batch_async(self, ops: Iterable[tuple[Key, Value | None]]) -> Future[int]:
@@ -89,8 +92,9 @@ class RaftKV(EmbeddedNode):
     def delete(self, key: Key) -> int:
         return self._wait(self.delete_async(key))
 
-    def cas(self, key: Key, expected: Value | None, new: Value | None) -> tuple[bool, int]:
-        return self._wait(self.cas_async(key, expected, new))
+    def cas(self, key: Key, expected: Value | None, new: Value | None,
+            prev_index: int | None = None) -> tuple[bool, int]:
+        return self._wait(self.cas_async(key, expected, new, prev_index))
 
     def batch(self, ops: Iterable[tuple[Key, Value | None]]) -> int:
         return self._wait(self.batch_async(ops))
@@ -103,16 +107,26 @@ class RaftKV(EmbeddedNode):
     def get(self, key: Key, stale: bool = False) -> bytes | None:
         return self._wait(self.get_async(key, stale))
 
+    def get_meta(self, key: Key, stale: bool = False) -> KeyMeta | None:
+        """The value with the key's create and mod revisions and version
+        (``raftkv.storage.revisions``), or None if absent."""
+        k = _key(key)
+        return self._wait(self.node.read(self.group, lambda s: s.get_meta(k),
+                                         linearizable=not stale))
+
     def read_async(self, fn: Any, stale: bool = False) -> Future[Any]:
         """Run ``fn(state_store)`` against the replica (scan, digest, ...)."""
         return self.node.read(self.group, fn, linearizable=not stale)
 
     def digest_async(self, stale: bool = False) -> Future[dict[str, Any]]:
-        """The replica's ``{"count", "digest", "applied"}``: equal digests at equal
-        applied indexes mean equal states (raftkv.storage.digest)."""
+        """The replica's ``{"count", "digest", "revisions_digest", "applied"}``: equal
+        digests at equal applied indexes mean equal values (``digest``, what a bulk
+        load's source can compute too) and equal rows, revisions included
+        (``revisions_digest``; raftkv.storage.digest)."""
         def run(s: StateStore) -> dict[str, Any]:
-            d = s.digest()
-            return {"count": d.count, "digest": d.digest, "applied": s.applied_index()}
+            d, r = s.digest(), s.digest(revisions=True)
+            return {"count": d.count, "digest": d.digest, "revisions_digest": r.digest,
+                    "applied": s.applied_index()}
         return self.read_async(run, stale)
 
     def digest(self, stale: bool = False) -> dict[str, Any]:

@@ -10,6 +10,8 @@ Wire format (msgpack, ``use_bin_type=True`` so keys and values stay ``bytes``)::
     DELETE  [2, key]
     CAS     [3, key, expected | nil, new | nil]   expected nil: the key must be absent
                                                   new nil: delete the key on success
+    CAS_INDEX [5, key, mod_revision, new | nil]   the key's mod revision must be this
+                                                  (0: absent; ``raftkv.storage.revisions``)
     BATCH   [4, [[key, value | nil], ...]]        nil value: delete; applied in order, atomically
     BATCH   [4, [[key, value | nil], ...], id]    an idempotent batch (see below)
 
@@ -71,6 +73,7 @@ class Op(IntEnum):
     DELETE = 2
     CAS = 3
     BATCH = 4
+    CAS_INDEX = 5
 
 
 class CommandError(ValueError):
@@ -99,6 +102,15 @@ class Cas(NamedTuple):
     new: bytes | None
 
 
+class CasIndex(NamedTuple):
+    """Compare-and-set on the key's mod revision (``expected == 0``: the key must be
+    absent). ``new is None``: delete."""
+
+    key: bytes
+    expected: int
+    new: bytes | None
+
+
 class Batch(NamedTuple):
     """Puts (value is bytes) and deletes (value is None), applied in order, all or nothing.
     With an ``id`` it is applied at most once (see the module docstring)."""
@@ -107,7 +119,7 @@ class Batch(NamedTuple):
     id: bytes | None = None
 
 
-Command = Put | Delete | Cas | Batch
+Command = Put | Delete | Cas | CasIndex | Batch
 
 # Everything msgpack.unpackb raises on hostile input: truncation and trailing bytes
 # (ValueError subclasses), nesting past its stack (StackError), bad UTF-8, unhashable map keys.
@@ -121,6 +133,7 @@ UNPACK_ERRORS: tuple[type[BaseException], ...] = (
 
 # Plain ints: msgpack packs an IntEnum fine, but the hot path should not pay for the lookup.
 _PUT, _DELETE, _CAS, _BATCH = int(Op.PUT), int(Op.DELETE), int(Op.CAS), int(Op.BATCH)
+_CAS_INDEX = int(Op.CAS_INDEX)
 
 
 # -- validation (shared by encode and decode) --------------------------------------------------
@@ -257,6 +270,18 @@ def encode_cas(key: bytes, expected: bytes | None, new: bytes | None) -> bytes:
     )
 
 
+def encode_cas_index(key: bytes, mod_revision: int, new: bytes | None) -> bytes:
+    """Succeed only if the key's mod revision is ``mod_revision`` (0: absent)."""
+    return _pack([_CAS_INDEX, check_key(key), _check_revision(mod_revision),
+                  _check_optional_value(new, "new value")], "cas")
+
+
+def _check_revision(rev: object) -> int:
+    if type(rev) is not int or not 0 <= rev < 1 << 63:
+        raise CommandError(f"a revision is an integer from 0 (absent) up, not {rev!r:.40}")
+    return rev
+
+
 def encode_batch(ops: Iterable[Sequence[bytes | None]], batch_id: bytes | None = None) -> bytes:
     """An atomic list of puts (``(key, value)``) and deletes (``(key, None)``), in order.
     ``batch_id``: apply at most once (an idempotent bulk-load batch)."""
@@ -353,6 +378,11 @@ def decode(data: bytes | bytearray | memoryview) -> Command:
             _check_optional_value(obj[2], "expected value"),
             _check_optional_value(obj[3], "new value"),
         )
+    if op == _CAS_INDEX:
+        if size != 4:
+            raise CommandError(f"malformed cas: expected 4 fields, got {size}")
+        return CasIndex(check_key(obj[1], reserved=True), _check_revision(obj[2]),
+                        _check_optional_value(obj[3], "new value"))
     if op == _BATCH:
         if size not in (2, 3) or type(obj[1]) is not list:
             raise CommandError("malformed batch: expected [4, [[key, value | nil], ...], id?]")

@@ -44,10 +44,12 @@ from raftkv.storage.commands import MAX_KEY_BYTES
 from raftkv.storage.digest import Digest, DigestBuilder
 from raftkv.storage.errors import StorageError
 from raftkv.storage.lmdb_files import check_lmdb_file
+from raftkv.storage.revisions import HEADER_BYTES, KeyMeta, meta_of
 from raftkv.storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
+    KV_ROWS,
     Checkpointing,
     CheckpointPolicy,
     SnapshotLoader,
@@ -65,7 +67,8 @@ _DATA = b"data"
 _META = b"meta"
 _APPLIED = b"applied"
 _FORMAT = b"format"
-_FORMAT_V1 = b"raftkv-state-v1"
+_FORMAT_V1 = b"raftkv-state-v1"  # values without revisions: refused (see _open_dbs)
+_FORMAT_V2 = b"raftkv-state-v2"  # rows: revisions, then the value (raftkv.storage.revisions)
 
 
 def _index_bytes(index: int) -> bytes:
@@ -240,7 +243,7 @@ class LmdbStateStore(LmdbBacked):
             if not names:
                 data = env.open_db(_DATA, txn=txn, create=True)
                 meta = env.open_db(_META, txn=txn, create=True)
-                txn.put(_FORMAT, _FORMAT_V1, db=meta)
+                txn.put(_FORMAT, _FORMAT_V2, db=meta)
                 txn.put(_APPLIED, _index_bytes(0), db=meta)
                 return data, meta, 0
             if names != {_DATA, _META}:
@@ -252,10 +255,20 @@ class LmdbStateStore(LmdbBacked):
             data = env.open_db(_DATA, txn=txn, create=False)
             meta = env.open_db(_META, txn=txn, create=False)
             fmt = txn.get(_FORMAT, db=meta)
-            if fmt != _FORMAT_V1:
+            if fmt == _FORMAT_V1:
+                # Its keys carry no revisions, and none can be made up: two replicas
+                # converted at different indexes would disagree about every key written
+                # in between. Rebuilt from its log (or a peer's snapshot), it gets them.
+                raise StorageError(
+                    f"cannot open LMDB state store at {self.path}: it was written by a "
+                    f"raftkv before per-key revisions (format {fmt!r}, this build needs "
+                    f"{_FORMAT_V2!r}); move the directory away to rebuild it from the "
+                    f"Raft log, or from a peer's snapshot"
+                )
+            if fmt != _FORMAT_V2:
                 raise StorageError(
                     f"cannot open LMDB state store at {self.path}: unknown format {fmt!r} "
-                    f"(expected {_FORMAT_V1!r})"
+                    f"(expected {_FORMAT_V2!r})"
                 )
             raw = txn.get(_APPLIED, db=meta)
             if raw is None or len(raw) != 8:
@@ -282,16 +295,24 @@ class LmdbStateStore(LmdbBacked):
         return results
 
     # -- reads ---------------------------------------------------------------------------------
-    def get(self, key: bytes) -> bytes | None:
+    def _get_row(self, key: bytes) -> bytes | None:
         self._live()
         if not storable_key(key):
             return None
         try:
             with self._env.begin(db=self._data) as txn:
-                value: bytes | None = txn.get(key)
-                return value
+                row: bytes | None = txn.get(key)
+                return row
         except lmdb.Error as e:
             raise self._fail("get failed", e) from e
+
+    def get(self, key: bytes) -> bytes | None:
+        row = self._get_row(key)
+        return None if row is None else row[HEADER_BYTES:]
+
+    def get_meta(self, key: bytes) -> KeyMeta | None:
+        row = self._get_row(key)
+        return None if row is None else meta_of(row)
 
     def _read(self, make: Callable[[lmdb.Transaction[bytes]], Iterator[T]]) -> _ReadIterator[T]:
         """Open a read txn *now* (the view is fixed at call time) and iterate it lazily."""
@@ -325,6 +346,12 @@ class LmdbStateStore(LmdbBacked):
     def scan(
         self, lo: bytes | None = None, hi: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
+        return self._read(lambda txn: ((k, r[HEADER_BYTES:])
+                                       for k, r in self._range(txn, lo, hi)))
+
+    def scan_rows(
+        self, lo: bytes | None = None, hi: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
         return self._read(lambda txn: self._range(txn, lo, hi))
 
     def digest(
@@ -332,17 +359,15 @@ class LmdbStateStore(LmdbBacked):
         lo: bytes | None = None,
         hi: bytes | None = None,
         keys: Callable[[bytes], bool] | None = None,
+        revisions: bool = False,
     ) -> Digest:
         b = DigestBuilder()
         add = b.add
+        skip = 0 if revisions else HEADER_BYTES
         with self._read(lambda txn: self._range(txn, lo, hi)) as rows:
-            if keys is None:
-                for k, v in rows:
-                    add(k, v)
-            else:
-                for k, v in rows:
-                    if keys(k):
-                        add(k, v)
+            for k, r in rows:
+                if keys is None or keys(k):
+                    add(k, r[skip:])
         return b.result()
 
     # -- snapshots -----------------------------------------------------------------------------
@@ -355,13 +380,15 @@ class LmdbStateStore(LmdbBacked):
             raw = txn.get(_APPLIED, db=self._meta)
             applied = int.from_bytes(raw or b"", "big")  # present: written at creation
             count = txn.stat(self._data)["entries"]
-            return encode_snapshot(applied, count, txn.cursor().iternext(), chunk_bytes)
+            return encode_snapshot(applied, count, txn.cursor().iternext(), chunk_bytes,
+                                   KV_ROWS)
 
         return self._read(make)
 
     def install_snapshot(self, chunks: Iterable[bytes]) -> int:
         self._live()
         loader = SnapshotLoader(chunks)  # header checked before touching anything
+        loader.expect(KV_ROWS, "an LMDB KV state store")
         try:
             with self._env.begin(write=True, db=self._data) as txn:
                 txn.drop(self._data, delete=False)  # empty it; rolled back if we abort

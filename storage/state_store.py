@@ -54,17 +54,26 @@ Contract (every implementation keeps it)
   sync asks ``checkpoint_due(now)``, runs the job ``background_checkpoint()`` returns on
   another thread, and hands its result to ``checkpointed(index)`` (an LMDB store syncs
   while its thread goes on applying; other stores return no job).
-- Reads see everything applied, durable or not: ``get(key)``, ``scan(lo, hi)`` over the
-  half-open key range ``[lo, hi)`` in key order (``None`` = unbounded), and
-  ``digest(lo, hi, keys)``, the ``(count, digest)`` of the rows in the range whose key passes
-  the ``keys`` predicate (see ``raftkv.storage.digest``). A scan is a consistent view taken when
-  ``scan`` is called. Keys that could never be stored (empty, or over 511 bytes) read as
-  absent.
+- Every key carries its revisions (``raftkv.storage.revisions``: create and mod revision,
+  the log indexes of the entries that created and last wrote it, and its version), set by
+  the apply that writes it, in the same transaction. A *row* is the revisions and the
+  value together.
+- Reads see everything applied, durable or not: ``get(key)`` (the value),
+  ``get_meta(key)`` (a ``KeyMeta``: value and revisions), ``scan(lo, hi)`` over the
+  half-open key range ``[lo, hi)`` in key order (``None`` = unbounded) of ``(key, value)``,
+  ``scan_rows(lo, hi)`` the same of ``(key, row)``, and ``digest(lo, hi, keys,
+  revisions)``, the ``(count, digest)`` of the ``(key, value)`` pairs in the range whose key
+  passes the ``keys`` predicate (see ``raftkv.storage.digest``), or of ``(key, row)`` with
+  ``revisions=True``: the first is what a bulk load's source can compute, the second tells
+  replicas apart that hold the same values with different histories. A scan is a
+  consistent view taken when it is called. Keys that could never be stored (empty, or over
+  511 bytes) read as absent.
 - ``snapshot_chunks(chunk_bytes)`` exports the state as one consistent view, taken when the
   method is called (LMDB: one read transaction, which does not block writers). Chunks:
-  1. a header ``{"v": 1, "applied": index, "count": rows}``;
-  2. zero or more msgpack lists of ``[key, value]`` pairs, in strictly increasing key
-     order, each about ``chunk_bytes``;
+  1. a header ``{"v": 1, "applied": index, "count": rows, "kind": "kv-rows"}``;
+  2. zero or more msgpack lists of ``[key, row]`` pairs, in strictly increasing key
+     order, each about ``chunk_bytes`` (rows carry the revisions: a replica installed from a
+     snapshot is byte-identical to its source);
   3. a trailer ``{"applied": index, "count": rows, "digest": hex}``.
   The applied index is read in the same view as the data, so it is exactly the index of the
   exported state.
@@ -92,6 +101,7 @@ from raftkv.storage.commands import (
     MAX_VALUE_BYTES,
     UNPACK_ERRORS,
     Cas,
+    CasIndex,
     Command,
     CommandError,
     Delete,
@@ -103,6 +113,15 @@ from raftkv.storage.commands import (
 )
 from raftkv.storage.digest import Digest, DigestBuilder
 from raftkv.storage.errors import IndexMismatch, StorageError
+from raftkv.storage.revisions import (
+    MAX_ROW_BYTES,
+    KeyMeta,
+    check_row,
+    meta_of,
+    mod_revision_of,
+    value_of,
+    write_row,
+)
 
 # Checkpoint policy defaults.
 #
@@ -124,6 +143,7 @@ DEFAULT_CHECKPOINT_ENTRIES = 10_000
 DEFAULT_CHECKPOINT_SECONDS = 1.0
 
 SNAPSHOT_VERSION = 1
+KV_ROWS = "kv-rows"  # a snapshot header's kind: KV rows with their revisions
 DEFAULT_CHUNK_BYTES = 1 << 20
 # Cap on one incoming chunk: a sender's chunk_bytes plus one max-size row, with slack.
 MAX_SNAPSHOT_CHUNK_BYTES = 64 << 20
@@ -151,7 +171,13 @@ class StateStore(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
+    def get_meta(self, key: bytes) -> KeyMeta | None: ...
+
     def scan(
+        self, lo: bytes | None = None, hi: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def scan_rows(
         self, lo: bytes | None = None, hi: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]: ...
 
@@ -160,6 +186,7 @@ class StateStore(Protocol):
         lo: bytes | None = None,
         hi: bytes | None = None,
         keys: Callable[[bytes], bool] | None = None,
+        revisions: bool = False,
     ) -> Digest: ...
 
     def snapshot_chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]: ...
@@ -240,25 +267,32 @@ def check_apply(entries: Sequence[tuple[int, bytes]], applied: int, checkpoint: 
 
 def execute(
     cmd: Command,
+    index: int,
     get: Callable[[bytes], bytes | None],
     put: Callable[[bytes, bytes], object],
     delete: Callable[[bytes], object],
 ) -> bool | None:
-    """Run one decoded command against a store's primitives. Cannot fail: ``decode`` has
-    already validated every field, so a batch is all-or-nothing by construction."""
+    """Run one decoded command, the entry at ``index``, against a store's primitives,
+    which read and write *rows* (``raftkv.storage.revisions``: revisions, then value).
+    Cannot fail: ``decode`` has already validated every field, so a batch is
+    all-or-nothing by construction."""
     if isinstance(cmd, Put):  # first: by far the most common command
-        put(cmd.key, cmd.value)
+        put(cmd.key, write_row(get(cmd.key), cmd.value, index))
         return None
     if isinstance(cmd, Delete):
         delete(cmd.key)
         return None
-    if isinstance(cmd, Cas):
-        if get(cmd.key) != cmd.expected:
+    if isinstance(cmd, Cas | CasIndex):
+        row = get(cmd.key)
+        if isinstance(cmd, Cas):
+            if (None if row is None else value_of(row)) != cmd.expected:
+                return False
+        elif mod_revision_of(row) != cmd.expected:
             return False
         if cmd.new is None:
             delete(cmd.key)
         else:
-            put(cmd.key, cmd.new)
+            put(cmd.key, write_row(row, cmd.new, index))
         return True
     # Batch
     mark = None if cmd.id is None else BATCH_MARK_PREFIX + cmd.id
@@ -268,10 +302,10 @@ def execute(
         if value is None:
             delete(key)
         else:
-            put(key, value)
+            put(key, write_row(get(key), value, index))
     if mark is None:
         return None
-    put(mark, b"")
+    put(mark, write_row(None, b"", index))
     return True
 
 
@@ -281,16 +315,18 @@ def apply_commands(
     put: Callable[[bytes, bytes], object],
     delete: Callable[[bytes], object],
 ) -> list[object]:
-    """The apply loop shared by both stores (inside the caller's transaction)."""
+    """The apply loop shared by both stores (inside the caller's transaction): ``get``
+    and ``put`` read and write rows (``raftkv.storage.revisions``)."""
     results: list[object] = []
     append = results.append
-    for _, data in entries:
+    for index, data in entries:
         if not data:  # a Raft no-op (e.g. the leader's empty entry at the start of a term)
             append(None)
             continue
         kv = split_put(data)
         if kv is not None:
-            put(*kv)
+            key = kv[0]
+            put(key, write_row(get(key), kv[1], index))
             append(None)
             continue
         try:
@@ -298,7 +334,7 @@ def apply_commands(
         except CommandError as e:
             append(e)  # deterministic skip: every replica decodes the same bytes the same way
             continue
-        append(execute(cmd, get, put, delete))
+        append(execute(cmd, index, get, put, delete))
     return results
 
 
@@ -325,14 +361,20 @@ def check_chunk_bytes(chunk_bytes: int) -> None:
 
 
 def encode_snapshot(
-    applied: int, count: int, rows: Iterable[tuple[bytes, bytes]], chunk_bytes: int
+    applied: int, count: int, rows: Iterable[tuple[bytes, bytes]], chunk_bytes: int,
+    kind: str | None = None,
 ) -> Iterator[bytes]:
     """Header, ``[k, v]`` list chunks of about ``chunk_bytes``, trailer (see the contract).
 
     ``rows`` must come from one consistent view, in key order. ``count`` is that view's row
-    count, announced up front so a receiver can preallocate and show progress."""
+    count, announced up front so a receiver can preallocate and show progress. ``kind``:
+    what the values are (``KV_ROWS``: KV rows with their revisions; None: plain values,
+    as the metastore's and a replicated object's images carry)."""
     check_chunk_bytes(chunk_bytes)
-    yield _pack({"v": SNAPSHOT_VERSION, "applied": applied, "count": count})
+    header: dict[str, object] = {"v": SNAPSHOT_VERSION, "applied": applied, "count": count}
+    if kind is not None:
+        header["kind"] = kind
+    yield _pack(header)
     digest = DigestBuilder()
     batch: list[tuple[bytes, bytes]] = []
     size = 0
@@ -352,7 +394,7 @@ def encode_snapshot(
     yield _pack({"applied": applied, "count": d.count, "digest": d.digest})
 
 
-def _unpack_chunk(chunk: object, what: str) -> object:
+def _unpack_chunk(chunk: object, what: str, max_bin: int = MAX_VALUE_BYTES) -> object:
     if not isinstance(chunk, bytes | bytearray | memoryview):
         raise StorageError(f"snapshot {what} is a {type(chunk).__name__}, not bytes")
     if len(chunk) > MAX_SNAPSHOT_CHUNK_BYTES:
@@ -366,7 +408,7 @@ def _unpack_chunk(chunk: object, what: str) -> object:
             raw=False,
             use_list=True,
             strict_map_key=True,
-            max_bin_len=MAX_VALUE_BYTES,
+            max_bin_len=max_bin,
             max_str_len=64,
             max_map_len=8,
             max_ext_len=0,
@@ -406,7 +448,20 @@ class SnapshotLoader:
             )
         self.applied = _nonneg_int(header, "applied", "header")
         self.count = _nonneg_int(header, "count", "header")
+        kind = header.get("kind")
+        if kind not in (None, KV_ROWS):
+            raise StorageError(f"snapshot header: unknown kind {kind!r}")
+        self.kind: str | None = kind
         self.verified = False
+
+    def expect(self, kind: str | None, what: str) -> None:
+        """Refuse an image of another kind than ``what`` takes (``StorageError``)."""
+        if self.kind != kind:
+            got = "KV rows with revisions" if self.kind == KV_ROWS else "plain values"
+            raise StorageError(
+                f"{what} cannot install this snapshot: it holds {got}"
+                + (" (from a raftkv before per-key revisions?)" if kind == KV_ROWS else "")
+            )
 
     def rows(self) -> Iterator[tuple[bytes, bytes]]:
         digest = DigestBuilder()
@@ -415,7 +470,8 @@ class SnapshotLoader:
         for chunk in self._chunks:
             n += 1
             what = f"chunk {n}"
-            obj = _unpack_chunk(chunk, what)
+            obj = _unpack_chunk(chunk, what, MAX_ROW_BYTES if self.kind == KV_ROWS else
+                                MAX_VALUE_BYTES)
             if type(obj) is dict:
                 self._check_trailer(obj, digest.result(), n)
                 return
@@ -426,7 +482,14 @@ class SnapshotLoader:
                     raise StorageError(f"snapshot {what}, row {i}: not a [key, value] pair")
                 try:
                     key = check_key(pair[0], reserved=True)
-                    value = check_value(pair[1])
+                    if self.kind == KV_ROWS:
+                        value = pair[1]
+                        why = (check_row(value, self.applied) if type(value) is bytes
+                               else f"a row is a {type(value).__name__}, not bytes")
+                        if why is not None:
+                            raise CommandError(why)
+                    else:
+                        value = check_value(pair[1])
                 except CommandError as e:
                     raise StorageError(f"snapshot {what}, row {i}: {e}") from None
                 if key <= prev:
@@ -613,7 +676,13 @@ class MemoryStateStore(Checkpointing):
     # -- reads ---------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
         self._live()
-        return self._data.get(key) if storable_key(key) else None
+        row = self._data.get(key) if storable_key(key) else None
+        return None if row is None else value_of(row)
+
+    def get_meta(self, key: bytes) -> KeyMeta | None:
+        self._live()
+        row = self._data.get(key) if storable_key(key) else None
+        return None if row is None else meta_of(row)
 
     def _rows(self, lo: bytes | None, hi: bytes | None) -> list[tuple[bytes, bytes]]:
         data = self._data
@@ -623,19 +692,27 @@ class MemoryStateStore(Checkpointing):
         self, lo: bytes | None = None, hi: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         self._live()
-        return iter(self._rows(lo, hi))  # materialized now: a consistent view
+        # materialized now: a consistent view
+        return iter([(k, value_of(r)) for k, r in self._rows(lo, hi)])
+
+    def scan_rows(
+        self, lo: bytes | None = None, hi: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        self._live()
+        return iter(self._rows(lo, hi))
 
     def digest(
         self,
         lo: bytes | None = None,
         hi: bytes | None = None,
         keys: Callable[[bytes], bool] | None = None,
+        revisions: bool = False,
     ) -> Digest:
         self._live()
         b = DigestBuilder()
-        for k, v in self._data.items():  # order-independent: no need to sort
+        for k, r in self._data.items():  # order-independent: no need to sort
             if in_range(k, lo, hi) and (keys is None or keys(k)):
-                b.add(k, v)
+                b.add(k, r if revisions else value_of(r))
         return b.result()
 
     # -- snapshots -----------------------------------------------------------------------------
@@ -643,11 +720,12 @@ class MemoryStateStore(Checkpointing):
         self._live()
         check_chunk_bytes(chunk_bytes)
         rows = self._rows(None, None)  # copied now, so later applies do not leak in
-        return encode_snapshot(self._applied, len(rows), rows, chunk_bytes)
+        return encode_snapshot(self._applied, len(rows), rows, chunk_bytes, KV_ROWS)
 
     def install_snapshot(self, chunks: Iterable[bytes]) -> int:
         self._live()
         loader = SnapshotLoader(chunks)
+        loader.expect(KV_ROWS, "a KV state store")
         new = dict(loader.rows())
         if not loader.verified:  # rows() raises unless verified; belt and braces
             raise StorageError("snapshot stream was not verified")

@@ -121,7 +121,11 @@ BAD: list[tuple[str, str, bytes, str, bytes | None, int]] = [
     # etcd v2's prevExist=false means "must be absent": not a silent blind overwrite.
     ("prev_absent false", "PUT", b"k", "?prev_absent=false", b"v", 400),
     ("prev_absent 0", "PUT", b"k", "?prev_absent=0", b"v", 400),
-    ("prev_index (no revisions yet)", "PUT", b"k", "?prev_index=3", b"v", 400),
+    ("prev_index not a number", "PUT", b"k", "?prev_index=three", b"v", 400),
+    ("prev_index negative", "DELETE", b"k", "?prev_index=-1", None, 400),
+    ("prev_index and prev_value together", "PUT", b"k", "?prev_index=3&prev_value=a", b"v",
+     400),
+    ("meta is not a boolean", "GET", b"k", "?meta=yes", None, 400),
     ("key over 511 bytes", "PUT", b"k" * 600, "", b"v", 400),
     ("reserved key prefix", "PUT", b"\x00raftkv.batch.x", "", b"v", 400),
     ("value over 1 MiB", "PUT", b"k", "", b"v" * ((1 << 20) + 1), 413),
@@ -288,3 +292,38 @@ def test_cluster_status_with_every_endpoint_down_reports_them() -> None:
                          check=False, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in res.stderr, res.stderr
     assert res.stdout.count("unreachable") == 2, res.stdout
+
+
+@pytest.mark.parametrize("node", ["n1", "n2", "n3"])
+def test_revisions_and_a_compare_on_the_mod_revision_agree_on_both_apis(
+        cluster: ProcCluster, node: str) -> None:
+    """``?meta=true``, the revision headers and ``?prev_index=`` mean the same on a table
+    key (served here or proxied) as on a default-group key."""
+    key = f"rev-{node}".encode()
+    for path in _paths(key):
+        status, body = _call(cluster, node, "PUT", path + "?prev_index=0", b"one")
+        assert status == 200 and body["swapped"], body
+        created = body["index"]
+        status, body = _call(cluster, node, "PUT", path + "?prev_index=0", b"two")
+        assert status == 412 and not body["swapped"], body
+        status, meta = _call(cluster, node, "GET", path + "?meta=true")
+        assert status == 200 and meta["create_revision"] == meta["mod_revision"] == created
+        assert meta["version"] == 1 and meta["value"] == "b25l"  # base64 of b"one"
+        status, body = _call(cluster, node, "PUT", path + f"?prev_index={created}", b"two")
+        assert status == 200 and body["swapped"], body
+        second = body["index"]
+        conn = http.client.HTTPConnection("127.0.0.1", cluster.nodes[node].http_port,
+                                          timeout=20)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            assert r.read() == b"two"
+            assert (r.getheader("X-Raftkv-Create-Revision"), r.getheader("X-Raftkv-Mod-Revision"),
+                    r.getheader("X-Raftkv-Version")) == (str(created), str(second), "2")
+        finally:
+            conn.close()
+        status, body = _call(cluster, node, "DELETE", path + f"?prev_index={created}")
+        assert status == 412, body  # stale revision: nothing deleted
+        status, body = _call(cluster, node, "DELETE", path + f"?prev_index={second}")
+        assert status == 200 and body["swapped"], body
+        assert _call(cluster, node, "GET", path)[0] == 404

@@ -790,7 +790,7 @@ def test_http_bad_input_gets_clear_client_errors_and_loses_nothing(tmp_path: Any
                 status, ctype, body = http_req(port, "GET", path)
                 assert status == 400, (path, status, body)
                 json_error(ctype, body)
-            status, ctype, body = http_req(port, "PUT", "/v1/kv/keep-0?prev_index=1", b"zz")
+            status, ctype, body = http_req(port, "PUT", "/v1/kv/keep-0?prev_index=x1", b"zz")
             assert status == 400, (status, body)
             json_error(ctype, body)
 

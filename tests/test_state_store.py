@@ -578,7 +578,7 @@ def test_snapshot_round_trips_between_implementations(
     chunks = list(src.snapshot_chunks(chunk_bytes=512))
     assert len(chunks) > 10  # header, many row chunks, trailer
     header = msgpack.unpackb(chunks[0])
-    assert header == {"v": 1, "applied": 302, "count": 299}
+    assert header == {"v": 1, "applied": 302, "count": 299, "kind": "kv-rows"}
     assert set(msgpack.unpackb(chunks[-1])) == {"applied", "count", "digest"}
     assert dst.install_snapshot(chunks) == 302
     assert dst.applied_index() == dst.checkpoint_index() == 302

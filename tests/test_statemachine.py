@@ -543,7 +543,7 @@ def test_bad_image_installs_nothing_and_keeps_the_old_state() -> None:
             target.install_snapshot(bad)
     kv = MemoryStateStore()
     kv.apply([(1, msgpack.packb([1, b"key", b"value"], use_bin_type=True))])
-    with pytest.raises(StorageError, match="not a state machine image"):
+    with pytest.raises(StorageError, match="cannot install this snapshot: it holds KV rows"):
         target.install_snapshot(kv.snapshot_chunks())
     assert target_obj.get() == 6 and target.applied_index() == 1
 

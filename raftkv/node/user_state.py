@@ -354,6 +354,7 @@ class UserStateStore(Checkpointing):
     def install_snapshot(self, chunks: Iterable[bytes]) -> int:
         self._live()
         loader = SnapshotLoader(chunks)
+        loader.expect(None, "a replicated object's state")
         parts: list[bytes] = []
         for n, (key, value) in enumerate(loader.rows()):
             if key != piece_key(n):

@@ -531,6 +531,7 @@ class MetaStore(LmdbBacked):
     def install_snapshot(self, chunks: Iterable[bytes]) -> int:
         self._live()
         loader = SnapshotLoader(chunks)  # header checked before touching anything
+        loader.expect(None, "the metastore")
         checker = ImageChecker()
         try:
             with self._env.begin(write=True) as txn:

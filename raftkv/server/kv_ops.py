@@ -7,14 +7,18 @@ group's handler and the table handler both go through these two functions, so a 
 key has exactly the semantics of a default-group key:
 
 - ``GET``: the value, linearizable (a ReadIndex round through the leader, Raft §6.4);
-  ``?stale=true`` reads the local replica. 404 if absent.
-- ``PUT``: the body is the value; ``{"index": N}``. With ``?prev_value=V`` (the value must
-  be V) or ``?prev_absent=true`` (the key must be absent) it is a compare-and-set, decided
-  by the state machine at the entry's place in the log: 200 ``{"index", "swapped": true}``
-  or 412 ``{"index", "swapped": false}``. Giving both is a 400, as is ``?prev_index``
-  (keys carry no revision yet).
-- ``DELETE``: ``{"index": N}``; with ``?prev_value=V`` a compare-and-delete (200/412 as
-  above). Deleting an absent key is not an error.
+  ``?stale=true`` reads the local replica. 404 if absent. The key's revisions
+  (``raftkv.storage.revisions``) come as headers ``X-Raftkv-Create-Revision``,
+  ``X-Raftkv-Mod-Revision`` and ``X-Raftkv-Version``; ``?meta=true`` answers JSON instead:
+  ``{"key", "value"`` (both base64), ``"create_revision", "mod_revision", "version"}``.
+- ``PUT``: the body is the value; ``{"index": N}`` (N is the key's new mod revision). With
+  ``?prev_value=V`` (the value must be V), ``?prev_absent=true`` (the key must be absent)
+  or ``?prev_index=R`` (the key's mod revision must be R; 0: absent) it is a
+  compare-and-set, decided by the state machine at the entry's place in the log: 200
+  ``{"index", "swapped": true}`` or 412 ``{"index", "swapped": false}``. Giving more than
+  one is a 400.
+- ``DELETE``: ``{"index": N}``; with ``?prev_value=V`` or ``?prev_index=R`` a
+  compare-and-delete (200/412 as above). Deleting an absent key is not an error.
 
 Any other query parameter is a 400 (``requests.check_query``): a misspelt
 ``?prev_valeu=`` must not turn a compare-and-set into a blind overwrite. Everything but
@@ -24,6 +28,7 @@ a stale read needs a leader: a node that knows none answers 503 at once
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 
@@ -44,25 +49,31 @@ from raftkv.storage.commands import (
     MAX_VALUE_BYTES,
     CommandError,
     encode_cas,
+    encode_cas_index,
     encode_delete,
     encode_put,
 )
+from raftkv.storage.revisions import KeyMeta
 
-_ACCEPTED = {"GET": ("stale",), "PUT": ("prev_value", "prev_absent", "prev_index"),
-             "DELETE": ("prev_value",)}
+_ACCEPTED = {"GET": ("stale", "meta"), "PUT": ("prev_value", "prev_absent", "prev_index"),
+             "DELETE": ("prev_value", "prev_index")}
+REVISION_HEADERS = ("X-Raftkv-Create-Revision", "X-Raftkv-Mod-Revision", "X-Raftkv-Version")
 
 
 @dataclass(frozen=True)
 class KvRequest:
     """One parsed single-key request. ``compare``: the write is conditional, on
-    ``expected`` (None: the key must be absent)."""
+    ``expected`` (None: the key must be absent), or on the mod revision ``expected_index``
+    if that is set."""
 
     method: str
     key: bytes
     value: bytes = b""
     stale: bool = False
+    meta: bool = False
     compare: bool = False
     expected: bytes | None = None
+    expected_index: int | None = None
 
 
 async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
@@ -74,9 +85,15 @@ async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
     key = path_key(request, prefix)
     check_query(request, _ACCEPTED[method])
     if method == "GET":
-        return KvRequest("GET", key, stale=flag(request, "stale"))
-    if query_bytes(request, "prev_index") is not None:
-        raise CommandError("prev_index is not supported: compare on prev_value or prev_absent")
+        return KvRequest("GET", key, stale=flag(request, "stale"), meta=flag(request, "meta"))
+    raw_index = query_bytes(request, "prev_index")
+    expected_index = None
+    if raw_index is not None:
+        text = raw_index.decode("ascii", "replace")
+        if not text.isdigit() or len(text) > 18:
+            raise CommandError(f"?prev_index is a mod revision (an integer, 0: the key must "
+                               f"be absent), not {text[:24]!r}")
+        expected_index = int(text)
     expected = query_bytes(request, "prev_value")
     absent = method == "PUT" and flag(request, "prev_absent")
     if method == "PUT" and not absent and query_bytes(request, "prev_absent") is not None:
@@ -84,17 +101,19 @@ async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
         # here would silently turn a compare-and-set into an unconditional put.
         raise CommandError("?prev_absent takes only true (the key must be absent); leave "
                            "it out for an unconditional put, or give ?prev_value=V")
-    if expected is not None and absent:
-        raise CommandError("give prev_value or prev_absent, not both")
-    compare = expected is not None or absent
+    if (expected is not None) + absent + (expected_index is not None) > 1:
+        raise CommandError("give one of prev_value, prev_absent or prev_index")
+    compare = expected is not None or absent or expected_index is not None
     if method == "DELETE":
-        return KvRequest("DELETE", key, compare=compare, expected=expected)
+        return KvRequest("DELETE", key, compare=compare, expected=expected,
+                         expected_index=expected_index)
     if (request.content_length or 0) > MAX_VALUE_BYTES:
         raise web.HTTPRequestEntityTooLarge(
             MAX_VALUE_BYTES, request.content_length or 0, content_type="application/json",
             text=json.dumps({"error": f"a value may hold at most {MAX_VALUE_BYTES} bytes"}))
     value = await request.read()
-    return KvRequest("PUT", key, value=value, compare=compare, expected=expected)
+    return KvRequest("PUT", key, value=value, compare=compare, expected=expected,
+                     expected_index=expected_index)
 
 
 def _index(index: int, result: object) -> int:
@@ -111,14 +130,25 @@ async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
         require_leader(node, group)
     if req.method == "GET":
         key = req.key
-        value = await wait(node.read(group, lambda s: s.get(key), linearizable=not req.stale))
-        if value is None:
+        got: KeyMeta | None = await wait(node.read(group, lambda s: s.get_meta(key),
+                                                   linearizable=not req.stale))
+        if got is None:
             return error(404, KEY_NOT_FOUND)
-        return web.Response(body=value, content_type="application/octet-stream")
+        if req.meta:
+            return web.json_response({
+                "key": base64.b64encode(key).decode(),
+                "value": base64.b64encode(got.value).decode(),
+                "create_revision": got.create_revision, "mod_revision": got.mod_revision,
+                "version": got.version})
+        revs = (got.create_revision, got.mod_revision, got.version)
+        return web.Response(body=got.value, content_type="application/octet-stream",
+                            headers={h: str(v) for h, v in zip(REVISION_HEADERS, revs,
+                                                               strict=True)})
     new = req.value if req.method == "PUT" else None
     if req.compare:
-        swapped, index = await wait(
-            node.propose(group, encode_cas(req.key, req.expected, new), _swapped))
+        cmd = (encode_cas(req.key, req.expected, new) if req.expected_index is None
+               else encode_cas_index(req.key, req.expected_index, new))
+        swapped, index = await wait(node.propose(group, cmd, _swapped))
         return web.json_response({"index": index, "swapped": swapped},
                                  status=200 if swapped else 412)
     cmd = encode_put(req.key, req.value) if new is not None else encode_delete(req.key)

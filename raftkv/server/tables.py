@@ -115,7 +115,7 @@ from raftkv.placement.rebalance import (
 )
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
-from raftkv.server.kv_ops import KvRequest, parse_kv, serve_kv
+from raftkv.server.kv_ops import REVISION_HEADERS, KvRequest, parse_kv, serve_kv
 from raftkv.server.range_ops import (
     RangeRequest,
     merge_pages,
@@ -961,7 +961,9 @@ class TablesApi:
         async with self._session().request(request.method, url, data=body or None,
                                            headers=headers) as r:
             data = await r.read()
-            return web.Response(status=r.status, body=data,
+            # The answer's own headers that carry meaning (a value's revisions).
+            passed = {h: r.headers[h] for h in REVISION_HEADERS if h in r.headers}
+            return web.Response(status=r.status, body=data, headers=passed,
                                 content_type=r.content_type or "application/octet-stream")
 
 
