@@ -260,6 +260,18 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
             sys.stdout.buffer.write(v + b"\n")
             return 0
         emit(args, {"key": args.key, **_text(v, "value")})
+    elif args.cmd == "txn":
+        raw = (sys.stdin.read() if args.file == "-" else _read_text(args.file))
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"raftkv txn: error: {args.file} is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise UsageError(f"raftkv txn: error: {args.file} must hold a JSON object")
+        answer = client.txn(body.get("compare"), body.get("success"), body.get("failure"),
+                            table=table)
+        emit(args, answer, indent=1)
+        return 0 if answer["succeeded"] else 2
     elif args.cmd == "del":
         emit(args, {"index": client.delete(args.key, table=table)})
     elif args.cmd == "cas":
@@ -274,6 +286,14 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
         emit(args, {"swapped": swapped, "index": index})
         return 0 if swapped else 2
     return 0
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"raftkv: error: cannot read {path}: {e}") from None
 
 
 def _text(b: bytes, field: str) -> dict[str, str]:
@@ -492,6 +512,13 @@ def parser() -> argparse.ArgumentParser:
                      help="the key's mod revision must be this (0: absent; "
                           "`raftkv get --meta` shows it)")
     cas.add_argument("--table", help=table_help)
+
+    txn = _sub(sub, "txn", "a transaction: compares, then one of two lists of puts, deletes "
+                           "and gets, as one log entry; exit 2 if the compares failed")
+    txn.add_argument("file", help="a JSON file with {\"compare\", \"success\", "
+                                  "\"failure\"} (README), or - for stdin")
+    txn.add_argument("--table", help="run in the partition of this table that holds "
+                                     "every key it names")
 
     cl = _sub(sub, "cluster", "membership (of the default group, of the placement topology) "
                                  "and every node's status")

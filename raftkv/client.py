@@ -376,6 +376,21 @@ class Client:
         body = json.loads(data)
         return bool(body["swapped"]), int(body["index"])
 
+    def txn(self, compare: list[dict[str, Any]] | None = None,
+            success: list[dict[str, Any]] | None = None,
+            failure: list[dict[str, Any]] | None = None,
+            table: str | None = None) -> dict[str, Any]:
+        """A transaction as one log entry (``POST /v1/txn``; the body format is
+        ``raftkv.server.txn_ops``'s): ``{"succeeded", "index", "responses"}``. Sent at
+        most once: an answer lost in a failure raises ``OutcomeUnknown``."""
+        body = json.dumps({"compare": compare or [], "success": success or [],
+                           "failure": failure or []}).encode()
+        path = (f"/v1/tables/{quote(table, safe='')}/txn" if table is not None
+                else "/v1/txn")
+        _, data = self.request("POST", path, body, once=True,
+                               headers={"Content-Type": "application/json"})
+        return dict(json.loads(data))
+
     def batch(self, ops: list[tuple[bytes | str, bytes | str | None]],
               table: str | None = None) -> Any:
         """Puts (and deletes, value None) as one log entry, atomically: the entry's index.

@@ -12,6 +12,7 @@ Wire format (msgpack, ``use_bin_type=True`` so keys and values stay ``bytes``)::
                                                   new nil: delete the key on success
     CAS_INDEX [5, key, mod_revision, new | nil]   the key's mod revision must be this
                                                   (0: absent; ``raftkv.storage.revisions``)
+    TXN     [6, compares, then, else]             a transaction (``raftkv.storage.txn``)
     BATCH   [4, [[key, value | nil], ...]]        nil value: delete; applied in order, atomically
     BATCH   [4, [[key, value | nil], ...], id]    an idempotent batch (see below)
 
@@ -52,9 +53,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from enum import IntEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 import msgpack
+
+if TYPE_CHECKING:
+    from raftkv.storage.txn import Txn
 
 MAX_KEY_BYTES = 511  # LMDB's default max key size (compile-time MDB_MAXKEYSIZE)
 MAX_VALUE_BYTES = 1 << 20  # 1 MiB
@@ -74,6 +78,7 @@ class Op(IntEnum):
     CAS = 3
     BATCH = 4
     CAS_INDEX = 5
+    TXN = 6
 
 
 class CommandError(ValueError):
@@ -119,7 +124,8 @@ class Batch(NamedTuple):
     id: bytes | None = None
 
 
-Command = Put | Delete | Cas | CasIndex | Batch
+# A string: Txn lives in raftkv.storage.txn, which builds on this module.
+Command: TypeAlias = "Put | Delete | Cas | CasIndex | Batch | Txn"
 
 # Everything msgpack.unpackb raises on hostile input: truncation and trailing bytes
 # (ValueError subclasses), nesting past its stack (StackError), bad UTF-8, unhashable map keys.
@@ -133,7 +139,7 @@ UNPACK_ERRORS: tuple[type[BaseException], ...] = (
 
 # Plain ints: msgpack packs an IntEnum fine, but the hot path should not pay for the lookup.
 _PUT, _DELETE, _CAS, _BATCH = int(Op.PUT), int(Op.DELETE), int(Op.CAS), int(Op.BATCH)
-_CAS_INDEX = int(Op.CAS_INDEX)
+_CAS_INDEX, _TXN = int(Op.CAS_INDEX), int(Op.TXN)
 
 
 # -- validation (shared by encode and decode) --------------------------------------------------
@@ -282,6 +288,14 @@ def _check_revision(rev: object) -> int:
     return rev
 
 
+def encode_txn(txn: Txn) -> bytes:
+    """A transaction (``raftkv.storage.txn``), checked as ``decode`` will check it."""
+    from raftkv.storage.txn import check_txn, wire
+    fields = wire(txn)
+    check_txn(*fields)
+    return _pack([_TXN, *fields], "transaction")
+
+
 def encode_batch(ops: Iterable[Sequence[bytes | None]], batch_id: bytes | None = None) -> bytes:
     """An atomic list of puts (``(key, value)``) and deletes (``(key, None)``), in order.
     ``batch_id``: apply at most once (an idempotent bulk-load batch)."""
@@ -383,6 +397,11 @@ def decode(data: bytes | bytearray | memoryview) -> Command:
             raise CommandError(f"malformed cas: expected 4 fields, got {size}")
         return CasIndex(check_key(obj[1], reserved=True), _check_revision(obj[2]),
                         _check_optional_value(obj[3], "new value"))
+    if op == _TXN:
+        if size != 4:
+            raise CommandError(f"malformed transaction: expected 4 fields, got {size}")
+        from raftkv.storage.txn import check_txn  # it builds on this module
+        return check_txn(obj[1], obj[2], obj[3], reserved=True)
     if op == _BATCH:
         if size not in (2, 3) or type(obj[1]) is not list:
             raise CommandError("malformed batch: expected [4, [[key, value | nil], ...], id?]")

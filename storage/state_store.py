@@ -100,6 +100,7 @@ from raftkv.storage.commands import (
     BATCH_MARK_PREFIX,
     MAX_VALUE_BYTES,
     UNPACK_ERRORS,
+    Batch,
     Cas,
     CasIndex,
     Command,
@@ -122,6 +123,7 @@ from raftkv.storage.revisions import (
     value_of,
     write_row,
 )
+from raftkv.storage.txn import Txn, TxnResult, apply_txn
 
 # Checkpoint policy defaults.
 #
@@ -271,7 +273,7 @@ def execute(
     get: Callable[[bytes], bytes | None],
     put: Callable[[bytes, bytes], object],
     delete: Callable[[bytes], object],
-) -> bool | None:
+) -> bool | TxnResult | None:
     """Run one decoded command, the entry at ``index``, against a store's primitives,
     which read and write *rows* (``raftkv.storage.revisions``: revisions, then value).
     Cannot fail: ``decode`` has already validated every field, so a batch is
@@ -282,6 +284,8 @@ def execute(
     if isinstance(cmd, Delete):
         delete(cmd.key)
         return None
+    if isinstance(cmd, Txn):
+        return apply_txn(cmd, index, get, put, delete, write_row)
     if isinstance(cmd, Cas | CasIndex):
         row = get(cmd.key)
         if isinstance(cmd, Cas):
@@ -294,7 +298,7 @@ def execute(
         else:
             put(cmd.key, write_row(row, cmd.new, index))
         return True
-    # Batch
+    assert isinstance(cmd, Batch)
     mark = None if cmd.id is None else BATCH_MARK_PREFIX + cmd.id
     if mark is not None and get(mark) is not None:
         return False  # applied before: a retried or duplicated bulk-load batch

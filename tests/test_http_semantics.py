@@ -327,3 +327,71 @@ def test_revisions_and_a_compare_on_the_mod_revision_agree_on_both_apis(
         status, body = _call(cluster, node, "DELETE", path + f"?prev_index={second}")
         assert status == 200 and body["swapped"], body
         assert _call(cluster, node, "GET", path)[0] == 404
+
+
+def _txn_paths() -> tuple[str, str]:
+    return "/v1/txn", f"/v1/tables/{TABLE}/txn"
+
+
+@pytest.mark.parametrize("node", ["n1", "n2", "n3"])
+def test_a_transaction_is_one_atomic_entry_on_both_apis(cluster: ProcCluster, node: str) -> None:
+    """Compare-then-write on one key (a table's keys: one partition), from every node:
+    the compare decides, the branch runs whole, gets see the branch's own writes."""
+    key = f"txn-{node}"
+    for path in _txn_paths():
+        absent = {"compare": [{"key": key, "target": "exists", "op": "==", "operand": False}],
+                  "success": [{"put": {"key": key, "value": "v1"}}, {"get": {"key": key}}],
+                  "failure": [{"get": {"key": key}}]}
+        status, body = _call(cluster, node, "POST", path, json.dumps(absent).encode())
+        assert status == 200 and body["succeeded"], body
+        got = body["responses"][1]["get"]
+        assert got["value"] == "djE=" and got["mod_revision"] == body["index"]  # b"v1"
+        status, body = _call(cluster, node, "POST", path, json.dumps(absent).encode())
+        assert status == 200 and not body["succeeded"]
+        assert body["responses"][0]["get"]["value"] == "djE="
+        mod = body["responses"][0]["get"]["mod_revision"]
+        swap = {"compare": [{"key": key, "target": "mod", "op": "==", "operand": mod},
+                            {"key": key, "target": "value", "op": "==", "operand": "v1"}],
+                "success": [{"delete": {"key": key}}]}
+        status, body = _call(cluster, node, "POST", path, json.dumps(swap).encode())
+        assert status == 200 and body["succeeded"]
+        assert body["responses"] == [{"delete": {"deleted": True}}]
+
+
+BAD_TXN = [
+    (b"{not json", "JSON object"),
+    (b'{"compare": {}}', "must be a list"),
+    (b'{"compare": [{"key": "k", "target": "colour", "op": "==", "operand": 1}]}', "target"),
+    (b'{"compare": [{"key": "k", "target": "mod", "op": "=~", "operand": 1}]}', "op must"),
+    (b'{"compare": [{"key": "k", "target": "mod", "op": "==", "operand": -3}]}', "integer"),
+    (b'{"compare": [{"key": "k", "target": "exists", "op": "<", "operand": true}]}', "exist"),
+    (b'{"success": [{"put": {"key": "k"}}]}', "value"),
+    (b'{"success": [{"upsert": {"key": "k"}}]}', "must be one of"),
+    (b'{"success": [{"put": {"key_b64": "%%%", "value": "v"}}]}', "base64"),
+    (b'{"success": [], "then": []}', "unknown field"),
+]
+
+
+@pytest.mark.parametrize("raw, why", BAD_TXN)
+def test_a_malformed_transaction_is_a_400_on_both_apis(
+        cluster: ProcCluster, raw: bytes, why: str) -> None:
+    for path in _txn_paths():
+        status, body = _call(cluster, "n2", "POST", path, raw)
+        assert status == 400 and why in body["error"], (path, raw, body)
+
+
+def test_a_table_transaction_across_partitions_is_refused(cluster: ProcCluster) -> None:
+    from raftkv.placement.assignments import partition_of
+    a = "x0"
+    b = next(f"x{i}" for i in range(1, 100)
+             if partition_of(f"x{i}".encode(), PARTS) != partition_of(a.encode(), PARTS))
+    body = {"success": [{"put": {"key": a, "value": "1"}}, {"put": {"key": b, "value": "2"}}]}
+    status, answer = _call(cluster, "n1", "POST", f"/v1/tables/{TABLE}/txn",
+                           json.dumps(body).encode())
+    assert status == 400 and "one partition" in answer["error"], answer
+    for key in (a, b):
+        assert _call(cluster, "n1", "GET", f"/v1/tables/{TABLE}/kv/{key}")[0] == 404
+    status, answer = _call(cluster, "n1", "POST", f"/v1/tables/{TABLE}/txn", b"{}")
+    assert status == 400 and "at least one key" in answer["error"]
+    status, answer = _call(cluster, "n1", "POST", "/v1/tables/nosuch/txn", b"{}")
+    assert status == 404

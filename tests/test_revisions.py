@@ -16,7 +16,6 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from raftkv.storage.commands import (
     CommandError,
     decode,

@@ -1286,7 +1286,15 @@ def _resolve(fut: Future[Any], index: int, result: Any) -> None:
     if fut.done():  # cancelled by its caller: nobody is waiting
         return
     shape = getattr(fut, "shape", None)
-    fut.set_result((index, result) if shape is None else shape(index, result))
+    if shape is None:
+        fut.set_result((index, result))
+        return
+    try:
+        value = shape(index, result)
+    except Exception as e:  # noqa: BLE001 (any failure of the caller's shaping is its own)
+        fut.set_exception(e)
+        return
+    fut.set_result(value)
 
 
 def _timed_persist(unit: list[tuple[Group, Ready]]) -> float:

@@ -16,6 +16,8 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
   (``raftkv.server.range_ops``).
 - ``POST /v1/batch`` (write): many puts/deletes as ONE log entry, atomically
   (``decode_batch_body`` gives the body formats); ``{"index", "ops"}``.
+- ``POST /v1/txn`` (write): compares, then one of two lists of puts, deletes and gets, as
+  ONE log entry (``raftkv.server.txn_ops``).
 - ``GET /v1/digest`` (read): ``{"count", "digest", "applied"}`` of this replica
   (``?stale=true`` for the local state as is), for comparing replicas.
 - ``GET /v1/cluster`` (read): this node's status of every group it hosts, and
@@ -82,6 +84,7 @@ from raftkv.server.requests import (
     wait,
 )
 from raftkv.server.tables import Placement, TablesApi
+from raftkv.server.txn_ops import parse_txn, serve_txn
 from raftkv.storage.commands import MAX_COMMAND_BYTES, CommandError
 from raftkv.transport.tcp import parse_addr
 
@@ -104,6 +107,8 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("DELETE", "/v1/kv/{key}"): Role.WRITE,
     ("GET", "/v1/kv"): Role.READ,
     ("POST", "/v1/batch"): Role.WRITE,
+    ("POST", "/v1/txn"): Role.WRITE,
+    ("POST", "/v1/tables/{table}/txn"): Role.WRITE,
     ("GET", "/v1/digest"): Role.READ,
     ("GET", "/v1/cluster"): Role.READ,
     ("POST", "/v1/cluster/learners"): Role.ADMIN,
@@ -196,6 +201,7 @@ class Api:
         r.add_put("/v1/kv/{key:.*}", self.kv_op)
         r.add_delete("/v1/kv/{key:.*}", self.kv_op)
         r.add_post("/v1/batch", self.batch)
+        r.add_post("/v1/txn", self.txn)
         r.add_get("/v1/digest", self.digest)
         r.add_get("/v1/cluster", self.cluster)
         r.add_post("/v1/cluster/learners", self.add_learner)
@@ -223,6 +229,11 @@ class Api:
 
     async def kv_range(self, request: web.Request) -> web.Response:
         return await serve_range(self.kv.node, self.kv.group, parse_range(request))
+
+    async def txn(self, request: web.Request) -> web.Response:
+        check_query(request, ())
+        return await serve_txn(self.kv.node, self.kv.group,
+                               parse_txn(await json_body(request)))
 
     async def batch(self, request: web.Request) -> web.Response:
         ops = decode_batch_body(await request.read(), request.content_type)

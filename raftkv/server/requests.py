@@ -280,8 +280,13 @@ def flag(request: web.Request, name: str) -> bool:
 
 # -- bodies ------------------------------------------------------------------------------------
 async def json_body(request: web.Request) -> dict[str, Any]:
+    return json_object(await request.read())
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` as a JSON object; ``CommandError`` (400) for anything else."""
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise CommandError("the body must be a JSON object") from None
     if not isinstance(body, dict):

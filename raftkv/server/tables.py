@@ -129,9 +129,11 @@ from raftkv.server.requests import (
     decode_batch_body,
     error,
     json_body,
+    json_object,
     require_leader,
     wait,
 )
+from raftkv.server.txn_ops import parse_txn, serve_txn, txn_keys
 from raftkv.storage.commands import MAX_BATCH_OPS, CommandError, encode_batch, user_key
 from raftkv.storage.digest import DigestBuilder, row_hash
 from raftkv.transport.tcp import parse_addr
@@ -292,6 +294,7 @@ class TablesApi:
         r.add_put("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_delete("/v1/tables/{table}/kv/{key:.*}", self.kv)
         r.add_post("/v1/tables/{table}/batch", self.table_batch)
+        r.add_post("/v1/tables/{table}/txn", self.table_txn)
         r.add_post("/v1/tables/{table}/partitions/{p}/batch", self.partition_batch)
         r.add_get("/v1/tables/{table}/partitions/{p}/digest", self.partition_digest)
         r.add_get("/v1/tables/{table}/partitions/{p}/kv", self.partition_range)
@@ -805,6 +808,33 @@ class TablesApi:
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
                 last = _PartitionFailed(503, f"{n}: {e!r}")
         raise last
+
+    async def table_txn(self, request: web.Request) -> web.Response:
+        """A transaction inside one partition of a table (``txn_ops``): every key it names
+        must belong to one partition, which serves it here or through a host."""
+        name = self._name(request)
+        desc = self.p.mgr.table(name) or await self._desc(name)
+        self._same_generation(request, name)
+        raw = await request.read()
+        txn = parse_txn(json_object(raw))
+        keys = txn_keys(txn)
+        if not keys:
+            raise CommandError("a table's transaction needs at least one key (it runs in "
+                               "the partition of its keys)")
+        parts = sorted(set(partitions_of(keys, desc.partitions)))
+        if len(parts) > 1:
+            raise CommandError(f"a transaction runs in one partition; its keys are in "
+                               f"partitions {', '.join(map(str, parts))} of table {name} "
+                               f"(each partition is its own Raft group)")
+        gid = partition_group(name, parts[0])
+        if gid not in self.p.node.groups:
+            return await self._elsewhere(request, name, parts[0], raw)
+        try:
+            return await serve_txn(self.p.node, gid, txn)
+        except (NodeStopped, UnknownGroup) as e:
+            if await self._run(lambda: self.p.descriptor(name)) is None:
+                return error(404, f"table {name} was dropped", group=gid)
+            return error(503, f"{gid} moved ({e}); retry", group=gid)
 
     async def table_batch(self, request: web.Request) -> web.Response:
         """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
