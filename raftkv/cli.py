@@ -260,6 +260,8 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
             sys.stdout.buffer.write(v + b"\n")
             return 0
         emit(args, {"key": args.key, **_text(v, "value")})
+    elif args.cmd == "watch":
+        return _watch_command(args, client)
     elif args.cmd == "txn":
         raw = (sys.stdin.read() if args.file == "-" else _read_text(args.file))
         try:
@@ -285,6 +287,38 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
                                     prev_index=args.prev_index)
         emit(args, {"swapped": swapped, "index": index})
         return 0 if swapped else 2
+    return 0
+
+
+def _watch_command(args: argparse.Namespace, client: Client) -> int:
+    """``raftkv watch``: one line per event, ``REVISION PUT KEY VALUE`` or ``REVISION
+    DELETE KEY`` (``-w json``: one JSON object per event), until interrupted or
+    ``--count`` events."""
+    if args.from_revision is not None and args.from_revision < 1:
+        raise UsageError("raftkv watch: error: --from-revision is a log index, 1 or more")
+    prefix, start, end = (None if a is None else os.fsencode(a)
+                          for a in (args.prefix, args.start, args.end))
+    if prefix is None and start is None and end is None:
+        prefix = b""
+    seen = 0
+    out = sys.stdout.buffer
+    for revision, events in client.watch(prefix=prefix, start=start, end=end,
+                                         from_revision=args.from_revision,
+                                         table=args.table, partition=args.partition):
+        for e in events:
+            if args.write_out is None:
+                value = b" " + e["value"] if "value" in e else b""
+                out.write(b"%d %s %s%s\n" % (revision, e["type"].upper().encode(), e["key"],
+                                              value))
+            else:
+                print(json.dumps({"revision": revision, "type": e["type"],
+                                  **_text(e["key"], "key"),
+                                  **(_text(e["value"], "value") if "value" in e else {})}))
+            seen += 1
+        out.flush()
+        sys.stdout.flush()
+        if args.count and seen >= args.count:
+            return 0
     return 0
 
 
@@ -512,6 +546,17 @@ def parser() -> argparse.ArgumentParser:
                      help="the key's mod revision must be this (0: absent; "
                           "`raftkv get --meta` shows it)")
     cas.add_argument("--table", help=table_help)
+
+    watch = _sub(sub, "watch", "stream the changes to a range (default: every key), read "
+                               "from the Raft log, resuming on another node if one fails")
+    watch.add_argument("--prefix", help="keys that start with this")
+    watch.add_argument("--start", help="the first key (inclusive)")
+    watch.add_argument("--end", help="the end key (exclusive)")
+    watch.add_argument("--from-revision", type=int, metavar="R",
+                       help="from this revision (a log index) on; default: new changes")
+    watch.add_argument("--count", type=int, help="stop after this many events")
+    watch.add_argument("--table", help="a table partition's changes (with --partition)")
+    watch.add_argument("--partition", type=int, default=0, help="the table partition")
 
     txn = _sub(sub, "txn", "a transaction: compares, then one of two lists of puts, deletes "
                            "and gets, as one log entry; exit 2 if the compares failed")

@@ -349,6 +349,66 @@ class Client:
         doc["value"] = base64.b64decode(doc["value"])
         return doc
 
+    def watch(self, *, prefix: bytes | str | None = None, start: bytes | str | None = None,
+              end: bytes | str | None = None, from_revision: int | None = None,
+              table: str | None = None, partition: int | None = None,
+              ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """The changes to a range, in revision order: ``(revision, events)``, each event
+        ``{"type": "put" | "delete", "key": bytes, "value": bytes}`` (no value for a
+        delete). A broken stream is resumed on the next endpoint from the last revision
+        (or progress line) + 1, so nothing is missed or repeated
+        (``raftkv.server.watch_ops``). ``table`` and ``partition``: a table partition's
+        log (its own revisions). A revision already compacted raises ``ClientError``
+        (410, ``oldest_revision`` in its body); so does any other refusal but a retryable
+        one. Runs until the caller stops iterating."""
+        def raw(v: bytes | str) -> bytes:
+            return v.encode() if isinstance(v, str) else v
+
+        q = [f"{n}=" + quote(raw(v), safe="") for n, v in
+             (("prefix", prefix), ("start", start), ("end", end)) if v is not None]
+        base = ("/v1/watch" if table is None else
+                f"/v1/tables/{quote(table, safe='')}/partitions/{int(partition or 0)}/watch")
+        nxt = from_revision
+        delay = 0.05
+        while True:
+            endpoint = self.endpoints[self._current]
+            path = base + "?" + "&".join(q + ([f"from_revision={nxt}"] if nxt else []))
+            u = urlsplit(endpoint)
+            conn = (http.client.HTTPSConnection(u.hostname or "127.0.0.1", u.port or 443,
+                                                timeout=max(self.timeout, 10.0),
+                                                context=self.ssl)
+                    if u.scheme == "https" else
+                    http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
+                                               timeout=max(self.timeout, 10.0)))
+            try:
+                conn.request("GET", path, headers=self._auth)
+                r = conn.getresponse()
+                if r.status != 200:
+                    info = _json(r.read(), r.getheader("Content-Type", ""))
+                    if r.status not in RETRYABLE and r.status != 421:
+                        raise ClientError(r.status, info)
+                else:
+                    delay = 0.05
+                    for line in iter(r.readline, b""):
+                        doc = json.loads(line)
+                        if "error" in doc:
+                            raise ClientError(410, doc)
+                        if "progress" in doc:
+                            nxt = max(nxt or 0, int(doc["progress"]) + 1)
+                            continue
+                        events = [{**e, "key": base64.b64decode(e["key"]),
+                                   **({"value": base64.b64decode(e["value"])}
+                                      if "value" in e else {})} for e in doc["events"]]
+                        nxt = int(doc["revision"]) + 1
+                        yield int(doc["revision"]), events
+            except (OSError, http.client.HTTPException, ValueError):
+                pass  # the stream broke: resume elsewhere from nxt
+            finally:
+                conn.close()
+            self._next()
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
     def put(self, key: bytes | str, value: bytes | str, table: str | None = None) -> int:
         v = value.encode() if isinstance(value, str) else value
         return int(json.loads(self.request("PUT", self._kv(key, table), v)[1])["index"])

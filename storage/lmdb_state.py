@@ -50,6 +50,7 @@ from raftkv.storage.state_store import (
     DEFAULT_CHECKPOINT_SECONDS,
     DEFAULT_CHUNK_BYTES,
     KV_ROWS,
+    OUTCOME_WINDOW,
     Checkpointing,
     CheckpointPolicy,
     SnapshotLoader,
@@ -67,6 +68,8 @@ _DATA = b"data"
 _META = b"meta"
 _APPLIED = b"applied"
 _FORMAT = b"format"
+_OUTCOMES = b"outcomes"  # index -> whether that conditional entry wrote (StateStore.outcome)
+_OUTCOMES_FROM = b"outcomes_from"
 _FORMAT_V1 = b"raftkv-state-v1"  # values without revisions: refused (see _open_dbs)
 _FORMAT_V2 = b"raftkv-state-v2"  # rows: revisions, then the value (raftkv.storage.revisions)
 
@@ -214,7 +217,7 @@ class LmdbStateStore(LmdbBacked):
                 subdir=True,
                 create=True,
                 map_size=map_size,
-                max_dbs=2,
+                max_dbs=3,
                 sync=False,  # ACI, not D: the Raft log is the WAL (module docstring)
                 metasync=False,
                 readahead=False,  # random point reads; readahead only pollutes the cache
@@ -222,7 +225,7 @@ class LmdbStateStore(LmdbBacked):
         except lmdb.Error as e:
             raise StorageError(f"cannot open LMDB state store at {self.path}: {e}") from e
         try:
-            self._data, self._meta, applied = self._open_dbs()
+            self._data, self._meta, self._outcomes, applied = self._open_dbs()
             # Make "stored applied index == checkpointIndex" true (module docstring: Open).
             self._env.sync(True)
         except lmdb.Error as e:
@@ -234,7 +237,7 @@ class LmdbStateStore(LmdbBacked):
         self._applied = self._checkpoint = applied
         self._closed = False
 
-    def _open_dbs(self) -> tuple[lmdb._Database, lmdb._Database, int]:
+    def _open_dbs(self) -> tuple[lmdb._Database, lmdb._Database, lmdb._Database, int]:
         env = self._env
         with env.begin(write=True) as txn:
             # The main DB of an env with named DBs lists their names. Anything else here
@@ -243,10 +246,12 @@ class LmdbStateStore(LmdbBacked):
             if not names:
                 data = env.open_db(_DATA, txn=txn, create=True)
                 meta = env.open_db(_META, txn=txn, create=True)
+                outcomes = env.open_db(_OUTCOMES, txn=txn, create=True)
                 txn.put(_FORMAT, _FORMAT_V2, db=meta)
                 txn.put(_APPLIED, _index_bytes(0), db=meta)
-                return data, meta, 0
-            if names != {_DATA, _META}:
+                txn.put(_OUTCOMES_FROM, _index_bytes(1), db=meta)
+                return data, meta, outcomes, 0
+            if names not in ({_DATA, _META}, {_DATA, _META, _OUTCOMES}):
                 shown = ", ".join(repr(n) for n in sorted(names)[:5])
                 raise StorageError(
                     f"cannot open LMDB state store at {self.path}: it is an LMDB env, but not "
@@ -270,12 +275,18 @@ class LmdbStateStore(LmdbBacked):
                     f"cannot open LMDB state store at {self.path}: unknown format {fmt!r} "
                     f"(expected {_FORMAT_V2!r})"
                 )
+            if _OUTCOMES not in names:  # a v1 store would have stopped above
+                raise StorageError(
+                    f"cannot open LMDB state store at {self.path}: it has no outcomes "
+                    f"database (a damaged store?)"
+                )
+            outcomes = env.open_db(_OUTCOMES, txn=txn, create=False)
             raw = txn.get(_APPLIED, db=meta)
             if raw is None or len(raw) != 8:
                 raise StorageError(
                     f"cannot open LMDB state store at {self.path}: corrupt applied index {raw!r}"
                 )
-            return data, meta, int.from_bytes(raw, "big")
+            return data, meta, outcomes, int.from_bytes(raw, "big")
 
     # -- writes --------------------------------------------------------------------------------
     def apply(self, entries: Sequence[tuple[int, bytes]]) -> list[object]:
@@ -287,14 +298,46 @@ class LmdbStateStore(LmdbBacked):
             # db=data makes txn.get/put/delete default to the data DB: the shared apply loop
             # calls them directly, with no per-op wrapper.
             with self._env.begin(write=True, db=self._data) as txn:
-                results = apply_commands(entries, txn.get, txn.put, txn.delete)
+                outcomes = self._outcomes
+
+                def outcome(index: int, ok: bool) -> None:
+                    txn.put(_index_bytes(index), b"\x01" if ok else b"\x00", db=outcomes)
+
+                results = apply_commands(entries, txn.get, txn.put, txn.delete, outcome)
                 txn.put(_APPLIED, _index_bytes(last), db=self._meta)
+                self._prune_outcomes(txn, last - OUTCOME_WINDOW + 1)
         except lmdb.Error as e:  # the context manager aborted: nothing was applied
             raise self._fail(f"apply of [{entries[0][0]}, {last}] failed", e) from e
         self._applied = last
         return results
 
+    def _prune_outcomes(self, txn: lmdb.Transaction[bytes], floor: int) -> None:
+        """Drop the outcomes below ``floor`` (a bound on the index alone: every replica
+        keeps the same ones) and record it."""
+        raw = txn.get(_OUTCOMES_FROM, db=self._meta)
+        if raw is not None and int.from_bytes(raw, "big") >= floor:
+            return
+        cursor = txn.cursor(db=self._outcomes)
+        end = _index_bytes(floor)
+        while cursor.first() and cursor.key() < end:
+            cursor.delete()
+        txn.put(_OUTCOMES_FROM, end, db=self._meta)
+
     # -- reads ---------------------------------------------------------------------------------
+    def outcome(self, index: int) -> bool | None:
+        self._live()
+        if not self.outcomes_from() <= index <= self._applied:
+            return None
+        with self._env.begin(db=self._outcomes) as txn:
+            raw = txn.get(_index_bytes(index))
+        return None if raw is None else raw == b"\x01"
+
+    def outcomes_from(self) -> int:
+        self._live()
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(_OUTCOMES_FROM)
+        return int.from_bytes(raw, "big") if raw is not None else 1
+
     def _get_row(self, key: bytes) -> bytes | None:
         self._live()
         if not storable_key(key):
@@ -392,6 +435,8 @@ class LmdbStateStore(LmdbBacked):
         try:
             with self._env.begin(write=True, db=self._data) as txn:
                 txn.drop(self._data, delete=False)  # empty it; rolled back if we abort
+                txn.drop(self._outcomes, delete=False)  # they describe the old log
+                txn.put(_OUTCOMES_FROM, _index_bytes(loader.applied + 1), db=self._meta)
                 # Rows arrive validated and strictly increasing, so append=True is safe and
                 # skips the B-tree search for every row.
                 txn.cursor().putmulti(loader.rows(), append=True)

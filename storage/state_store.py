@@ -68,6 +68,12 @@ Contract (every implementation keeps it)
   replicas apart that hold the same values with different histories. A scan is a
   consistent view taken when it is called. Keys that could never be stored (empty, or over
   511 bytes) read as absent.
+- ``outcome(index)``: whether the conditional entry at ``index`` (a compare-and-set, a
+  transaction, a batch with an id) wrote, as its apply recorded it; None if the entry was
+  not conditional, not applied, or is older than ``outcomes_from()``. An apply keeps the
+  outcomes of the last ``OUTCOME_WINDOW`` indexes (a bound on the index alone, so every
+  replica keeps the same ones); an installed snapshot starts them over at its index.
+  They are not in snapshots or digests: they describe the log, not the state.
 - ``snapshot_chunks(chunk_bytes)`` exports the state as one consistent view, taken when the
   method is called (LMDB: one read transaction, which does not block writers). Chunks:
   1. a header ``{"v": 1, "applied": index, "count": rows, "kind": "kv-rows"}``;
@@ -141,6 +147,9 @@ from raftkv.storage.txn import Txn, TxnResult, apply_txn
 #   Durability is not what it buys: the Raft log already gives that. At 10 checkpoints a
 #   second, that fsync would cost a fair share of one core's I/O budget under light load
 #   and buy nothing.
+# Outcomes of conditional entries kept (``outcome``): twice the compaction policy's
+# largest log, so a watch can read every entry the log still holds.
+OUTCOME_WINDOW = 200_000
 DEFAULT_CHECKPOINT_ENTRIES = 10_000
 DEFAULT_CHECKPOINT_SECONDS = 1.0
 
@@ -190,6 +199,10 @@ class StateStore(Protocol):
         keys: Callable[[bytes], bool] | None = None,
         revisions: bool = False,
     ) -> Digest: ...
+
+    def outcome(self, index: int) -> bool | None: ...
+
+    def outcomes_from(self) -> int: ...
 
     def snapshot_chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]: ...
 
@@ -318,9 +331,12 @@ def apply_commands(
     get: Callable[[bytes], bytes | None],
     put: Callable[[bytes, bytes], object],
     delete: Callable[[bytes], object],
+    outcome: Callable[[int, bool], object],
 ) -> list[object]:
     """The apply loop shared by both stores (inside the caller's transaction): ``get``
-    and ``put`` read and write rows (``raftkv.storage.revisions``)."""
+    and ``put`` read and write rows (``raftkv.storage.revisions``); ``outcome(index,
+    ok)`` records whether a conditional entry (a compare-and-set, a transaction, a batch
+    with an id) wrote, which the log alone cannot say (a watch reads it, ``outcome``)."""
     results: list[object] = []
     append = results.append
     for index, data in entries:
@@ -338,7 +354,10 @@ def apply_commands(
         except CommandError as e:
             append(e)  # deterministic skip: every replica decodes the same bytes the same way
             continue
-        append(execute(cmd, index, get, put, delete))
+        res = execute(cmd, index, get, put, delete)
+        if res is not None:
+            outcome(index, res if type(res) is bool else res.succeeded)  # type: ignore[union-attr]
+        append(res)
     return results
 
 
@@ -626,6 +645,8 @@ class MemoryStateStore(Checkpointing):
     ) -> None:
         self._data: dict[bytes, bytes] = {}
         self._undo: dict[bytes, bytes | None] = {}
+        self._outcomes: dict[int, bool] = {}  # insertion order is index order
+        self._outcomes_from = 1
         self._applied = 0
         self._checkpoint = 0
         self._policy = CheckpointPolicy(checkpoint_entries, checkpoint_seconds)
@@ -656,9 +677,25 @@ class MemoryStateStore(Checkpointing):
         if not entries:
             return []
         last = check_apply(entries, self._applied, self._checkpoint)
-        results = apply_commands(entries, self._data.get, self._put, self._delete)
+        results = apply_commands(entries, self._data.get, self._put, self._delete,
+                                 self._outcomes.__setitem__)
         self._applied = last
+        floor = last - OUTCOME_WINDOW + 1
+        if floor > self._outcomes_from:
+            self._outcomes_from = floor
+            outcomes = self._outcomes
+            while outcomes and next(iter(outcomes)) < floor:
+                del outcomes[next(iter(outcomes))]
         return results
+
+    def outcome(self, index: int) -> bool | None:
+        self._live()
+        return self._outcomes.get(index) if self._outcomes_from <= index <= self._applied \
+            else None
+
+    def outcomes_from(self) -> int:
+        self._live()
+        return self._outcomes_from
 
     def _make_durable(self, applied: int) -> bool:
         self._undo.clear()  # the durable image is now the current state
@@ -735,6 +772,8 @@ class MemoryStateStore(Checkpointing):
             raise StorageError("snapshot stream was not verified")
         self._data = new
         self._undo.clear()  # an install is durable: it is the new checkpoint image
+        self._outcomes.clear()
+        self._outcomes_from = loader.applied + 1
         self._applied = self._checkpoint = loader.applied
         self._policy.reset()
         return loader.applied

@@ -16,6 +16,9 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
   (``raftkv.server.range_ops``).
 - ``POST /v1/batch`` (write): many puts/deletes as ONE log entry, atomically
   (``decode_batch_body`` gives the body formats); ``{"index", "ops"}``.
+- ``GET /v1/watch?prefix=P&from_revision=R`` (read): the changes to a range, streamed as
+  NDJSON revision lines read from the Raft log (``raftkv.server.watch_ops``); 410 with
+  ``oldest_revision`` below the compaction point.
 - ``POST /v1/txn`` (write): compares, then one of two lists of puts, deletes and gets, as
   ONE log entry (``raftkv.server.txn_ops``).
 - ``GET /v1/digest`` (read): ``{"count", "digest", "applied"}`` of this replica
@@ -85,6 +88,7 @@ from raftkv.server.requests import (
 )
 from raftkv.server.tables import Placement, TablesApi
 from raftkv.server.txn_ops import parse_txn, serve_txn
+from raftkv.server.watch_ops import parse_watch, serve_watch
 from raftkv.storage.commands import MAX_COMMAND_BYTES, CommandError
 from raftkv.transport.tcp import parse_addr
 
@@ -106,6 +110,8 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("PUT", "/v1/kv/{key}"): Role.WRITE,
     ("DELETE", "/v1/kv/{key}"): Role.WRITE,
     ("GET", "/v1/kv"): Role.READ,
+    ("GET", "/v1/watch"): Role.READ,
+    ("GET", "/v1/tables/{table}/partitions/{p}/watch"): Role.READ,
     ("POST", "/v1/batch"): Role.WRITE,
     ("POST", "/v1/txn"): Role.WRITE,
     ("POST", "/v1/tables/{table}/txn"): Role.WRITE,
@@ -197,6 +203,7 @@ class Api:
         r = app.router
         # ".*" so an empty key reaches check_key and gets a 400, not a 404.
         r.add_get("/v1/kv", self.kv_range)
+        r.add_get("/v1/watch", self.watch)
         r.add_get("/v1/kv/{key:.*}", self.kv_op)
         r.add_put("/v1/kv/{key:.*}", self.kv_op)
         r.add_delete("/v1/kv/{key:.*}", self.kv_op)
@@ -226,6 +233,9 @@ class Api:
     # -- KV ---------------------------------------------------------------------------
     async def kv_op(self, request: web.Request) -> web.Response:
         return await serve_kv(self.kv.node, self.kv.group, await parse_kv(request, KV_PREFIX))
+
+    async def watch(self, request: web.Request) -> web.StreamResponse:
+        return await serve_watch(self.kv.node, self.kv.group, parse_watch(request), request)
 
     async def kv_range(self, request: web.Request) -> web.Response:
         return await serve_range(self.kv.node, self.kv.group, parse_range(request))

@@ -134,6 +134,7 @@ from raftkv.server.requests import (
     wait,
 )
 from raftkv.server.txn_ops import parse_txn, serve_txn, txn_keys
+from raftkv.server.watch_ops import parse_watch, serve_watch
 from raftkv.storage.commands import MAX_BATCH_OPS, CommandError, encode_batch, user_key
 from raftkv.storage.digest import DigestBuilder, row_hash
 from raftkv.transport.tcp import parse_addr
@@ -298,6 +299,7 @@ class TablesApi:
         r.add_post("/v1/tables/{table}/partitions/{p}/batch", self.partition_batch)
         r.add_get("/v1/tables/{table}/partitions/{p}/digest", self.partition_digest)
         r.add_get("/v1/tables/{table}/partitions/{p}/kv", self.partition_range)
+        r.add_get("/v1/tables/{table}/partitions/{p}/watch", self.partition_watch)
         r.add_post("/v1/cluster/nodes", self.add_node)
         r.add_get("/v1/cluster/nodes", self.nodes)
         r.add_delete("/v1/cluster/nodes/{id}", self.remove_node)
@@ -769,6 +771,17 @@ class TablesApi:
             return web.json_response(page_json(await self._local_page(name, gid, req)))
         except _PartitionFailed as e:
             return error(e.status, str(e), group=gid)
+
+    async def partition_watch(self, request: web.Request) -> web.StreamResponse:
+        """A watch of one partition (``watch_ops``; revisions are that partition's log
+        indexes), served by a node that hosts it: any other answers 421 naming one."""
+        name, _, p, gid = await self._partition(request)
+        req = parse_watch(request)
+        if gid not in self.p.node.groups:
+            hosts = self._hosts(name, p)
+            return error(421, f"{gid} is not hosted here; watch it on a node that hosts it",
+                          node=hosts[0] if hosts else None, group=gid)
+        return await serve_watch(self.p.node, gid, req, request)
 
     async def _local_page(self, name: str, gid: str, req: RangeRequest) -> dict[str, Any]:
         if not req.stale:
