@@ -65,6 +65,7 @@ from functools import partial
 from importlib import metadata
 from typing import Any, NoReturn
 
+from raftkv.backup import BackupError, BackupInfo, restore, verify
 from raftkv.client import Client, ClientError, Unavailable, resolve_token
 from raftkv.server import serve
 from raftkv.spark.cli import add_arguments as add_spark_arguments
@@ -236,7 +237,7 @@ def emit(args: argparse.Namespace, answer: Any, indent: int | None = None) -> No
 
 # -- commands ---------------------------------------------------------------------------
 def _kv_commands(args: argparse.Namespace, client: Client) -> int:
-    table = args.table
+    table = getattr(args, "table", None)
     if args.cmd == "put":
         emit(args, {"index": client.put(args.key, args.value, table=table)})
     elif args.cmd == "scan" or (args.cmd == "get" and args.prefix is not None):
@@ -260,6 +261,16 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
             sys.stdout.buffer.write(v + b"\n")
             return 0
         emit(args, {"key": args.key, **_text(v, "value")})
+    elif args.cmd == "snapshot":
+        size = client.snapshot_save(args.file)
+        try:
+            info = verify(args.file)
+        except BackupError as e:
+            print(f"error: the backup written to {args.file} does not verify: {e}",
+                  file=sys.stderr)
+            return 1
+        emit(args, {"file": args.file, "bytes": size, **_info_json(info)}, indent=1)
+        return 0
     elif args.cmd == "watch":
         return _watch_command(args, client)
     elif args.cmd == "txn":
@@ -288,6 +299,42 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
         emit(args, {"swapped": swapped, "index": index})
         return 0 if swapped else 2
     return 0
+
+
+def _info_json(info: BackupInfo) -> dict[str, Any]:
+    return {"index": info.index, "term": info.term, "keys": info.count,
+            "revisions_digest": info.digest, "voters": info.voters, "node": info.node}
+
+
+def _snapshot_offline(args: argparse.Namespace) -> int:
+    """``snapshot status`` and ``snapshot restore``: files only, no cluster."""
+    try:
+        if args.action == "status":
+            info = verify(args.file)
+            emit(args, {"file": args.file, **_info_json(info)}, indent=1)
+            return 0
+        members = _parse_members(args.members)
+        dirs = [d for d in args.data_dirs.split(",") if d]
+        info = restore(args.file, members, dirs)
+    except BackupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    emit(args, {"restored": dict(zip(members, dirs, strict=True)), **_info_json(info),
+                "start": "raftkv serve --id ID --data-dir DIR --peers "
+                         + ",".join(f"{n}={a}" for n, a in members.items())}, indent=1)
+    return 0
+
+
+def _parse_members(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        nid, sep, addr = item.partition("=")
+        if not sep or not nid or not addr:
+            raise BackupError(f"--members takes id=host:port,...; not {item!r}")
+        if nid in out:
+            raise BackupError(f"--members names {nid} twice")
+        out[nid] = addr
+    return out
 
 
 def _watch_command(args: argparse.Namespace, client: Client) -> int:
@@ -558,6 +605,23 @@ def parser() -> argparse.ArgumentParser:
     watch.add_argument("--table", help="a table partition's changes (with --partition)")
     watch.add_argument("--partition", type=int, default=0, help="the table partition")
 
+    snap = _sub(sub, "snapshot", "backups of the default group: save one from a running "
+                                 "cluster, check one, restore one into a new cluster")
+    snapa = snap.add_subparsers(dest="action", required=True, metavar="ACTION")
+    save = _sub(snapa, "save", "stream a backup from the leader into FILE (verified after)")
+    save.add_argument("file")
+    status = _sub(snapa, "status", "check a backup file completely and print what it holds")
+    status.add_argument("file")
+    rest = _sub(snapa, "restore", "make the data directories of a NEW cluster from a backup, "
+                                  "one per member, in one run (then start each with "
+                                  "raftkv serve and the same --peers)")
+    rest.add_argument("file")
+    rest.add_argument("--members", required=True,
+                      help="the new cluster: id=raft_host:port,... (becomes --peers)")
+    rest.add_argument("--data-dirs", required=True,
+                      help="one new, empty directory per member, comma-separated, in the "
+                           "order of --members")
+
     txn = _sub(sub, "txn", "a transaction: compares, then one of two lists of puts, deletes "
                            "and gets, as one log entry; exit 2 if the compares failed")
     txn.add_argument("file", help="a JSON file with {\"compare\", \"success\", "
@@ -690,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.cmd == "serve":
             return serve.run(args)
+        if args.cmd == "snapshot" and args.action != "save":
+            return _snapshot_offline(args)
         if args.cmd == "spark":
             from raftkv.spark.cli import run as spark_job
 

@@ -476,6 +476,7 @@ class SnapshotLoader:
             raise StorageError(f"snapshot header: unknown kind {kind!r}")
         self.kind: str | None = kind
         self.verified = False
+        self.received: Digest | None = None  # the rows' count and digest, once verified
 
     def expect(self, kind: str | None, what: str) -> None:
         """Refuse an image of another kind than ``what`` takes (``StorageError``)."""
@@ -549,6 +550,7 @@ class SnapshotLoader:
         if next(self._chunks, None) is not None:
             raise StorageError(f"snapshot stream has data after the trailer (chunk {n})")
         self.verified = True
+        self.received = got
 
 
 # -- the in-memory reference implementation ----------------------------------------------------

@@ -23,6 +23,9 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
   ONE log entry (``raftkv.server.txn_ops``).
 - ``GET /v1/digest`` (read): ``{"count", "digest", "applied"}`` of this replica
   (``?stale=true`` for the local state as is), for comparing replicas.
+- ``GET /v1/snapshot`` (admin): a backup file of the default group (``raftkv.backup``),
+  streamed; ``raftkv snapshot save`` writes it and ``raftkv snapshot restore`` makes a new
+  cluster's data directories from it.
 - ``GET /v1/cluster`` (read): this node's status of every group it hosts, and
   ``"http"``: the HTTP address each node published in the metastore.
 - ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
@@ -66,6 +69,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
 
+from raftkv.backup import backup_info, frames
 from raftkv.core import TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.server import auth
@@ -116,6 +120,7 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/txn"): Role.WRITE,
     ("POST", "/v1/tables/{table}/txn"): Role.WRITE,
     ("GET", "/v1/digest"): Role.READ,
+    ("GET", "/v1/snapshot"): Role.ADMIN,
     ("GET", "/v1/cluster"): Role.READ,
     ("POST", "/v1/cluster/learners"): Role.ADMIN,
     ("POST", "/v1/cluster/members/{id}/promote"): Role.ADMIN,
@@ -210,6 +215,7 @@ class Api:
         r.add_post("/v1/batch", self.batch)
         r.add_post("/v1/txn", self.txn)
         r.add_get("/v1/digest", self.digest)
+        r.add_get("/v1/snapshot", self.snapshot)
         r.add_get("/v1/cluster", self.cluster)
         r.add_post("/v1/cluster/learners", self.add_learner)
         r.add_post("/v1/cluster/members/{id}/promote", self.promote)
@@ -257,6 +263,39 @@ class Api:
         if not stale:
             require_leader(self.kv.node, self.kv.group)
         return web.json_response(await wait(self.kv.digest_async(stale)))
+
+    async def snapshot(self, request: web.Request) -> web.StreamResponse:
+        """A backup file of the default group (``raftkv.backup``): taken after a ReadIndex
+        round, so it holds every write acknowledged before the request, and streamed from
+        one read transaction while writes go on."""
+        check_query(request, ())
+        node, group = self.kv.node, self.kv.group
+        require_leader(node, group)
+        await wait(node.read(group, lambda s: None))  # the ReadIndex round
+
+        def capture() -> tuple[dict[str, Any], Any]:
+            g = node.groups[group]
+            applied = g.state.applied_index()
+            conf = g.raft.conf_at(applied) or g.raft.conf
+            info = backup_info(node.id, group, applied, g.raft.log.term(applied), conf)
+            return info, g.state.snapshot_chunks()
+
+        info, chunks = await wait(node.call(capture))
+        resp = web.StreamResponse(headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Disposition": f'attachment; filename="raftkv-{group}-{info["index"]}.snap"'})
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        it = frames(info, chunks)
+        while True:
+            # Off the event loop: a chunk is up to a MiB read from LMDB (one read
+            # transaction, consumed by one thread at a time, as the store allows).
+            part = await loop.run_in_executor(None, next, it, None)
+            if part is None:
+                break
+            await resp.write(part)
+        await resp.write_eof()
+        return resp
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:

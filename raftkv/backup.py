@@ -1,0 +1,221 @@
+"""Backup and restore of the default KV group (``raftkv snapshot save|restore``).
+
+A *backup file* is one consistent image of the group's state store at index I, with the
+membership in effect there, framed so that a damaged or truncated file is recognised::
+
+    b"RAFTKV-SNAPSHOT 1\\n"
+    frame*: 4-byte big-endian length, then that many bytes
+      frame 0      msgpack {"group", "index", "term", "voters", "learners", "node", "created"}
+      frames 1..n  the state store's snapshot chunks, verbatim (header, rows, trailer:
+                   ``raftkv.storage.state_store``; the trailer carries the rows' digest)
+      0xFFFFFFFF   (a length no frame has: the end follows)
+      end frame    msgpack {"end": n, "blake2b": hex of every frame before it}
+
+``save`` writes one from a running node (``GET /v1/snapshot``): the node takes the image
+after a ReadIndex round, so it holds every write acknowledged before the request, and
+streams it from one LMDB read transaction (writes go on meanwhile).
+
+``verify`` checks a file completely: magic, frame sizes, the checksum, and every row
+through the snapshot loader (order, sizes, revisions, digest). ``restore`` runs it first
+and writes nothing unless the whole file checks out. Then, in the manner of ``etcdutl
+snapshot restore``, it makes the data directory of every member of a *new* cluster, in
+one run: each gets the image as its state store (applied and checkpoint index I) and a
+Raft log that starts at a snapshot record at I whose configuration is exactly the new
+members, each recorded as the incarnation of its new files (so their votes count at once:
+"Incarnations" in ``raftkv.core.raft``), and commit index I. Started with ``raftkv serve``
+and the same members as ``--peers``, they elect a leader and serve the restored keys, with
+their revisions; the metastore and tables start empty. The old cluster's membership, log
+and vote are not carried over: it is a new cluster with the old data.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import IO, Any
+
+import msgpack
+
+from raftkv.core.raft import BOOTSTRAP_TERM
+from raftkv.storage.errors import StorageError
+from raftkv.storage.layout import DEFAULT_GROUP
+from raftkv.storage.records import ConfState, HardState, Snapshot, SnapshotMeta
+from raftkv.storage.state_store import MAX_SNAPSHOT_CHUNK_BYTES, SnapshotLoader
+
+MAGIC = b"RAFTKV-SNAPSHOT 1\n"
+_LEN = struct.Struct(">I")
+_MAX_HEADER = 1 << 20
+_END = 0xFFFFFFFF
+
+
+class BackupError(Exception):
+    """A backup file that is not one, or damaged; a restore that cannot be done."""
+
+
+@dataclass(frozen=True)
+class BackupInfo:
+    group: str
+    index: int
+    term: int
+    voters: list[str]
+    learners: list[str]
+    node: str
+    created: float
+    count: int = 0
+    digest: str = ""
+
+
+def frames(info: dict[str, Any], chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The bytes of a backup file: magic, framed header and chunks, checksummed end."""
+    h = blake2b(digest_size=16)
+    yield MAGIC
+    n = 0
+    for body in (msgpack.packb(info, use_bin_type=True), *chunks):
+        frame = _LEN.pack(len(body)) + body
+        h.update(frame)
+        n += 1
+        yield frame
+    end = msgpack.packb({"end": n - 1, "blake2b": h.hexdigest()})
+    yield _LEN.pack(_END) + _LEN.pack(len(end)) + end
+
+
+def _read_frames(f: IO[bytes]) -> Iterator[bytes]:
+    """The frame bodies of a backup file; the end frame is checked and not yielded."""
+    if f.read(len(MAGIC)) != MAGIC:
+        raise BackupError("not a raftkv backup file (wrong magic): made by "
+                          "`raftkv snapshot save`?")
+    h = blake2b(digest_size=16)
+    n = 0
+    while True:
+        raw = f.read(_LEN.size)
+        if len(raw) != _LEN.size:
+            raise BackupError(f"the backup file is truncated after {n} frames (no end frame)")
+        (size,) = _LEN.unpack(raw)
+        if size == _END:
+            _check_end(f, n, h.hexdigest())
+            return
+        if size > MAX_SNAPSHOT_CHUNK_BYTES:
+            raise BackupError(f"frame {n} claims {size} bytes: the file is damaged")
+        body = f.read(size)
+        if len(body) != size:
+            raise BackupError(f"the backup file is truncated in frame {n}")
+        h.update(raw + body)
+        n += 1
+        yield body
+
+
+def _check_end(f: IO[bytes], n: int, digest: str) -> None:
+    raw = f.read(_LEN.size)
+    size = _LEN.unpack(raw)[0] if len(raw) == _LEN.size else None
+    body = f.read(size) if size is not None and size < 4096 else b""
+    try:
+        doc = msgpack.unpackb(body)
+    except (ValueError, msgpack.UnpackException):
+        doc = None
+    if not isinstance(doc, dict) or doc.get("end") != n - 1 or doc.get("blake2b") != digest:
+        raise BackupError("the backup file's end frame or checksum does not match: it is "
+                          "damaged")
+    if f.read(1):
+        raise BackupError("the backup file has data after its end frame")
+
+
+def _header(body: bytes) -> BackupInfo:
+    try:
+        doc = msgpack.unpackb(body, max_str_len=_MAX_HEADER)
+        return BackupInfo(str(doc["group"]), int(doc["index"]), int(doc["term"]),
+                          [str(v) for v in doc["voters"]], [str(v) for v in doc["learners"]],
+                          str(doc["node"]), float(doc["created"]))
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
+        raise BackupError(f"the backup file's header is malformed: {e}") from None
+
+
+def _chunks(path: str) -> tuple[BackupInfo, Iterator[bytes], IO[bytes]]:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the caller
+    except OSError as e:
+        raise BackupError(f"cannot read {path}: {e.strerror}") from None
+    it = _read_frames(f)
+    try:
+        first = next(it, None)
+        if first is None:
+            raise BackupError("the backup file holds no header")
+        return _header(first), it, f
+    except BaseException:
+        f.close()
+        raise
+
+
+def verify(path: str) -> BackupInfo:
+    """Check the whole file (module docstring): its framing and checksum first, then its
+    image; its ``BackupInfo`` with the row count and digest, or ``BackupError`` saying
+    what is wrong."""
+    _, it, f = _chunks(path)
+    with f:
+        for _ in it:
+            pass
+    info, it, f = _chunks(path)
+    with f:
+        try:
+            loader = SnapshotLoader(it)
+            for _ in loader.rows():
+                pass
+        except StorageError as e:
+            raise BackupError(f"the backup's image is invalid: {e}") from None
+        if loader.applied != info.index:
+            raise BackupError(f"the image is at index {loader.applied}, the header says "
+                              f"{info.index}")
+    assert loader.received is not None  # set once verified
+    return BackupInfo(**{**info.__dict__, "count": loader.received.count,
+                         "digest": loader.received.digest})
+
+
+def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupInfo:
+    """Make a new cluster's data directories from a backup (module docstring).
+    ``members``: node id -> raft address, in the order of ``data_dirs``. Every directory
+    must be new or empty; nothing is written unless the file verifies."""
+    from raftkv.node.stores import claim_data_dir, open_group_storage
+
+    if not members or len(members) != len(data_dirs):
+        raise BackupError("give one --data-dir per member, in the order of --members")
+    if len({os.path.realpath(d) for d in data_dirs}) != len(data_dirs):
+        raise BackupError("the same data directory is given twice")
+    for d in data_dirs:
+        if os.path.exists(d) and (not os.path.isdir(d) or os.listdir(d)):
+            raise BackupError(f"{d} is not an empty directory: restore makes new ones")
+    info = verify(path)
+    opened = []
+    try:
+        for node_id, d in zip(members, data_dirs, strict=True):
+            claim_data_dir(d, node_id)
+            opened.append((node_id, open_group_storage(d, DEFAULT_GROUP)))
+        records = frozenset((n, s.log.identity().incarnation) for n, s in opened)
+        conf = ConfState(voters=frozenset(members), incarnations=records)
+        for _, s in opened:
+            _, it, f = _chunks(path)
+            with f:
+                s.state.install_snapshot(it)
+            meta = SnapshotMeta(info.index, BOOTSTRAP_TERM, conf)
+            s.log.save(HardState(term=BOOTSTRAP_TERM, vote=None, commit=info.index), [],
+                       Snapshot(meta, b""))
+            got = s.state.digest(revisions=True)
+            if got.digest != info.digest or got.count != info.count:
+                raise BackupError(f"the restored state's digest {got.digest} is not the "
+                                  f"backup's {info.digest}")
+    except StorageError as e:
+        raise BackupError(f"restoring failed: {e} (the directories made are incomplete: "
+                          f"delete them)") from None
+    finally:
+        for _, s in opened:
+            s.log.close()
+            s.state.close()
+    return info
+
+
+def backup_info(node: str, group: str, index: int, term: int, conf: ConfState) -> dict[str, Any]:
+    return {"group": group, "index": index, "term": term, "voters": sorted(conf.voters),
+            "learners": sorted(conf.learners), "node": node, "created": time.time()}
+
