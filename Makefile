@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.throughput --all
 	$(BIN)/python -m benchmarks.compat_pysyncobj
 	$(BIN)/python -m benchmarks.heal
+	$(BIN)/python -m benchmarks.kv_api
 
 clean:
 	rm -rf $(VENV) build *.egg-info
