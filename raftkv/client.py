@@ -290,10 +290,11 @@ class Client:
                    end: bytes | str | None = None, limit: int | None = None,
                    after: str | None = None, keys_only: bool = False,
                    count_only: bool = False, stale: bool = False,
-                   table: str | None = None) -> dict[str, Any]:
+                   table: str | None = None, meta: bool = False) -> dict[str, Any]:
         """One page of a range read (``GET /v1/kv?...``; ``table``: over that table):
         ``{"revision", "kvs": [(key, value | None)], "count", "more", "continue"}`` with
-        keys and values as bytes, or ``{"revision", "count"}`` with ``count_only``.
+        keys and values as bytes (with ``meta``, ``(key, value | None, {"create_revision",
+        "mod_revision", "version"})``), or ``{"revision", "count"}`` with ``count_only``.
         ``after``: the previous page's ``continue``."""
         def raw(v: bytes | str) -> bytes:
             return v.encode() if isinstance(v, str) else v
@@ -303,7 +304,7 @@ class Client:
             if v is not None:
                 q.append(f"{name}=" + quote(raw(v), safe=""))
         for name, on in (("keys_only", keys_only), ("count_only", count_only),
-                         ("stale", stale)):
+                         ("stale", stale), ("meta", meta)):
             if on:
                 q.append(f"{name}=true")
         if limit is not None:
@@ -314,7 +315,9 @@ class Client:
         doc = json.loads(self.request("GET", base + "?" + "&".join(q))[1])
         if "kvs" in doc:
             dec = base64.b64decode
-            doc["kvs"] = [(dec(kv["key"]), dec(kv["value"]) if "value" in kv else None)
+            revs = ("create_revision", "mod_revision", "version")
+            doc["kvs"] = [(dec(kv["key"]), dec(kv["value"]) if "value" in kv else None,
+                           *([{r: kv[r] for r in revs}] if meta else []))
                           for kv in doc["kvs"]]
         return doc
 

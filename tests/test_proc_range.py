@@ -160,3 +160,18 @@ def test_cli_get_prefix_and_scan(cluster: ProcCluster) -> None:
     assert "Traceback" not in res.stderr
     res = _cli(cluster, "get", "a/00", "--prefix", "a/")
     assert res.returncode == 1 and "not both" in res.stderr
+
+
+@pytest.mark.parametrize("table", [None, TABLE])
+def test_a_range_with_meta_carries_each_keys_revisions(cluster: ProcCluster,
+                                                       table: str | None) -> None:
+    c = cluster.client()
+    page = c.range_page(prefix="a/0", meta=True, table=table)
+    assert page["count"] == 10
+    for key, value, meta in page["kvs"]:
+        single = c.get_meta(key, table=table)
+        assert single is not None and value == single["value"] == KEYS[key]
+        assert meta == {k: single[k] for k in ("create_revision", "mod_revision", "version")}
+    assert all(len(kv) == 3 and kv[1] is None
+               for kv in c.range_page(prefix="a/0", meta=True, keys_only=True,
+                                      table=table)["kvs"])

@@ -18,6 +18,8 @@ applying exactly the log up to R. Options:
   the node's memory or stall its loop.
 - ``continue``: the ``continue`` token of the previous page; the request must repeat the
   same range. The next page starts just after the last key of the previous one.
+- ``meta=true``: each key also carries its ``create_revision``, ``mod_revision`` and
+  ``version`` (``raftkv.storage.revisions``).
 - ``keys_only=true``: no values. ``count_only=true``: only ``{"revision", "count"}``, the
   number of keys in the range (from ``continue`` on, if given), with no limit.
 - ``stale=true``: read the local replica; otherwise the read is linearizable (a ReadIndex
@@ -49,12 +51,14 @@ from aiohttp import web
 from raftkv.node.driver import Node
 from raftkv.server.requests import check_query, flag, query_bytes, require_leader, wait
 from raftkv.storage.commands import MAX_KEY_BYTES, RESERVED_PREFIX, CommandError
+from raftkv.storage.revisions import meta_of
 from raftkv.storage.state_store import StateStore
 
 DEFAULT_LIMIT = 1_000
 MAX_LIMIT = 10_000
 PAGE_BYTES = 4 << 20  # etcd's default max request/response size is 1.5 MiB; values here reach 1 MiB
-ACCEPTED = ("prefix", "start", "end", "limit", "continue", "keys_only", "count_only", "stale")
+ACCEPTED = ("prefix", "start", "end", "limit", "continue", "keys_only", "count_only", "stale",
+            "meta")
 _RESERVED_END = RESERVED_PREFIX[:-1] + bytes([RESERVED_PREFIX[-1] + 1])
 
 
@@ -76,6 +80,7 @@ class RangeRequest:
     keys_only: bool = False
     count_only: bool = False
     stale: bool = False
+    meta: bool = False
 
     def lo(self) -> bytes:
         """The first key this page may hold."""
@@ -120,7 +125,7 @@ def parse_range(request: web.Request) -> RangeRequest:
     if keys_only and count_only:
         raise CommandError("give keys_only or count_only, not both")
     return RangeRequest(start, end, limit, after, keys_only, count_only,
-                        flag(request, "stale"))
+                        flag(request, "stale"), flag(request, "meta"))
 
 
 def encode_token(last_key: bytes) -> str:
@@ -139,38 +144,48 @@ def decode_token(token: bytes) -> bytes:
     return key
 
 
-def _user_scans(state: StateStore, lo: bytes, hi: bytes | None) -> list[Iterator[tuple[bytes, bytes]]]:
+def _user_scans(state: StateStore, lo: bytes, hi: bytes | None,
+                rows: bool = False) -> list[Iterator[tuple[bytes, bytes]]]:
     """Scans of ``[lo, hi)`` around the state machine's own rows, all opened now, in one
-    call on the loop thread with nothing applied in between: one view."""
+    call on the loop thread with nothing applied in between: one view. ``rows``: of
+    (key, row) (``raftkv.storage.revisions``) instead of (key, value)."""
+    scan = state.scan_rows if rows else state.scan
     scans = []
     if lo < RESERVED_PREFIX:
-        scans.append(state.scan(lo, RESERVED_PREFIX if hi is None else min(hi, RESERVED_PREFIX)))
+        scans.append(scan(lo, RESERVED_PREFIX if hi is None else min(hi, RESERVED_PREFIX)))
     rest = max(lo, _RESERVED_END)
     if hi is None or rest < hi:
-        scans.append(state.scan(rest, hi))
+        scans.append(scan(rest, hi))
     return scans
 
 
 def read_page(state: StateStore, req: RangeRequest) -> dict[str, Any]:
     """One page of ``req`` from ``state`` (on the loop thread): the answer's fields, keys
-    and values still raw (``"kvs"``: ``[(key, value | None)]``)."""
+    and values still raw (``"kvs"``: ``[(key, value | None)]``, with ``meta`` ``[(key,
+    value | None, (create, mod, version))]``)."""
     lo, hi = req.lo(), req.end
     revision = state.applied_index()
     if hi is not None and lo >= hi:
         return ({"revision": revision, "count": 0} if req.count_only else
                 {"revision": revision, "kvs": [], "count": 0, "more": False})
-    scans = _user_scans(state, lo, hi)
+    meta = req.meta and not req.count_only
+    scans = _user_scans(state, lo, hi, rows=meta)
     try:
         rows = itertools.chain.from_iterable(scans)
         if req.count_only:
             return {"revision": revision, "count": sum(1 for _ in rows)}
-        kvs: list[tuple[bytes, bytes | None]] = []
+        kvs: list[tuple[Any, ...]] = []
         size, more = 0, False
         for k, v in rows:
             if len(kvs) >= req.limit or (kvs and size + len(k) + len(v) > PAGE_BYTES):
                 more = True
                 break
-            kvs.append((k, None if req.keys_only else v))
+            if meta:
+                m = meta_of(v)
+                kvs.append((k, None if req.keys_only else m.value,
+                            (m.create_revision, m.mod_revision, m.version)))
+            else:
+                kvs.append((k, None if req.keys_only else v))
             size += len(k) + (0 if req.keys_only else len(v))
     finally:
         for scan in scans:
@@ -185,8 +200,14 @@ def page_json(page: dict[str, Any]) -> dict[str, Any]:
     if "kvs" not in page:
         return page
     b64 = base64.b64encode
-    kvs = [{"key": b64(k).decode()} if v is None else
-           {"key": b64(k).decode(), "value": b64(v).decode()} for k, v in page["kvs"]]
+    kvs = []
+    for kv in page["kvs"]:
+        doc = {"key": b64(kv[0]).decode()}
+        if kv[1] is not None:
+            doc["value"] = b64(kv[1]).decode()
+        if len(kv) == 3:
+            doc.update(zip(("create_revision", "mod_revision", "version"), kv[2], strict=True))
+        kvs.append(doc)
     last = page["kvs"][-1][0] if page["kvs"] and page["more"] else None
     return {**page, "kvs": kvs, "continue": encode_token(last) if last is not None else None}
 
@@ -196,7 +217,11 @@ def page_from_json(doc: dict[str, Any]) -> dict[str, Any]:
     if "kvs" not in doc:
         return {"revision": int(doc["revision"]), "count": int(doc["count"])}
     dec = base64.b64decode
-    kvs = [(dec(kv["key"]), dec(kv["value"]) if "value" in kv else None) for kv in doc["kvs"]]
+    kvs = [(dec(kv["key"]), dec(kv["value"]) if "value" in kv else None,
+            (int(kv["create_revision"]), int(kv["mod_revision"]), int(kv["version"])))
+           if "mod_revision" in kv else
+           (dec(kv["key"]), dec(kv["value"]) if "value" in kv else None)
+           for kv in doc["kvs"]]
     return {"revision": int(doc["revision"]), "kvs": kvs, "count": len(kvs),
             "more": bool(doc["more"])}
 
