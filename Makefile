@@ -26,7 +26,8 @@ test: $(STAMP)
 		raftkv/core raftkv/node raftkv/transport raftkv/server raftkv/kv.py raftkv/embedded.py \
 		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py \
 		raftkv/tls.py raftkv/certs.py raftkv/testing/raw_peer.py raftkv/admin.py \
-		raftkv/spark raftkv/compat raftkv/storage raftkv/recovery raftkv/errors.py raftkv/placement
+		raftkv/spark raftkv/compat raftkv/storage raftkv/recovery raftkv/errors.py raftkv/placement \
+		raftkv/backup.py
 	$(BIN)/python -m pytest
 
 # Opt-in long mode: thousands of simulator seeds and longer soaks.

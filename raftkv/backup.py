@@ -43,6 +43,8 @@ import msgpack
 from raftkv.core.raft import BOOTSTRAP_TERM
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import DEFAULT_GROUP
+from raftkv.storage.lmdb_log import LmdbLogStore
+from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.records import ConfState, HardState, Snapshot, SnapshotMeta
 from raftkv.storage.state_store import MAX_SNAPSHOT_CHUNK_BYTES, SnapshotLoader
 
@@ -201,7 +203,9 @@ def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupI
             meta = SnapshotMeta(info.index, BOOTSTRAP_TERM, conf)
             s.log.save(HardState(term=BOOTSTRAP_TERM, vote=None, commit=info.index), [],
                        Snapshot(meta, b""))
-            got = s.state.digest(revisions=True)
+            state = s.state
+            assert isinstance(state, LmdbStateStore)  # open_group_storage's, on a data dir
+            got = state.digest(revisions=True)
             if got.digest != info.digest or got.count != info.count:
                 raise BackupError(f"the restored state's digest {got.digest} is not the "
                                   f"backup's {info.digest}")
@@ -210,7 +214,9 @@ def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupI
                           f"delete them)") from None
     finally:
         for _, s in opened:
-            s.log.close()
+            log = s.log
+            assert isinstance(log, LmdbLogStore)  # open_group_storage's, on a data dir
+            log.close()
             s.state.close()
     return info
 

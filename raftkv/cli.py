@@ -59,6 +59,7 @@ import http.client
 import json
 import os
 import sys
+import time
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -239,7 +240,9 @@ def emit(args: argparse.Namespace, answer: Any, indent: int | None = None) -> No
 def _kv_commands(args: argparse.Namespace, client: Client) -> int:
     table = getattr(args, "table", None)
     if args.cmd == "put":
-        emit(args, {"index": client.put(args.key, args.value, table=table)})
+        emit(args, {"index": client.put(args.key, args.value, table=table, lease=args.lease)})
+    elif args.cmd == "lease":
+        return _lease_command(args, client)
     elif args.cmd == "scan" or (args.cmd == "get" and args.prefix is not None):
         return _range_command(args, client)
     elif args.cmd == "get":
@@ -335,6 +338,29 @@ def _parse_members(text: str) -> dict[str, str]:
             raise BackupError(f"--members names {nid} twice")
         out[nid] = addr
     return out
+
+
+def _lease_command(args: argparse.Namespace, client: Client) -> int:
+    """``raftkv lease grant|keepalive|revoke|info|list``."""
+    if args.action == "grant":
+        emit(args, {"id": client.lease_grant(args.ttl, args.id), "ttl": args.ttl})
+    elif args.action == "keepalive":
+        while True:  # etcdctl lease keep-alive: until interrupted (or --once)
+            ttl = client.lease_keepalive(args.id)
+            emit(args, {"id": args.id, "ttl": ttl})
+            sys.stdout.flush()
+            if args.once:
+                return 0
+            time.sleep(max(ttl / 3, 0.5))
+    elif args.action == "revoke":
+        emit(args, {"id": args.id, "deleted": client.lease_revoke(args.id)})
+    elif args.action == "info":
+        doc = client.lease_info(args.id)
+        doc["keys"] = [_text(k, "key") for k in doc["keys"]]
+        emit(args, doc, indent=1)
+    else:
+        emit(args, client.leases())
+    return 0
 
 
 def _watch_command(args: argparse.Namespace, client: Client) -> int:
@@ -556,6 +582,9 @@ def parser() -> argparse.ArgumentParser:
     put.add_argument("key", help="the key (1..511 bytes)")
     put.add_argument("value", help="the value (at most 1 MiB)")
     put.add_argument("--table", help=table_help)
+    put.add_argument("--lease", type=int, metavar="ID",
+                     help="attach the key to this lease: it is deleted when the lease "
+                          "expires or is revoked (`raftkv lease grant`)")
     get = _sub(sub, "get", "read a key (linearizable unless --stale); exit 1 if absent. "
                            "With --prefix, every key that starts with it")
     get.add_argument("key", nargs="?", help="the key")
@@ -593,6 +622,23 @@ def parser() -> argparse.ArgumentParser:
                      help="the key's mod revision must be this (0: absent; "
                           "`raftkv get --meta` shows it)")
     cas.add_argument("--table", help=table_help)
+
+    lease = _sub(sub, "lease", "leases: keys that are deleted together when the lease "
+                               "expires (the leader expires it after TTL seconds without "
+                               "a keepalive) or is revoked")
+    leasea = lease.add_subparsers(dest="action", required=True, metavar="ACTION")
+    grant = _sub(leasea, "grant", "a new lease of TTL seconds; prints its id")
+    grant.add_argument("ttl", type=int, help="seconds (1..10,000,000)")
+    grant.add_argument("--id", type=int, help="the lease's id (default: a random one)")
+    for name, text in (("keepalive", ("keep a lease alive: every TTL/3 seconds until "
+                                      "interrupted (--once: just once)")),
+                       ("revoke", "revoke a lease now, deleting its keys"),
+                       ("info", "a lease's TTL, remaining seconds and keys")):
+        one = _sub(leasea, name, text)
+        one.add_argument("id", type=int, help="the lease's id")
+        if name == "keepalive":
+            one.add_argument("--once", action="store_true", help="one keepalive, then exit")
+    _sub(leasea, "list", "every lease")
 
     watch = _sub(sub, "watch", "stream the changes to a range (default: every key), read "
                                "from the Raft log, resuming on another node if one fails")

@@ -453,9 +453,37 @@ class Client:
             time.sleep(0.2)
         raise Unavailable("no node answered with a backup")
 
-    def put(self, key: bytes | str, value: bytes | str, table: str | None = None) -> int:
+    def put(self, key: bytes | str, value: bytes | str, table: str | None = None,
+            lease: int | None = None) -> int:
+        """Write ``value``; the entry's index. ``lease``: attach the key to that lease
+        (``ClientError`` 404 if it does not exist, and nothing is written)."""
         v = value.encode() if isinstance(value, str) else value
-        return int(json.loads(self.request("PUT", self._kv(key, table), v)[1])["index"])
+        path = self._kv(key, table) + (f"?lease={int(lease)}" if lease is not None else "")
+        return int(json.loads(self.request("PUT", path, v)[1])["index"])
+
+    # -- leases (raftkv.server.leases) ---------------------------------------------------
+    def lease_grant(self, ttl: int, lease: int | None = None) -> int:
+        """A new lease of ``ttl`` seconds (id ``lease``, or a random one): its id."""
+        body: dict[str, int] = {"ttl": ttl, **({"id": lease} if lease is not None else {})}
+        _, data = self.request("POST", "/v1/leases", json.dumps(body).encode(), once=True)
+        return int(json.loads(data)["id"])
+
+    def lease_keepalive(self, lease: int) -> int:
+        """Restart the lease's clock on the leader; its TTL."""
+        return int(self._post(f"/v1/leases/{int(lease)}/keepalive")["ttl"])
+
+    def lease_revoke(self, lease: int) -> int:
+        """Revoke the lease now: how many keys it deleted."""
+        return int(self._post(f"/v1/leases/{int(lease)}", method="DELETE")["deleted"])
+
+    def lease_info(self, lease: int) -> dict[str, Any]:
+        """``{"id", "ttl", "remaining"?, "keys"}`` (keys as bytes)."""
+        doc = dict(json.loads(self.request("GET", f"/v1/leases/{int(lease)}")[1]))
+        doc["keys"] = [base64.b64decode(k) for k in doc["keys"]]
+        return doc
+
+    def leases(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.request("GET", "/v1/leases")[1])["leases"])
 
     def delete(self, key: bytes | str, table: str | None = None) -> int:
         return int(json.loads(self.request("DELETE", self._kv(key, table))[1])["index"])

@@ -35,7 +35,7 @@ from raftkv.storage.commands import (
     encode_put,
 )
 from raftkv.storage.revisions import KeyMeta
-from raftkv.storage.state_store import StateStore
+from raftkv.storage.state_store import KVStateStore
 
 Key = bytes | str
 Value = bytes | str
@@ -111,7 +111,7 @@ class RaftKV(EmbeddedNode):
         """The value with the key's create and mod revisions and version
         (``raftkv.storage.revisions``), or None if absent."""
         k = _key(key)
-        return self._wait(self.node.read(self.group, lambda s: s.get_meta(k),
+        return self._wait(self.node.read_kv(self.group, lambda s: s.get_meta(k),
                                          linearizable=not stale))
 
     def read_async(self, fn: Any, stale: bool = False) -> Future[Any]:
@@ -123,11 +123,11 @@ class RaftKV(EmbeddedNode):
         digests at equal applied indexes mean equal values (``digest``, what a bulk
         load's source can compute too) and equal rows, revisions included
         (``revisions_digest``; raftkv.storage.digest)."""
-        def run(s: StateStore) -> dict[str, Any]:
+        def run(s: KVStateStore) -> dict[str, Any]:
             d, r = s.digest(), s.digest(revisions=True)
             return {"count": d.count, "digest": d.digest, "revisions_digest": r.digest,
                     "applied": s.applied_index()}
-        return self.read_async(run, stale)
+        return self.node.read_kv(self.group, run, linearizable=not stale)
 
     def digest(self, stale: bool = False) -> dict[str, Any]:
         return self._wait(self.digest_async(stale))

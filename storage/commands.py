@@ -13,6 +13,8 @@ Wire format (msgpack, ``use_bin_type=True`` so keys and values stay ``bytes``)::
     CAS_INDEX [5, key, mod_revision, new | nil]   the key's mod revision must be this
                                                   (0: absent; ``raftkv.storage.revisions``)
     TXN     [6, compares, then, else]             a transaction (``raftkv.storage.txn``)
+    LEASE_GRANT [7, id, ttl], PUT_LEASE [8, key, value, id], LEASE_REVOKE [9, id]
+                                                  leases (``raftkv.storage.leases``)
     BATCH   [4, [[key, value | nil], ...]]        nil value: delete; applied in order, atomically
     BATCH   [4, [[key, value | nil], ...], id]    an idempotent batch (see below)
 
@@ -79,6 +81,9 @@ class Op(IntEnum):
     BATCH = 4
     CAS_INDEX = 5
     TXN = 6
+    LEASE_GRANT = 7
+    PUT_LEASE = 8
+    LEASE_REVOKE = 9
 
 
 class CommandError(ValueError):
@@ -116,6 +121,23 @@ class CasIndex(NamedTuple):
     new: bytes | None
 
 
+class LeaseGrant(NamedTuple):
+    lease: int
+    ttl: int
+
+
+class PutLease(NamedTuple):
+    """A put attached to a lease (``raftkv.storage.leases``)."""
+
+    key: bytes
+    value: bytes
+    lease: int
+
+
+class LeaseRevoke(NamedTuple):
+    lease: int
+
+
 class Batch(NamedTuple):
     """Puts (value is bytes) and deletes (value is None), applied in order, all or nothing.
     With an ``id`` it is applied at most once (see the module docstring)."""
@@ -125,7 +147,7 @@ class Batch(NamedTuple):
 
 
 # A string: Txn lives in raftkv.storage.txn, which builds on this module.
-Command: TypeAlias = "Put | Delete | Cas | CasIndex | Batch | Txn"
+Command: TypeAlias = "Put | Delete | Cas | CasIndex | Batch | Txn | LeaseGrant | PutLease | LeaseRevoke"
 
 # Everything msgpack.unpackb raises on hostile input: truncation and trailing bytes
 # (ValueError subclasses), nesting past its stack (StackError), bad UTF-8, unhashable map keys.
@@ -140,6 +162,7 @@ UNPACK_ERRORS: tuple[type[BaseException], ...] = (
 # Plain ints: msgpack packs an IntEnum fine, but the hot path should not pay for the lookup.
 _PUT, _DELETE, _CAS, _BATCH = int(Op.PUT), int(Op.DELETE), int(Op.CAS), int(Op.BATCH)
 _CAS_INDEX, _TXN = int(Op.CAS_INDEX), int(Op.TXN)
+_GRANT, _PUT_LEASE, _REVOKE = int(Op.LEASE_GRANT), int(Op.PUT_LEASE), int(Op.LEASE_REVOKE)
 
 
 # -- validation (shared by encode and decode) --------------------------------------------------
@@ -292,8 +315,32 @@ def encode_txn(txn: Txn) -> bytes:
     """A transaction (``raftkv.storage.txn``), checked as ``decode`` will check it."""
     from raftkv.storage.txn import check_txn, wire
     fields = wire(txn)
-    check_txn(*fields)
+    check_txn(fields[0], fields[1], fields[2])
     return _pack([_TXN, *fields], "transaction")
+
+
+def encode_lease_grant(lease: int, ttl: int) -> bytes:
+    from raftkv.storage.leases import check_lease_id, check_ttl
+    return _pack([_GRANT, check_lease_id(lease), check_ttl(ttl)], "lease grant")
+
+
+def encode_put_lease(key: bytes, value: bytes, lease: int) -> bytes:
+    from raftkv.storage.leases import check_lease_id
+    return _pack([_PUT_LEASE, _check_leased_key(check_key(key)), check_value(value),
+                  check_lease_id(lease)], "put")
+
+
+def encode_lease_revoke(lease: int) -> bytes:
+    from raftkv.storage.leases import check_lease_id
+    return _pack([_REVOKE, check_lease_id(lease)], "lease revoke")
+
+
+def _check_leased_key(key: bytes) -> bytes:
+    from raftkv.storage.leases import MAX_LEASED_KEY_BYTES
+    if len(key) > MAX_LEASED_KEY_BYTES:
+        raise CommandError(f"a key attached to a lease is at most {MAX_LEASED_KEY_BYTES} "
+                           f"bytes, not {len(key)}", limit=MAX_LEASED_KEY_BYTES, size=len(key))
+    return key
 
 
 def encode_batch(ops: Iterable[Sequence[bytes | None]], batch_id: bytes | None = None) -> bytes:
@@ -397,6 +444,16 @@ def decode(data: bytes | bytearray | memoryview) -> Command:
             raise CommandError(f"malformed cas: expected 4 fields, got {size}")
         return CasIndex(check_key(obj[1], reserved=True), _check_revision(obj[2]),
                         _check_optional_value(obj[3], "new value"))
+    if op in (_GRANT, _PUT_LEASE, _REVOKE):
+        from raftkv.storage.leases import check_lease_id, check_ttl
+        if op == _GRANT and size == 3:
+            return LeaseGrant(check_lease_id(obj[1]), check_ttl(obj[2]))
+        if op == _PUT_LEASE and size == 4:
+            return PutLease(_check_leased_key(check_key(obj[1])), check_value(obj[2]),
+                            check_lease_id(obj[3]))
+        if op == _REVOKE and size == 2:
+            return LeaseRevoke(check_lease_id(obj[1]))
+        raise CommandError(f"malformed lease command {op}: {size} fields")
     if op == _TXN:
         if size != 4:
             raise CommandError(f"malformed transaction: expected 4 fields, got {size}")

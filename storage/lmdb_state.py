@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import takewhile
 from typing import Self, TypeVar
 
 import lmdb
@@ -57,6 +58,8 @@ from raftkv.storage.state_store import (
     apply_commands,
     check_apply,
     check_chunk_bytes,
+    decode_outcome,
+    encode_outcome,
     encode_snapshot,
     storable_key,
 )
@@ -300,10 +303,18 @@ class LmdbStateStore(LmdbBacked):
             with self._env.begin(write=True, db=self._data) as txn:
                 outcomes = self._outcomes
 
-                def outcome(index: int, ok: bool) -> None:
-                    txn.put(_index_bytes(index), b"\x01" if ok else b"\x00", db=outcomes)
+                def outcome(index: int, what: bool | list[bytes]) -> None:
+                    txn.put(_index_bytes(index), encode_outcome(what), db=outcomes)
 
-                results = apply_commands(entries, txn.get, txn.put, txn.delete, outcome)
+                def keys(prefix: bytes) -> list[bytes]:
+                    cursor = txn.cursor()
+                    if not cursor.set_range(prefix):
+                        return []
+                    return list(takewhile(lambda k: k.startswith(prefix),
+                                          cursor.iternext(values=False)))
+
+                results = apply_commands(entries, txn.get, txn.put, txn.delete, keys,
+                                         outcome)
                 txn.put(_APPLIED, _index_bytes(last), db=self._meta)
                 self._prune_outcomes(txn, last - OUTCOME_WINDOW + 1)
         except lmdb.Error as e:  # the context manager aborted: nothing was applied
@@ -324,13 +335,13 @@ class LmdbStateStore(LmdbBacked):
         txn.put(_OUTCOMES_FROM, end, db=self._meta)
 
     # -- reads ---------------------------------------------------------------------------------
-    def outcome(self, index: int) -> bool | None:
+    def outcome(self, index: int) -> bool | list[bytes] | None:
         self._live()
         if not self.outcomes_from() <= index <= self._applied:
             return None
         with self._env.begin(db=self._outcomes) as txn:
             raw = txn.get(_index_bytes(index))
-        return None if raw is None else raw == b"\x01"
+        return None if raw is None else decode_outcome(raw)
 
     def outcomes_from(self) -> int:
         self._live()

@@ -69,8 +69,9 @@ Contract (every implementation keeps it)
   consistent view taken when it is called. Keys that could never be stored (empty, or over
   511 bytes) read as absent.
 - ``outcome(index)``: whether the conditional entry at ``index`` (a compare-and-set, a
-  transaction, a batch with an id) wrote, as its apply recorded it; None if the entry was
-  not conditional, not applied, or is older than ``outcomes_from()``. An apply keeps the
+  transaction, a batch with an id, a put to a lease) wrote, or the keys a lease revoke
+  deleted, as its apply recorded it; None if the entry was not of those kinds, not
+  applied, or is older than ``outcomes_from()``. An apply keeps the
   outcomes of the last ``OUTCOME_WINDOW`` indexes (a bound on the index alone, so every
   replica keeps the same ones); an installed snapshot starts them over at its index.
   They are not in snapshots or digests: they describe the log, not the state.
@@ -112,7 +113,10 @@ from raftkv.storage.commands import (
     Command,
     CommandError,
     Delete,
+    LeaseGrant,
+    LeaseRevoke,
     Put,
+    PutLease,
     check_key,
     check_value,
     decode,
@@ -120,10 +124,13 @@ from raftkv.storage.commands import (
 )
 from raftkv.storage.digest import Digest, DigestBuilder
 from raftkv.storage.errors import IndexMismatch, StorageError
+from raftkv.storage.leases import attach_key, attach_prefix, lease_key
 from raftkv.storage.revisions import (
+    HEADER_BYTES,
     MAX_ROW_BYTES,
     KeyMeta,
     check_row,
+    lease_of,
     meta_of,
     mod_revision_of,
     value_of,
@@ -182,11 +189,30 @@ class StateStore(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
-    def get_meta(self, key: bytes) -> KeyMeta | None: ...
-
     def scan(
         self, lo: bytes | None = None, hi: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def digest(
+        self,
+        lo: bytes | None = None,
+        hi: bytes | None = None,
+        keys: Callable[[bytes], bool] | None = None,
+    ) -> Digest: ...
+
+    def snapshot_chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]: ...
+
+    def install_snapshot(self, chunks: Iterable[bytes]) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class KVStateStore(StateStore, Protocol):
+    """A KV state store (``MemoryStateStore``, ``LmdbStateStore``): the contract's
+    revisions, rows and outcomes on top of every state store's part (the metastore's
+    and a replicated object's stores keep only that part)."""
+
+    def get_meta(self, key: bytes) -> KeyMeta | None: ...
 
     def scan_rows(
         self, lo: bytes | None = None, hi: bytes | None = None
@@ -200,15 +226,9 @@ class StateStore(Protocol):
         revisions: bool = False,
     ) -> Digest: ...
 
-    def outcome(self, index: int) -> bool | None: ...
+    def outcome(self, index: int) -> bool | list[bytes] | None: ...
 
     def outcomes_from(self) -> int: ...
-
-    def snapshot_chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]: ...
-
-    def install_snapshot(self, chunks: Iterable[bytes]) -> int: ...
-
-    def close(self) -> None: ...
 
 
 # -- shared pieces -----------------------------------------------------------------------------
@@ -280,25 +300,52 @@ def check_apply(entries: Sequence[tuple[int, bytes]], applied: int, checkpoint: 
     return expected - 1
 
 
-def execute(
-    cmd: Command,
-    index: int,
-    get: Callable[[bytes], bytes | None],
-    put: Callable[[bytes, bytes], object],
-    delete: Callable[[bytes], object],
-) -> bool | TxnResult | None:
-    """Run one decoded command, the entry at ``index``, against a store's primitives,
-    which read and write *rows* (``raftkv.storage.revisions``: revisions, then value).
-    Cannot fail: ``decode`` has already validated every field, so a batch is
-    all-or-nothing by construction."""
+class _Rows:
+    """One apply transaction's writes through a store's row primitives: revisions and
+    lease attachments kept with every write (``raftkv.storage.revisions``,
+    ``raftkv.storage.leases``)."""
+
+    __slots__ = ("delete", "get", "keys", "put")
+
+    def __init__(self, get: Callable[[bytes], bytes | None], put: Callable[[bytes, bytes], object],
+                 delete: Callable[[bytes], object],
+                 keys: Callable[[bytes], list[bytes]]) -> None:
+        self.get, self.put, self.delete, self.keys = get, put, delete, keys
+
+    def write(self, key: bytes, value: bytes, index: int, lease: int = 0) -> None:
+        old = self.get(key)
+        if old is not None and old[_LEASE_FIELD] != _NO_LEASE:
+            self.delete(attach_key(lease_of(old), key))
+        self.put(key, write_row(old, value, index, lease))
+        if lease:
+            self.put(attach_key(lease, key), write_row(None, b"", index))
+
+    def remove(self, key: bytes) -> bool:
+        old = self.get(key)
+        if old is None:
+            return False
+        if old[_LEASE_FIELD] != _NO_LEASE:
+            self.delete(attach_key(lease_of(old), key))
+        self.delete(key)
+        return True
+
+
+_LEASE_FIELD = slice(HEADER_BYTES - 8, HEADER_BYTES)
+_NO_LEASE = bytes(8)
+
+
+def execute(cmd: Command, index: int, rows: _Rows) -> object:
+    """Run one decoded command, the entry at ``index``. Cannot fail: ``decode`` has
+    already validated every field, so a batch is all-or-nothing by construction."""
+    get = rows.get
     if isinstance(cmd, Put):  # first: by far the most common command
-        put(cmd.key, write_row(get(cmd.key), cmd.value, index))
+        rows.write(cmd.key, cmd.value, index)
         return None
     if isinstance(cmd, Delete):
-        delete(cmd.key)
+        rows.remove(cmd.key)
         return None
     if isinstance(cmd, Txn):
-        return apply_txn(cmd, index, get, put, delete, write_row)
+        return apply_txn(cmd, index, rows)
     if isinstance(cmd, Cas | CasIndex):
         row = get(cmd.key)
         if isinstance(cmd, Cas):
@@ -307,22 +354,41 @@ def execute(
         elif mod_revision_of(row) != cmd.expected:
             return False
         if cmd.new is None:
-            delete(cmd.key)
+            rows.remove(cmd.key)
         else:
-            put(cmd.key, write_row(row, cmd.new, index))
+            rows.write(cmd.key, cmd.new, index)
         return True
+    if isinstance(cmd, LeaseGrant):
+        if get(lease_key(cmd.lease)) is not None:
+            return False
+        rows.put(lease_key(cmd.lease), write_row(None, _pack(cmd.ttl), index))
+        return True
+    if isinstance(cmd, PutLease):
+        if get(lease_key(cmd.lease)) is None:
+            return False  # etcd: "requested lease not found"; nothing written
+        rows.write(cmd.key, cmd.value, index, cmd.lease)
+        return True
+    if isinstance(cmd, LeaseRevoke):
+        if get(lease_key(cmd.lease)) is None:
+            return False
+        prefix = attach_prefix(cmd.lease)
+        deleted = [k[len(prefix):] for k in rows.keys(prefix)]
+        for key in deleted:
+            rows.remove(key)  # drops its attachment row too
+        rows.delete(lease_key(cmd.lease))
+        return deleted
     assert isinstance(cmd, Batch)
     mark = None if cmd.id is None else BATCH_MARK_PREFIX + cmd.id
     if mark is not None and get(mark) is not None:
         return False  # applied before: a retried or duplicated bulk-load batch
     for key, value in cmd.ops:
         if value is None:
-            delete(key)
+            rows.remove(key)
         else:
-            put(key, write_row(get(key), value, index))
+            rows.write(key, value, index)
     if mark is None:
         return None
-    put(mark, write_row(None, b"", index))
+    rows.put(mark, write_row(None, b"", index))
     return True
 
 
@@ -331,12 +397,16 @@ def apply_commands(
     get: Callable[[bytes], bytes | None],
     put: Callable[[bytes, bytes], object],
     delete: Callable[[bytes], object],
-    outcome: Callable[[int, bool], object],
+    keys: Callable[[bytes], list[bytes]],
+    outcome: Callable[[int, bool | list[bytes]], object],
 ) -> list[object]:
     """The apply loop shared by both stores (inside the caller's transaction): ``get``
-    and ``put`` read and write rows (``raftkv.storage.revisions``); ``outcome(index,
-    ok)`` records whether a conditional entry (a compare-and-set, a transaction, a batch
-    with an id) wrote, which the log alone cannot say (a watch reads it, ``outcome``)."""
+    and ``put`` read and write rows (``raftkv.storage.revisions``), ``keys(prefix)``
+    lists the keys under a prefix; ``outcome(index, what)`` records what a conditional
+    entry did (a compare-and-set, a transaction, a batch with an id, a put to a lease:
+    whether it wrote; a lease revoke: the keys it deleted), which the log alone cannot
+    say (a watch reads it, ``StateStore.outcome``)."""
+    rows = _Rows(get, put, delete, keys)
     results: list[object] = []
     append = results.append
     for index, data in entries:
@@ -346,7 +416,11 @@ def apply_commands(
         kv = split_put(data)
         if kv is not None:
             key = kv[0]
-            put(key, write_row(get(key), kv[1], index))
+            old = get(key)
+            if old is not None and old[_LEASE_FIELD] != _NO_LEASE:
+                rows.write(key, kv[1], index)
+            else:
+                put(key, write_row(old, kv[1], index))
             append(None)
             continue
         try:
@@ -354,11 +428,25 @@ def apply_commands(
         except CommandError as e:
             append(e)  # deterministic skip: every replica decodes the same bytes the same way
             continue
-        res = execute(cmd, index, get, put, delete)
+        res = execute(cmd, index, rows)
         if res is not None:
-            outcome(index, res if type(res) is bool else res.succeeded)  # type: ignore[union-attr]
+            outcome(index, res.succeeded if isinstance(res, TxnResult) else res)  # type: ignore[arg-type]
         append(res)
     return results
+
+
+def encode_outcome(what: bool | list[bytes]) -> bytes:
+    """An outcome as an outcomes row stores it: one byte for a bool, msgpack for keys."""
+    if isinstance(what, bool):
+        return b"\x01" if what else b"\x00"
+    return _pack(what)
+
+
+def decode_outcome(raw: bytes) -> bool | list[bytes]:
+    if raw in (b"\x00", b"\x01"):
+        return raw == b"\x01"
+    keys = msgpack.unpackb(raw)
+    return [bytes(k) for k in keys]
 
 
 def in_range(key: bytes, lo: bytes | None, hi: bytes | None) -> bool:
@@ -647,7 +735,7 @@ class MemoryStateStore(Checkpointing):
     ) -> None:
         self._data: dict[bytes, bytes] = {}
         self._undo: dict[bytes, bytes | None] = {}
-        self._outcomes: dict[int, bool] = {}  # insertion order is index order
+        self._outcomes: dict[int, bool | list[bytes]] = {}  # insertion order: index order
         self._outcomes_from = 1
         self._applied = 0
         self._checkpoint = 0
@@ -680,7 +768,7 @@ class MemoryStateStore(Checkpointing):
             return []
         last = check_apply(entries, self._applied, self._checkpoint)
         results = apply_commands(entries, self._data.get, self._put, self._delete,
-                                 self._outcomes.__setitem__)
+                                 self._keys, self._outcomes.__setitem__)
         self._applied = last
         floor = last - OUTCOME_WINDOW + 1
         if floor > self._outcomes_from:
@@ -690,7 +778,10 @@ class MemoryStateStore(Checkpointing):
                 del outcomes[next(iter(outcomes))]
         return results
 
-    def outcome(self, index: int) -> bool | None:
+    def _keys(self, prefix: bytes) -> list[bytes]:
+        return sorted(k for k in self._data if k.startswith(prefix))
+
+    def outcome(self, index: int) -> bool | list[bytes] | None:
         self._live()
         return self._outcomes.get(index) if self._outcomes_from <= index <= self._applied \
             else None

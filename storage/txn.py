@@ -25,9 +25,9 @@ and again when decoding (``CommandError``), as for the other commands.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from enum import IntEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from raftkv.storage.commands import (
     CommandError,
@@ -172,23 +172,30 @@ def holds(c: Compare, row: bytes | None) -> bool:
     return got > want  # type: ignore[operator]
 
 
-def apply_txn(txn: Txn, index: int, get: Callable[[bytes], bytes | None],
-              put: Callable[[bytes, bytes], object], delete: Callable[[bytes], object],
-              write_row: Callable[[bytes | None, bytes, int], bytes]) -> TxnResult:
-    """Run ``txn`` as the entry at ``index`` on a store's row primitives."""
+class Rows(Protocol):
+    """What a transaction needs of the apply (``state_store._Rows``)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def write(self, key: bytes, value: bytes, index: int, lease: int = 0) -> None: ...
+
+    def remove(self, key: bytes) -> bool: ...
+
+
+def apply_txn(txn: Txn, index: int, rows: Rows) -> TxnResult:
+    """Run ``txn`` as the entry at ``index`` on one apply transaction's rows."""
+    get = rows.get
     ok = all(holds(c, get(c.key)) for c in txn.compares)
     out: list[bool | KeyMeta | None] = []
     ops: Sequence[TxnOp] = txn.success if ok else txn.failure
     for op in ops:
-        row = get(op.key)
         if op.kind is Kind.PUT:
             assert op.value is not None
-            put(op.key, write_row(row, op.value, index))
+            rows.write(op.key, op.value, index)
             out.append(None)
         elif op.kind is Kind.DELETE:
-            if row is not None:
-                delete(op.key)
-            out.append(row is not None)
+            out.append(rows.remove(op.key))
         else:
+            row = get(op.key)
             out.append(None if row is None else meta_of(row))
     return TxnResult(ok, tuple(out))

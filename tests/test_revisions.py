@@ -127,7 +127,8 @@ def test_a_snapshot_without_revisions_or_with_bad_ones_is_refused(store: StateSt
     with pytest.raises(StorageError, match="before per-key revisions"):
         store.install_snapshot(old)
     rows = msgpack.unpackb(good[1])
-    bad_row = (9).to_bytes(8, "big") + (2).to_bytes(8, "big") + (1).to_bytes(8, "big") + b"w"
+    bad_row = ((9).to_bytes(8, "big") + (2).to_bytes(8, "big") + (1).to_bytes(8, "big")
+               + bytes(8) + b"w")
     rows[0][1] = bad_row  # created after it was last written
     with pytest.raises(StorageError, match="revisions are inconsistent"):
         store.install_snapshot([good[0], msgpack.packb(rows, use_bin_type=True), good[2]])

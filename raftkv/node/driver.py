@@ -61,7 +61,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgpack
 from pysyncobj.monotonic import monotonic
@@ -94,7 +94,7 @@ from raftkv.node.runtime import Runtime, ThreadRuntime
 from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.lmdb_log import LogEnv
-from raftkv.storage.state_store import StateStore
+from raftkv.storage.state_store import KVStateStore, StateStore
 from raftkv.tls import TlsConfig
 from raftkv.transport import codec
 from raftkv.transport.tcp import Connection
@@ -428,6 +428,12 @@ class Node:
 
         self._chain(self.call(run), out)
         return out
+
+    def read_kv(self, group: str, fn: Callable[[KVStateStore], Any],
+                linearizable: bool = True) -> Future[Any]:
+        """``read`` of a group whose state store is a KV store (the default group, a
+        table partition): ``fn`` may use its revisions, rows and outcomes."""
+        return self.read(group, cast("ReadFn", fn), linearizable)
 
     def change_membership(self, group: str, cc: ConfChange,
                           learner_only: bool = False) -> Future[Any]:

@@ -19,6 +19,8 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
 - ``GET /v1/watch?prefix=P&from_revision=R`` (read): the changes to a range, streamed as
   NDJSON revision lines read from the Raft log (``raftkv.server.watch_ops``); 410 with
   ``oldest_revision`` below the compaction point.
+- ``/v1/leases`` (grant, keepalive, revoke, list) and ``PUT /v1/kv/{key}?lease=ID``:
+  leases, expired by the leader (``raftkv.server.leases``).
 - ``POST /v1/txn`` (write): compares, then one of two lists of puts, deletes and gets, as
   ONE log entry (``raftkv.server.txn_ops``).
 - ``GET /v1/digest`` (read): ``{"count", "digest", "applied"}`` of this replica
@@ -75,6 +77,7 @@ from raftkv.kv import RaftKV
 from raftkv.server import auth
 from raftkv.server.auth import Role
 from raftkv.server.kv_ops import parse_kv, serve_kv
+from raftkv.server.leases import LeasesApi
 from raftkv.server.metrics import HttpMetrics, StatusCollector, exposition
 from raftkv.server.range_ops import parse_range, serve_range
 from raftkv.server.requests import (
@@ -115,6 +118,11 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("DELETE", "/v1/kv/{key}"): Role.WRITE,
     ("GET", "/v1/kv"): Role.READ,
     ("GET", "/v1/watch"): Role.READ,
+    ("POST", "/v1/leases"): Role.WRITE,
+    ("GET", "/v1/leases"): Role.READ,
+    ("GET", "/v1/leases/{id}"): Role.READ,
+    ("POST", "/v1/leases/{id}/keepalive"): Role.WRITE,
+    ("DELETE", "/v1/leases/{id}"): Role.WRITE,
     ("GET", "/v1/tables/{table}/partitions/{p}/watch"): Role.READ,
     ("POST", "/v1/batch"): Role.WRITE,
     ("POST", "/v1/txn"): Role.WRITE,
@@ -174,6 +182,7 @@ class Api:
         self.faults = faults
         self.tokens = tokens
         self.tables = TablesApi()
+        self.leases = LeasesApi()
         self._kv: RaftKV | None = None
         registry.register(StatusCollector(self._status_sync))
         ProcessCollector(registry=registry)
@@ -182,6 +191,7 @@ class Api:
     def attach(self, kv: RaftKV, placement: Placement) -> None:
         """Serve ``kv`` and ``placement``: the node's log is replayed and it runs."""
         self.tables.attach(placement)
+        self.leases.attach(kv.node, kv.group)
         self._kv = kv
 
     @property
@@ -227,6 +237,7 @@ class Api:
         if self.faults:
             r.add_post("/v1/test/partition", self.partition)
         self.tables.install(app)
+        self.leases.install(app)
         for route in r.routes():
             assert route.resource is not None
             try:

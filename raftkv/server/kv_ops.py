@@ -16,7 +16,8 @@ key has exactly the semantics of a default-group key:
   or ``?prev_index=R`` (the key's mod revision must be R; 0: absent) it is a
   compare-and-set, decided by the state machine at the entry's place in the log: 200
   ``{"index", "swapped": true}`` or 412 ``{"index", "swapped": false}``. Giving more than
-  one is a 400.
+  one is a 400. ``?lease=ID`` attaches the key to a lease (``raftkv.server.leases``; 404
+  if it does not exist, and nothing is written).
 - ``DELETE``: ``{"index": N}``; with ``?prev_value=V`` or ``?prev_index=R`` a
   compare-and-delete (200/412 as above). Deleting an absent key is not an error.
 
@@ -52,10 +53,12 @@ from raftkv.storage.commands import (
     encode_cas_index,
     encode_delete,
     encode_put,
+    encode_put_lease,
 )
 from raftkv.storage.revisions import KeyMeta
 
-_ACCEPTED = {"GET": ("stale", "meta"), "PUT": ("prev_value", "prev_absent", "prev_index"),
+_ACCEPTED = {"GET": ("stale", "meta"),
+             "PUT": ("prev_value", "prev_absent", "prev_index", "lease"),
              "DELETE": ("prev_value", "prev_index")}
 REVISION_HEADERS = ("X-Raftkv-Create-Revision", "X-Raftkv-Mod-Revision", "X-Raftkv-Version")
 
@@ -74,6 +77,7 @@ class KvRequest:
     compare: bool = False
     expected: bytes | None = None
     expected_index: int | None = None
+    lease: int = 0
 
 
 async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
@@ -112,8 +116,17 @@ async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
             MAX_VALUE_BYTES, request.content_length or 0, content_type="application/json",
             text=json.dumps({"error": f"a value may hold at most {MAX_VALUE_BYTES} bytes"}))
     value = await request.read()
+    lease = 0
+    raw_lease = query_bytes(request, "lease")
+    if raw_lease is not None:
+        text = raw_lease.decode("ascii", "replace")
+        if not text.isdigit() or len(text) > 19 or not 0 < int(text) < 1 << 63:
+            raise CommandError(f"?lease is a lease id (a positive integer), not {text[:24]!r}")
+        if compare:
+            raise CommandError("a put to a lease cannot also compare (use a transaction)")
+        lease = int(text)
     return KvRequest("PUT", key, value=value, compare=compare, expected=expected,
-                     expected_index=expected_index)
+                     expected_index=expected_index, lease=lease)
 
 
 def _index(index: int, result: object) -> int:
@@ -130,7 +143,7 @@ async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
         require_leader(node, group)
     if req.method == "GET":
         key = req.key
-        got: KeyMeta | None = await wait(node.read(group, lambda s: s.get_meta(key),
+        got: KeyMeta | None = await wait(node.read_kv(group, lambda s: s.get_meta(key),
                                                    linearizable=not req.stale))
         if got is None:
             return error(404, KEY_NOT_FOUND)
@@ -151,5 +164,12 @@ async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
         swapped, index = await wait(node.propose(group, cmd, _swapped))
         return web.json_response({"index": index, "swapped": swapped},
                                  status=200 if swapped else 412)
+    if req.lease:
+        ok, index = await wait(node.propose(
+            group, encode_put_lease(req.key, req.value, req.lease), _swapped))
+        if not ok:
+            return error(404, f"lease {req.lease} not found: nothing was written",
+                         index=index)
+        return web.json_response({"index": index})
     cmd = encode_put(req.key, req.value) if new is not None else encode_delete(req.key)
     return web.json_response({"index": await wait(node.propose(group, cmd, _index))})

@@ -52,7 +52,7 @@ from raftkv.node.driver import Node
 from raftkv.server.requests import check_query, flag, query_bytes, require_leader, wait
 from raftkv.storage.commands import MAX_KEY_BYTES, RESERVED_PREFIX, CommandError
 from raftkv.storage.revisions import meta_of
-from raftkv.storage.state_store import StateStore
+from raftkv.storage.state_store import KVStateStore
 
 DEFAULT_LIMIT = 1_000
 MAX_LIMIT = 10_000
@@ -144,7 +144,7 @@ def decode_token(token: bytes) -> bytes:
     return key
 
 
-def _user_scans(state: StateStore, lo: bytes, hi: bytes | None,
+def _user_scans(state: KVStateStore, lo: bytes, hi: bytes | None,
                 rows: bool = False) -> list[Iterator[tuple[bytes, bytes]]]:
     """Scans of ``[lo, hi)`` around the state machine's own rows, all opened now, in one
     call on the loop thread with nothing applied in between: one view. ``rows``: of
@@ -159,7 +159,7 @@ def _user_scans(state: StateStore, lo: bytes, hi: bytes | None,
     return scans
 
 
-def read_page(state: StateStore, req: RangeRequest) -> dict[str, Any]:
+def read_page(state: KVStateStore, req: RangeRequest) -> dict[str, Any]:
     """One page of ``req`` from ``state`` (on the loop thread): the answer's fields, keys
     and values still raw (``"kvs"``: ``[(key, value | None)]``, with ``meta`` ``[(key,
     value | None, (create, mod, version))]``)."""
@@ -251,6 +251,6 @@ async def serve_range(node: Node, group: str, req: RangeRequest) -> web.Response
     """Read one page of ``req`` from ``group`` on ``node`` and answer it."""
     if not req.stale:
         require_leader(node, group)
-    page = await wait(node.read(group, lambda s: read_page(s, req),
+    page = await wait(node.read_kv(group, lambda s: read_page(s, req),
                                 linearizable=not req.stale))
     return web.json_response(page_json(page))

@@ -654,6 +654,9 @@ class TablesApi:
         """A single-key request on a table: ``kv_ops``'s semantics, on the key's partition."""
         name = self._name(request)
         req = await parse_kv(request, f"/v1/tables/{request.match_info['table']}/kv/")
+        if req.lease:
+            raise CommandError("leases are for the default KV group: a table's key cannot "
+                               "be attached to one")
         desc = self.p.mgr.table(name)
         if desc is None:
             desc = await self._desc(name)  # 404 if absent; else this node's cache lags
@@ -787,7 +790,7 @@ class TablesApi:
         if not req.stale:
             require_leader(self.p.node, gid)
         try:
-            page: dict[str, Any] = await wait(self.p.node.read(
+            page: dict[str, Any] = await wait(self.p.node.read_kv(
                 gid, lambda s: read_page(s, req), linearizable=not req.stale))
             return page
         except (NodeStopped, UnknownGroup) as e:

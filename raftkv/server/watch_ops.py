@@ -14,7 +14,8 @@ duplicate. Every replica holds the same committed entries, and the outcome of a
 conditional one (whether a compare-and-set or a transaction's compares held) is recorded
 by its apply (``StateStore.outcome``), deterministically, so every node derives the same
 events. A delete is an event whether or not the key existed (the log says a delete was
-written; etcd leaves out deletes of absent keys). While nothing new is applied, a
+written; etcd leaves out deletes of absent keys). A lease's expiry (or revoke) is a
+delete event for each key it removed. While nothing new is applied, a
 progress line ``{"progress": A}`` (A: the node's applied index) comes about every
 ``PROGRESS_SECONDS``: every change up to A has been sent, so a watcher may resume from
 A + 1. The stream opens with one (``from_revision - 1``), so a watcher always knows where
@@ -38,7 +39,8 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -51,12 +53,15 @@ from raftkv.storage.commands import (
     CasIndex,
     CommandError,
     Delete,
+    LeaseRevoke,
     Put,
+    PutLease,
     decode,
     split_put,
     user_key,
 )
 from raftkv.storage.errors import Compacted
+from raftkv.storage.state_store import KVStateStore
 from raftkv.storage.txn import Kind, Txn
 
 PROGRESS_SECONDS = 2.0
@@ -104,10 +109,11 @@ def parse_watch(request: web.Request) -> WatchRequest:
     return WatchRequest(start, end, rev)
 
 
-def _writes(data: bytes, outcome: Callable[[], bool | None]
+def _writes(data: bytes, outcome: Callable[[], bool | list[bytes]]
             ) -> Iterator[tuple[bytes, bytes | None]]:
     """The ``(key, value | None)`` writes of one entry's command; ``outcome()`` says
-    whether a conditional one wrote (asked only for those)."""
+    whether a conditional one wrote, or which keys a lease revoke deleted (asked only
+    for those)."""
     kv = split_put(data)
     if kv is not None:
         yield kv
@@ -130,6 +136,14 @@ def _writes(data: bytes, outcome: Callable[[], bool | None]
         for op in (cmd.success if outcome() else cmd.failure):
             if op.kind is not Kind.GET:
                 yield op.key, op.value if op.kind is Kind.PUT else None
+    elif isinstance(cmd, PutLease):
+        if outcome():
+            yield cmd.key, cmd.value
+    elif isinstance(cmd, LeaseRevoke):
+        deleted = outcome()
+        if isinstance(deleted, list):
+            for key in deleted:
+                yield key, None
 
 
 def read_log(node: Node, group: str, req: WatchRequest, frm: int,
@@ -137,7 +151,8 @@ def read_log(node: Node, group: str, req: WatchRequest, frm: int,
     """On the loop thread: the revision lines of ``[frm, frm + limit)`` up to the applied
     index, and the applied index. Raises ``HistoryCompacted``."""
     g = node.groups[group]
-    state, log = g.state, g.storage.log
+    # The default group's and a partition's state stores are KV stores (read_kv's rule).
+    state, log = cast(KVStateStore, g.state), g.storage.log
     applied = state.applied_index()
     oldest = max(log.first_index(), state.outcomes_from())
     if frm < oldest:
@@ -156,7 +171,7 @@ def read_log(node: Node, group: str, req: WatchRequest, frm: int,
         if not data:
             continue
         events = []
-        for key, value in _writes(data, lambda i=index: _known(state.outcome(i), i)):
+        for key, value in _writes(data, partial(_outcome_of, state, index)):
             if key < lo_key or (hi_key is not None and key >= hi_key) or not user_key(key):
                 continue
             if value is None:
@@ -169,7 +184,8 @@ def read_log(node: Node, group: str, req: WatchRequest, frm: int,
     return hi, lines
 
 
-def _known(outcome: bool | None, index: int) -> bool:
+def _outcome_of(state: KVStateStore, index: int) -> bool | list[bytes]:
+    outcome = state.outcome(index)
     if outcome is None:  # outcomes_from() said it is kept: a store that lost it
         raise HistoryCompacted(index + 1)
     return outcome
@@ -208,7 +224,7 @@ async def serve_watch(node: Node, group: str, req: WatchRequest,
                 last_progress = time.monotonic()
             await asyncio.sleep(POLL_SECONDS)
         try:
-            upto, lines = await wait(node.call(lambda f=frm: read_log(node, group, req, f)))
+            upto, lines = await wait(node.call(partial(read_log, node, group, req, frm)))
         except HistoryCompacted as e:  # fell behind compaction while streaming
             await resp.write(json.dumps({"error": str(e),
                                          "oldest_revision": e.oldest}).encode() + b"\n")

@@ -1,0 +1,274 @@
+"""Leases over HTTP, and the leader's expiry of them (``raftkv.storage.leases`` has the
+state machine's side).
+
+Endpoints (the default KV group; JSON):
+
+- ``POST /v1/leases`` ``{"ttl": seconds, "id"?: n}``: grant a lease (a random id unless
+  given): ``{"id", "ttl", "index"}``; 409 if the id is taken.
+- ``PUT /v1/kv/{key}?lease=ID``: a put attached to the lease; 404 if it does not exist
+  (nothing written). Any other write of the key detaches it.
+- ``POST /v1/leases/{id}/keepalive``: restart the lease's clock: ``{"id", "ttl"}``. Only
+  the leader keeps the clocks, so a follower answers 421 naming it (the Python client
+  follows); 404 if the lease does not exist.
+- ``DELETE /v1/leases/{id}``: revoke it now: its keys are deleted in the same entry
+  (``{"id", "deleted", "index"}``); 404 if it does not exist.
+- ``GET /v1/leases`` and ``GET /v1/leases/{id}``: the leases (and one lease's keys,
+  base64), with ``remaining`` seconds when asked of the leader.
+
+**Expiry.** Time is not part of the replicated state: each replica would read its own
+clock. The leader keeps every lease's deadline in memory (``LeaseKeeper``) and, when one
+passes, proposes the revoke, which deletes the keys on every replica at one index. A
+keepalive moves the deadline on the leader. **Across a leader change** the new leader
+does not know the old one's clocks: it gives every lease its full TTL again from the
+moment it takes over (etcd extends leases on a leader change in the same way), so a lease
+is never cut short by a failover, and one nobody keeps alive expires at most one TTL
+(plus the election) after the change. Leases live in the default group only; a table's
+key cannot be attached to one (400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+import time
+from typing import Any
+
+import msgpack
+from aiohttp import web
+
+from raftkv.core import NotLeader, Role
+from raftkv.node.driver import Node
+from raftkv.server.range_ops import prefix_end
+from raftkv.server.requests import error, json_body, require_leader, wait
+from raftkv.storage.commands import (
+    CommandError,
+    encode_lease_grant,
+    encode_lease_revoke,
+)
+from raftkv.storage.leases import (
+    LEASE_PREFIX,
+    attach_prefix,
+    check_lease_id,
+    check_ttl,
+)
+from raftkv.storage.revisions import value_of
+from raftkv.storage.state_store import KVStateStore
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.25
+RELOAD_SECONDS = 1.0
+
+
+def read_leases(state: KVStateStore) -> dict[int, int]:
+    """Every lease in ``state``: id -> ttl."""
+    out = {}
+    for key, row in state.scan_rows(LEASE_PREFIX, prefix_end(LEASE_PREFIX)):
+        out[int.from_bytes(key[len(LEASE_PREFIX):], "big")] = int(msgpack.unpackb(value_of(row)))
+    return out
+
+
+def lease_keys(state: KVStateStore, lease: int) -> list[bytes]:
+    prefix = attach_prefix(lease)
+    return [k[len(prefix):] for k, _ in state.scan_rows(prefix, prefix_end(prefix))]
+
+
+class LeaseKeeper:
+    """The leader's lease clocks (module docstring), refreshed from the state every
+    ``RELOAD_SECONDS`` while this node leads, dropped when it stops leading."""
+
+    def __init__(self, node: Node, group: str, clock: Any = time.monotonic) -> None:
+        self.node, self.group, self.clock = node, group, clock
+        self.term = 0  # the term we lead, 0 if we do not
+        self.ttls: dict[int, int] = {}
+        self.deadlines: dict[int, float] = {}
+        self.revoking: set[int] = set()
+        self._loaded = 0.0
+
+    async def _leading(self) -> int:
+        def look() -> int:
+            g = self.node.groups.get(self.group)
+            return g.raft.term if g is not None and g.raft.role == Role.LEADER else 0
+        term: int = await wait(self.node.call(look))
+        return term
+
+    async def reload(self) -> None:
+        ttls: dict[int, int] = await wait(self.node.read_kv(self.group, read_leases,
+                                                         linearizable=False))
+        now = self.clock()
+        for lease, ttl in ttls.items():
+            if lease not in self.deadlines:
+                self.deadlines[lease] = now + ttl  # new to us: a full TTL from now
+        for lease in set(self.deadlines) - set(ttls):
+            del self.deadlines[lease]
+        self.ttls = ttls
+        self._loaded = now
+
+    async def tick(self) -> None:
+        term = await self._leading()
+        if term != self.term:
+            self.term, self.ttls, self.deadlines = term, {}, {}
+            self.revoking.clear()
+            if term:
+                await self.reload()
+                log.info("lease keeper: leading term %d with %d leases", term,
+                         len(self.ttls))
+            return
+        if not term:
+            return
+        if self.clock() - self._loaded >= RELOAD_SECONDS:
+            await self.reload()
+        now = self.clock()
+        for lease, deadline in list(self.deadlines.items()):
+            if deadline <= now and lease not in self.revoking:
+                self.revoking.add(lease)
+                asyncio.get_running_loop().create_task(self._expire(lease))
+
+    async def _expire(self, lease: int) -> None:
+        try:
+            await wait(self.node.propose(self.group, encode_lease_revoke(lease)))
+            self.deadlines.pop(lease, None)
+            self.ttls.pop(lease, None)
+            log.info("lease %d expired: revoked", lease)
+        except Exception as e:  # noqa: BLE001 - retried at the next tick
+            log.info("lease %d: revoke failed (%s); retrying", lease, e)
+        finally:
+            self.revoking.discard(lease)
+
+    def granted(self, lease: int, ttl: int) -> None:
+        if self.term:
+            self.ttls[lease] = ttl
+            self.deadlines[lease] = self.clock() + ttl
+
+    async def keepalive(self, lease: int) -> int:
+        """Restart ``lease``'s clock; its TTL. ``NotLeader`` off the leader, ``KeyError``
+        for an unknown lease."""
+        term = await self._leading()
+        if not term:
+            g = self.node.groups[self.group]
+            raise NotLeader(self.node.id, g.leader)
+        if term != self.term:  # elected since the last tick: take over the clocks now
+            await self.tick()
+        if lease not in self.ttls:
+            await self.reload()
+        ttl = self.ttls[lease]
+        self.deadlines[lease] = self.clock() + ttl
+        return ttl
+
+    def remaining(self, lease: int) -> float | None:
+        d = self.deadlines.get(lease)
+        return None if d is None or not self.term else max(0.0, d - self.clock())
+
+
+class LeasesApi:
+    """The endpoints, and the keeper's ticks from the server's start (the node is attached
+    later: ``attach``)."""
+
+    def __init__(self) -> None:
+        self._keeper: LeaseKeeper | None = None
+
+    def attach(self, node: Node, group: str) -> None:
+        self._keeper = LeaseKeeper(node, group)
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        if self._keeper is None:
+            raise web.HTTPServiceUnavailable(text='{"error": "starting"}',
+                                             content_type="application/json")
+        return self._keeper
+
+    @property
+    def node(self) -> Node:
+        return self.keeper.node
+
+    @property
+    def group(self) -> str:
+        return self.keeper.group
+
+    def install(self, app: web.Application) -> None:
+        r = app.router
+        r.add_post("/v1/leases", self.grant)
+        r.add_get("/v1/leases", self.list)
+        r.add_get("/v1/leases/{id}", self.info)
+        r.add_post("/v1/leases/{id}/keepalive", self.keepalive)
+        r.add_delete("/v1/leases/{id}", self.revoke)
+        app.on_startup.append(self._start)
+
+    async def _start(self, app: web.Application) -> None:
+        task = asyncio.get_running_loop().create_task(self._run())
+        app.on_cleanup.append(lambda _: self._cancel(task))
+
+    @staticmethod
+    async def _cancel(task: asyncio.Task[None]) -> None:
+        task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            if self._keeper is not None:
+                try:
+                    await self._keeper.tick()
+                except Exception as e:  # noqa: BLE001 - the keeper must outlive a bad tick
+                    log.warning("lease keeper: %s", e)
+            await asyncio.sleep(TICK_SECONDS)
+
+    @staticmethod
+    def _id(request: web.Request) -> int:
+        raw = request.match_info["id"]
+        if not raw.isdigit() or len(raw) > 19:
+            raise CommandError(f"a lease id is a positive integer, not {raw[:24]!r}")
+        return check_lease_id(int(raw))
+
+    async def grant(self, request: web.Request) -> web.Response:
+        body = await json_body(request)
+        unknown = sorted(set(body) - {"ttl", "id"})
+        if unknown:
+            raise CommandError(f"unknown field {unknown[0]!r} (fields: ttl, id)")
+        ttl = check_ttl(body.get("ttl"))
+        lease = check_lease_id(body["id"]) if "id" in body else secrets.randbelow(1 << 62) + 1
+        require_leader(self.node, self.group)
+        index, ok = await wait(self.node.propose(self.group, encode_lease_grant(lease, ttl)))
+        if not ok:
+            return error(409, f"lease {lease} already exists", id=lease)
+        self.keeper.granted(lease, ttl)
+        return web.json_response({"id": lease, "ttl": ttl, "index": index})
+
+    async def keepalive(self, request: web.Request) -> web.Response:
+        lease = self._id(request)
+        try:
+            ttl = await self.keeper.keepalive(lease)
+        except KeyError:
+            return error(404, f"lease {lease} not found", id=lease)
+        return web.json_response({"id": lease, "ttl": ttl})
+
+    async def revoke(self, request: web.Request) -> web.Response:
+        lease = self._id(request)
+        require_leader(self.node, self.group)
+        index, deleted = await wait(self.node.propose(self.group, encode_lease_revoke(lease)))
+        if deleted is False:
+            return error(404, f"lease {lease} not found", id=lease)
+        self.keeper.deadlines.pop(lease, None)
+        return web.json_response({"id": lease, "deleted": len(deleted), "index": index})
+
+    async def list(self, request: web.Request) -> web.Response:
+        ttls = await wait(self.node.read_kv(self.group, read_leases))
+        return web.json_response({"leases": [
+            {"id": lease, "ttl": ttl, **self._remaining(lease)}
+            for lease, ttl in sorted(ttls.items())]})
+
+    async def info(self, request: web.Request) -> web.Response:
+        lease = self._id(request)
+
+        def look(s: KVStateStore) -> tuple[int | None, list[bytes]]:
+            return read_leases(s).get(lease), lease_keys(s, lease)
+
+        ttl, keys = await wait(self.node.read_kv(self.group, look))
+        if ttl is None:
+            return error(404, f"lease {lease} not found", id=lease)
+        return web.json_response({"id": lease, "ttl": ttl, **self._remaining(lease),
+                                  "keys": [base64.b64encode(k).decode() for k in keys]})
+
+    def _remaining(self, lease: int) -> dict[str, float]:
+        left = self.keeper.remaining(lease)
+        return {} if left is None else {"remaining": round(left, 3)}
