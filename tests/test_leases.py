@@ -10,8 +10,6 @@ from pathlib import Path
 
 import msgpack
 import pytest
-
-from raftkv.server.leases import lease_keys, read_leases
 from raftkv.storage.commands import (
     CommandError,
     decode,
@@ -28,6 +26,8 @@ from raftkv.storage.leases import MAX_LEASED_KEY_BYTES, MAX_TTL
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.state_store import MemoryStateStore, StateStore
 from raftkv.storage.txn import Kind, Txn, TxnOp
+
+from raftkv.server.leases import lease_keys, read_leases
 
 
 @pytest.fixture(params=["memory", "lmdb"])
