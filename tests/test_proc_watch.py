@@ -90,9 +90,11 @@ def test_a_watcher_sees_every_change_once_in_order_through_a_leader_kill(
 def test_a_compacted_or_bad_revision_is_refused(cluster: ProcCluster) -> None:
     c = cluster.client()
     c.put("k", "v")
-    with pytest.raises(ClientError) as e:
-        next(c.watch(prefix="k", from_revision=1 << 40))
-    assert e.value.status == 400
+    index = c.put("k", "w")
+    for future in (1 << 40, index + 50):
+        with pytest.raises(ClientError) as e:
+            next(c.watch(prefix="k", from_revision=future))
+        assert e.value.status == 400 and "in the future" in str(e.value.body)
     import http.client
     import json
     n = cluster.nodes[cluster.wait_leader()]
@@ -123,3 +125,21 @@ def test_the_cli_watch(cluster: ProcCluster) -> None:
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert [(x["type"], x["key"]) for x in lines] == [("put", "cli/a"), ("delete", "cli/a")]
     assert lines[0]["revision"] == first and lines[0]["value"] == "1"
+
+
+def test_a_revision_below_the_compaction_point_is_a_410(tmp_path: Path) -> None:
+    with ProcCluster(str(tmp_path), size=3, tick=0.02,
+                     extra_args=["--compact-entries", "40", "--compact-keep", "5"]) as c:
+        c.start()
+        c.wait_leader()
+        client = c.client()
+        last = 0
+        for i in range(150):
+            last = client.put(f"k{i}", "v")
+        with pytest.raises(ClientError) as e:
+            next(client.watch(prefix="k", from_revision=1))
+        assert e.value.status == 410
+        oldest = int(e.value.body["oldest_revision"])
+        assert 1 < oldest <= last
+        rev, events = next(client.watch(prefix="k", from_revision=oldest))
+        assert oldest <= rev <= last and events

@@ -25,10 +25,11 @@ The log is compacted up to the last checkpoint, keeping a tail (``CompactionPoli
 history is finite: a ``from_revision`` below the oldest entry this node still holds answers
 410 ``{"error", "oldest_revision"}``, as etcd's "required revision has been compacted"
 does. The watcher then reads the range (``GET /v1/kv?prefix=``, which says the revision it
-read at) and watches from that revision + 1. A ``from_revision`` above the node's applied
-index waits for it; one more than ``MAX_AHEAD`` beyond its commit index is a 400 (a
-revision from another cluster, or a typo). Without ``from_revision`` the watch starts
-after the node's applied index (only new changes).
+read at) and watches from that revision + 1. A ``from_revision`` up to one past the
+group's commit index waits for it; one further in the future is a 400 (a revision from
+another cluster, or a typo), after ``FUTURE_WAIT_SECONDS`` for a lagging follower to learn
+the commit index. Without ``from_revision`` the watch starts after the node's applied
+index (only new changes).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from raftkv.storage.txn import Kind, Txn
 PROGRESS_SECONDS = 2.0
 POLL_SECONDS = 0.02
 BATCH_ENTRIES = 1_000
-MAX_AHEAD = 1 << 20
+FUTURE_WAIT_SECONDS = 2.0
 
 
 class HistoryCompacted(Exception):
@@ -200,9 +201,15 @@ async def serve_watch(node: Node, group: str, req: WatchRequest,
 
     applied, commit = await wait(node.call(applied_and_commit))
     frm = req.from_revision if req.from_revision is not None else applied + 1
-    if frm > commit + MAX_AHEAD:
-        return error(400, f"from_revision {frm} is far beyond this group's commit index "
-                          f"{commit}", commit_revision=commit)
+    deadline = time.monotonic() + FUTURE_WAIT_SECONDS
+    while frm > commit + 1 and time.monotonic() < deadline:
+        # A lagging follower may not know yet what the watcher saw on another node.
+        await asyncio.sleep(POLL_SECONDS)
+        applied, commit = await wait(node.call(applied_and_commit))
+    if frm > commit + 1:
+        return error(400, f"from_revision {frm} is in the future: this group's commit "
+                          f"index is {commit} (watch from at most {commit + 1})",
+                     commit_revision=commit)
     try:  # a first read before answering, so a compacted revision gets a plain 410
         upto, lines = await wait(node.call(lambda: read_log(node, group, req, frm)))
     except HistoryCompacted as e:
