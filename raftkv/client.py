@@ -158,6 +158,16 @@ class Client:
             self._conns[endpoint] = c
         return c
 
+    def _stream(self, endpoint: str, timeout: float) -> http.client.HTTPConnection:
+        """A connection of its own for a long answer (a watch, a backup): the pooled
+        ones stay free for requests."""
+        u = urlsplit(endpoint)
+        host = u.hostname or "127.0.0.1"
+        if u.scheme == "https":
+            return http.client.HTTPSConnection(host, u.port or 443, timeout=timeout,
+                                               context=self.ssl)
+        return http.client.HTTPConnection(host, u.port or 80, timeout=timeout)
+
     def _once(
         self, endpoint: str, method: str, path: str, body: bytes | None,
         headers: dict[str, str] | None = None,
@@ -376,13 +386,7 @@ class Client:
         while True:
             endpoint = self.endpoints[self._current]
             path = base + "?" + "&".join(q + ([f"from_revision={nxt}"] if nxt else []))
-            u = urlsplit(endpoint)
-            conn = (http.client.HTTPSConnection(u.hostname or "127.0.0.1", u.port or 443,
-                                                timeout=max(self.timeout, 10.0),
-                                                context=self.ssl)
-                    if u.scheme == "https" else
-                    http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
-                                               timeout=max(self.timeout, 10.0)))
+            conn = self._stream(endpoint, max(self.timeout, 10.0))
             try:
                 conn.request("GET", path, headers=self._auth)
                 r = conn.getresponse()
@@ -419,13 +423,7 @@ class Client:
         target = None
         for _ in range(2 * len(self.endpoints) + 2):
             endpoint = target or self.endpoints[self._current]
-            u = urlsplit(endpoint)
-            conn = (http.client.HTTPSConnection(u.hostname or "127.0.0.1", u.port or 443,
-                                                timeout=max(self.timeout, 30.0),
-                                                context=self.ssl)
-                    if u.scheme == "https" else
-                    http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
-                                               timeout=max(self.timeout, 30.0)))
+            conn = self._stream(endpoint, max(self.timeout, 30.0))
             try:
                 conn.request("GET", "/v1/snapshot", headers=self._auth)
                 r = conn.getresponse()

@@ -10,10 +10,14 @@ Two ways to drive the core:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.state_store import KVStateStore, MemoryStateStore
 
 from raftkv.core import (
     Config,
@@ -162,3 +166,12 @@ class Hold:
         if was:
             c.filters.append(self)
         return out
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+def kv_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVStateStore]:
+    """A fresh KV state store of each kind (``MemoryStateStore``, ``LmdbStateStore``)."""
+    s: KVStateStore = (MemoryStateStore() if request.param == "memory"
+                       else LmdbStateStore(tmp_path / "kv-store"))
+    yield s
+    s.close()

@@ -5,7 +5,6 @@ carrying them, and the commands' validation."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -24,21 +23,13 @@ from raftkv.storage.commands import (
 )
 from raftkv.storage.leases import MAX_LEASED_KEY_BYTES, MAX_TTL
 from raftkv.storage.lmdb_state import LmdbStateStore
-from raftkv.storage.state_store import MemoryStateStore, StateStore
+from raftkv.storage.state_store import KVStateStore
 from raftkv.storage.txn import Kind, Txn, TxnOp
 
 from raftkv.server.leases import lease_keys, read_leases
 
 
-@pytest.fixture(params=["memory", "lmdb"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStore]:
-    s: StateStore = (MemoryStateStore() if request.param == "memory"
-                     else LmdbStateStore(tmp_path / "s"))
-    yield s
-    s.close()
-
-
-def test_a_revoke_deletes_exactly_the_keys_still_attached(store: StateStore) -> None:
+def test_a_revoke_deletes_exactly_the_keys_still_attached(kv_store: KVStateStore) -> None:
     cmds = [
         encode_lease_grant(7, 10),                       # 1
         encode_put_lease(b"a", b"1", 7),                 # 2
@@ -53,27 +44,27 @@ def test_a_revoke_deletes_exactly_the_keys_still_attached(store: StateStore) -> 
         encode_lease_revoke(7),                          # 11
         encode_lease_revoke(7),                          # 12: gone
     ]
-    res = store.apply([(i + 1, c) for i, c in enumerate(cmds)])
+    res = kv_store.apply([(i + 1, c) for i, c in enumerate(cmds)])
     assert res[0] is True and res[1] is True and res[8] is False and res[9] is False
     assert res[10] == [b"a"] and res[11] is False
-    assert store.outcome(11) == [b"a"] and store.outcome(9) is False
-    assert {k: v for k, v in store.scan()} == {b"b": b"plain", b"c": b"t"}
-    assert read_leases(store) == {}
-    assert store.get(b"e") is None  # nothing written for a missing lease
+    assert kv_store.outcome(11) == [b"a"] and kv_store.outcome(9) is False
+    assert {k: v for k, v in kv_store.scan()} == {b"b": b"plain", b"c": b"t"}
+    assert read_leases(kv_store) == {}
+    assert kv_store.get(b"e") is None  # nothing written for a missing lease
 
 
-def test_attachment_moves_with_the_key_and_snapshots_carry_leases(store: StateStore) -> None:
-    store.apply([(1, encode_lease_grant(1, 5)), (2, encode_lease_grant(2, 60)),
+def test_attachment_moves_with_the_key_and_snapshots_carry_leases(kv_store: KVStateStore) -> None:
+    kv_store.apply([(1, encode_lease_grant(1, 5)), (2, encode_lease_grant(2, 60)),
                  (3, encode_put_lease(b"k", b"v", 1)), (4, encode_put_lease(b"k", b"w", 2)),
                  (5, encode_batch([(b"x", b"1")])), (6, encode_put_lease(b"x", b"2", 2)),
                  (7, encode_cas(b"x", b"2", b"3"))])  # the compare-and-set detaches x
-    assert lease_keys(store, 1) == [] and lease_keys(store, 2) == [b"k"]
-    meta = store.get_meta(b"k")
+    assert lease_keys(kv_store, 1) == [] and lease_keys(kv_store, 2) == [b"k"]
+    meta = kv_store.get_meta(b"k")
     assert meta is not None and meta.lease == 2 and meta.version == 2
     with tempfile.TemporaryDirectory() as d:
         copy = LmdbStateStore(Path(d) / "c")
         try:
-            copy.install_snapshot(store.snapshot_chunks())
+            copy.install_snapshot(kv_store.snapshot_chunks())
             assert read_leases(copy) == {1: 5, 2: 60}
             copy.apply([(8, encode_lease_revoke(2))])
             assert copy.get(b"k") is None and copy.get(b"x") == b"3"

@@ -9,7 +9,6 @@ same way everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
@@ -28,34 +27,26 @@ from raftkv.storage.commands import (
 from raftkv.storage.errors import StorageError
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.revisions import KeyMeta
-from raftkv.storage.state_store import MemoryStateStore, StateStore
+from raftkv.storage.state_store import KVStateStore, MemoryStateStore
 
 
-@pytest.fixture(params=["memory", "lmdb"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStore]:
-    s: StateStore = (MemoryStateStore() if request.param == "memory"
-                     else LmdbStateStore(tmp_path / "s"))
-    yield s
-    s.close()
+def test_writes_set_revisions_and_a_delete_starts_the_key_over(kv_store: KVStateStore) -> None:
+    kv_store.apply([(1, encode_put(b"k", b"a")), (2, b""), (3, encode_put(b"k", b"b"))])
+    assert kv_store.get_meta(b"k") == KeyMeta(b"b", 1, 3, 2)
+    assert kv_store.get(b"k") == b"b"
+    kv_store.apply([(4, encode_put(b"k", b"b"))])  # the same value is still a write
+    assert kv_store.get_meta(b"k") == KeyMeta(b"b", 1, 4, 3)
+    kv_store.apply([(5, encode_delete(b"k")), (6, encode_put(b"k", b"c"))])
+    assert kv_store.get_meta(b"k") == KeyMeta(b"c", 6, 6, 1)
+    assert kv_store.get_meta(b"nope") is None
+    kv_store.apply([(7, encode_batch([(b"k", b"d"), (b"j", b"x"), (b"k", b"e")]))])
+    assert kv_store.get_meta(b"k") == KeyMeta(b"e", 6, 7, 3)  # written twice in the entry
+    assert kv_store.get_meta(b"j") == KeyMeta(b"x", 7, 7, 1)
+    assert list(kv_store.scan()) == [(b"j", b"x"), (b"k", b"e")]  # values, not rows
 
 
-def test_writes_set_revisions_and_a_delete_starts_the_key_over(store: StateStore) -> None:
-    store.apply([(1, encode_put(b"k", b"a")), (2, b""), (3, encode_put(b"k", b"b"))])
-    assert store.get_meta(b"k") == KeyMeta(b"b", 1, 3, 2)
-    assert store.get(b"k") == b"b"
-    store.apply([(4, encode_put(b"k", b"b"))])  # the same value is still a write
-    assert store.get_meta(b"k") == KeyMeta(b"b", 1, 4, 3)
-    store.apply([(5, encode_delete(b"k")), (6, encode_put(b"k", b"c"))])
-    assert store.get_meta(b"k") == KeyMeta(b"c", 6, 6, 1)
-    assert store.get_meta(b"nope") is None
-    store.apply([(7, encode_batch([(b"k", b"d"), (b"j", b"x"), (b"k", b"e")]))])
-    assert store.get_meta(b"k") == KeyMeta(b"e", 6, 7, 3)  # written twice in the entry
-    assert store.get_meta(b"j") == KeyMeta(b"x", 7, 7, 1)
-    assert list(store.scan()) == [(b"j", b"x"), (b"k", b"e")]  # values, not rows
-
-
-def test_a_compare_on_the_mod_revision(store: StateStore) -> None:
-    res = store.apply([
+def test_a_compare_on_the_mod_revision(kv_store: KVStateStore) -> None:
+    res = kv_store.apply([
         (1, encode_cas_index(b"k", 0, b"a")),   # absent: swaps
         (2, encode_cas_index(b"k", 0, b"b")),   # no longer absent
         (3, encode_cas_index(b"k", 1, b"c")),   # mod revision 1: swaps
@@ -64,8 +55,8 @@ def test_a_compare_on_the_mod_revision(store: StateStore) -> None:
         (6, encode_cas_index(b"k", 5, None)),   # a compare-and-delete
     ])
     assert res == [True, False, True, False, True, True]
-    assert store.get_meta(b"k") is None
-    assert store.apply([(7, encode_cas_index(b"k", 5, None))]) == [False]
+    assert kv_store.get_meta(b"k") is None
+    assert kv_store.apply([(7, encode_cas_index(b"k", 5, None))]) == [False]
 
 
 def test_the_command_is_validated() -> None:
@@ -117,22 +108,22 @@ def test_the_revisions_digest_tells_apart_what_the_value_digest_cannot() -> None
     assert a.digest(revisions=True) != b.digest(revisions=True)
 
 
-def test_a_snapshot_without_revisions_or_with_bad_ones_is_refused(store: StateStore) -> None:
-    store.apply([(1, encode_put(b"keep", b"me"))])
+def test_a_snapshot_without_revisions_or_with_bad_ones_is_refused(kv_store: KVStateStore) -> None:
+    kv_store.apply([(1, encode_put(b"keep", b"me"))])
     src = MemoryStateStore()
     src.apply([(1, encode_put(b"k", b"v")), (2, encode_put(b"k", b"w"))])
     good = list(src.snapshot_chunks())
     header = msgpack.unpackb(good[0])
     old = [msgpack.packb({k: v for k, v in header.items() if k != "kind"}), *good[1:]]
     with pytest.raises(StorageError, match="before per-key revisions"):
-        store.install_snapshot(old)
+        kv_store.install_snapshot(old)
     rows = msgpack.unpackb(good[1])
     bad_row = ((9).to_bytes(8, "big") + (2).to_bytes(8, "big") + (1).to_bytes(8, "big")
                + bytes(8) + b"w")
     rows[0][1] = bad_row  # created after it was last written
     with pytest.raises(StorageError, match="revisions are inconsistent"):
-        store.install_snapshot([good[0], msgpack.packb(rows, use_bin_type=True), good[2]])
-    assert store.get_meta(b"keep") == KeyMeta(b"me", 1, 1, 1)
+        kv_store.install_snapshot([good[0], msgpack.packb(rows, use_bin_type=True), good[2]])
+    assert kv_store.get_meta(b"keep") == KeyMeta(b"me", 1, 1, 1)
 
 
 def test_a_store_from_before_revisions_is_refused_with_a_clear_error(tmp_path: Path) -> None:

@@ -94,9 +94,10 @@ def is_range(request: web.Request) -> bool:
     return any(query_bytes(request, p) is not None for p in ("prefix", "start", "end"))
 
 
-def parse_range(request: web.Request) -> RangeRequest:
-    """The ``RangeRequest`` of ``request``'s query; ``CommandError`` (400) for bad input."""
-    check_query(request, ACCEPTED)
+def key_range(request: web.Request, what: str) -> tuple[bytes, bytes | None]:
+    """``[start, end)`` of ``?prefix=`` or ``?start=``/``?end=`` (``end`` None: no bound);
+    ``CommandError`` (400) for neither, both, or an inverted range. ``what``: "a range
+    read", "a watch", for the message."""
     prefix = query_bytes(request, "prefix")
     start, end = query_bytes(request, "start"), query_bytes(request, "end")
     if prefix is not None:
@@ -104,13 +105,20 @@ def parse_range(request: web.Request) -> RangeRequest:
             raise CommandError("give ?prefix= or ?start=/?end=, not both")
         start, end = prefix, prefix_end(prefix)
     elif start is None and end is None:
-        raise CommandError("a range read needs ?prefix= (empty: every key), or "
-                           "?start= and/or ?end=")
+        raise CommandError(f"{what} needs ?prefix= (empty: every key), or ?start= and/or "
+                           f"?end=")
     start = start or b""
     end = end or None  # ?end= (empty) is no bound, as a left-out one
     if end is not None and end < start:
         raise CommandError(f"inverted range: end {end[:64]!r} sorts below start "
                            f"{start[:64]!r}")
+    return start, end
+
+
+def parse_range(request: web.Request) -> RangeRequest:
+    """The ``RangeRequest`` of ``request``'s query; ``CommandError`` (400) for bad input."""
+    check_query(request, ACCEPTED)
+    start, end = key_range(request, "a range read")
     raw_limit = query_bytes(request, "limit")
     limit = DEFAULT_LIMIT
     if raw_limit is not None:

@@ -46,7 +46,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from raftkv.node.driver import Node
-from raftkv.server.range_ops import prefix_end
+from raftkv.server.range_ops import key_range
 from raftkv.server.requests import check_query, error, query_bytes, wait
 from raftkv.storage.commands import (
     Batch,
@@ -86,19 +86,7 @@ class WatchRequest:
 
 def parse_watch(request: web.Request) -> WatchRequest:
     check_query(request, ("prefix", "start", "end", "from_revision"))
-    prefix = query_bytes(request, "prefix")
-    start, end = query_bytes(request, "start"), query_bytes(request, "end")
-    if prefix is not None:
-        if start is not None or end is not None:
-            raise CommandError("give ?prefix= or ?start=/?end=, not both")
-        start, end = prefix, prefix_end(prefix)
-    elif start is None and end is None:
-        raise CommandError("a watch needs ?prefix= (empty: every key), or ?start= and/or "
-                           "?end=")
-    start, end = start or b"", end or None
-    if end is not None and end < start:
-        raise CommandError(f"inverted range: end {end[:64]!r} sorts below start "
-                           f"{start[:64]!r}")
+    start, end = key_range(request, "a watch")
     raw = query_bytes(request, "from_revision")
     rev = None
     if raw is not None:
