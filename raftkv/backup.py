@@ -87,7 +87,10 @@ def frames(info: dict[str, Any], chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 def _read_frames(f: IO[bytes]) -> Iterator[bytes]:
     """The frame bodies of a backup file; the end frame is checked and not yielded."""
-    if f.read(len(MAGIC)) != MAGIC:
+    head = f.read(len(MAGIC))
+    if head != MAGIC:
+        if MAGIC.startswith(head):
+            raise BackupError("the backup file is truncated (it ends inside its magic)")
         raise BackupError("not a raftkv backup file (wrong magic): made by "
                           "`raftkv snapshot save`?")
     h = blake2b(digest_size=16)

@@ -68,10 +68,12 @@ from typing import Any, NoReturn
 
 from raftkv.backup import BackupError, BackupInfo, restore, verify
 from raftkv.client import Client, ClientError, Unavailable, resolve_token
+from raftkv.placement.catalog import check_node_id
 from raftkv.server import serve
 from raftkv.spark.cli import add_arguments as add_spark_arguments
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import DEFAULT_GROUP
+from raftkv.transport.tcp import parse_addr
 
 DEFAULT_ENDPOINTS = "http://127.0.0.1:8001"
 STATUS_COLUMNS = ["node", "group", "role", "kind", "term", "leader", "commit", "applied",
@@ -239,6 +241,11 @@ def emit(args: argparse.Namespace, answer: Any, indent: int | None = None) -> No
 # -- commands ---------------------------------------------------------------------------
 def _kv_commands(args: argparse.Namespace, client: Client) -> int:
     table = getattr(args, "table", None)
+    # Keys and values as bytes: an argument that is not UTF-8 reaches argv as surrogates,
+    # which os.fsencode turns back into the bytes given.
+    for name in ("key", "value", "new", "prev_value"):
+        if isinstance(getattr(args, name, None), str):
+            setattr(args, name, os.fsencode(getattr(args, name)))
     if args.cmd == "put":
         emit(args, {"index": client.put(args.key, args.value, table=table, lease=args.lease)})
     elif args.cmd == "lease":
@@ -251,20 +258,26 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
         if args.meta:
             doc = client.get_meta(args.key, stale=args.stale, table=table)
             if doc is None:
-                print(f"error: key {args.key!r} not found", file=sys.stderr)
+                print(f"error: key {os.fsdecode(args.key)!r} not found", file=sys.stderr)
                 return 1
-            emit(args, {"key": args.key, **_text(doc.pop("value"), "value"), **doc},
+            emit(args, {**_text(args.key, "key"), **_text(doc.pop("value"), "value"), **doc},
                  indent=1)
             return 0
         v = client.get(args.key, stale=args.stale, table=table)
         if v is None:
-            print(f"error: key {args.key!r} not found", file=sys.stderr)
+            print(f"error: key {os.fsdecode(args.key)!r} not found", file=sys.stderr)
             return 1
         if args.write_out is None:
             sys.stdout.buffer.write(v + b"\n")
             return 0
-        emit(args, {"key": args.key, **_text(v, "value")})
+        emit(args, {**_text(args.key, "key"), **_text(v, "value")})
     elif args.cmd == "snapshot":
+        parent = os.path.dirname(os.path.abspath(args.file))
+        if os.path.isdir(args.file) or not os.path.isdir(parent):
+            print(f"error: cannot write a backup to {args.file}: "
+                  + ("it is a directory" if os.path.isdir(args.file)
+                     else f"{parent} is not a directory"), file=sys.stderr)
+            return 1
         size = client.snapshot_save(args.file)
         try:
             info = verify(args.file)
@@ -323,19 +336,31 @@ def _snapshot_offline(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     emit(args, {"restored": dict(zip(members, dirs, strict=True)), **_info_json(info),
-                "start": "raftkv serve --id ID --data-dir DIR --peers "
-                         + ",".join(f"{n}={a}" for n, a in members.items())}, indent=1)
+                "start": [f"raftkv serve --id {n} --data-dir {d} --raft-addr {a} "
+                          f"--http-addr HOST:PORT --secret-file FILE --peers "
+                          + ",".join(f"{m}={b}" for m, b in members.items())
+                          for (n, a), d in zip(members.items(), dirs, strict=True)]},
+         indent=1)
     return 0
 
 
 def _parse_members(text: str) -> dict[str, str]:
+    """``--members``, checked as ``serve --peers`` will check it (so a restore never
+    makes directories that cannot start)."""
     out: dict[str, str] = {}
     for item in text.split(","):
         nid, sep, addr = item.partition("=")
         if not sep or not nid or not addr:
             raise BackupError(f"--members takes id=host:port,...; not {item!r}")
+        try:
+            check_node_id(nid)
+            parse_addr(addr)
+        except ValueError as e:
+            raise BackupError(f"--members: {e}") from None
         if nid in out:
             raise BackupError(f"--members names {nid} twice")
+        if addr in out.values():
+            raise BackupError(f"--members gives the address {addr} to two members")
         out[nid] = addr
     return out
 
@@ -369,6 +394,9 @@ def _watch_command(args: argparse.Namespace, client: Client) -> int:
     ``--count`` events."""
     if args.from_revision is not None and args.from_revision < 1:
         raise UsageError("raftkv watch: error: --from-revision is a log index, 1 or more")
+    if (args.table is None) != (args.partition is None):
+        raise UsageError("raftkv watch: error: a table's changes are watched one partition "
+                         "at a time: give --table and --partition together")
     prefix, start, end = (None if a is None else os.fsencode(a)
                           for a in (args.prefix, args.start, args.end))
     if prefix is None and start is None and end is None:
@@ -388,6 +416,8 @@ def _watch_command(args: argparse.Namespace, client: Client) -> int:
                                   **_text(e["key"], "key"),
                                   **(_text(e["value"], "value") if "value" in e else {})}))
             seen += 1
+            if args.count and seen >= args.count:
+                break
         out.flush()
         sys.stdout.flush()
         if args.count and seen >= args.count:
@@ -417,6 +447,9 @@ def _range_command(args: argparse.Namespace, client: Client) -> int:
     of ``{"key", "value"}`` (``*_base64`` for bytes that are not UTF-8)."""
     if args.cmd == "get" and args.key is not None:
         raise UsageError("raftkv get: error: give a KEY or --prefix, not both")
+    if getattr(args, "meta", False):
+        raise UsageError("raftkv get: error: --meta reads one key (a range's revisions: "
+                         "GET /v1/kv?prefix=P&meta=true)")
     # os.fsencode: a key given in bytes that are not UTF-8 reaches argv as surrogates
     prefix, start, end = (None if a is None else os.fsencode(a) for a in
                           (args.prefix, getattr(args, "start", None), getattr(args, "end", None)))
@@ -649,7 +682,8 @@ def parser() -> argparse.ArgumentParser:
                        help="from this revision (a log index) on; default: new changes")
     watch.add_argument("--count", type=int, help="stop after this many events")
     watch.add_argument("--table", help="a table partition's changes (with --partition)")
-    watch.add_argument("--partition", type=int, default=0, help="the table partition")
+    watch.add_argument("--partition", type=int,
+                       help="the table partition (with --table; its own revisions)")
 
     snap = _sub(sub, "snapshot", "backups of the default group: save one from a running "
                                  "cluster, check one, restore one into a new cluster")

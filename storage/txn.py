@@ -19,7 +19,11 @@ answer per operation of the branch taken (a put: None; a delete: whether the key
 get: a ``KeyMeta`` or None).
 
 Limits: at most ``MAX_TXN_OPS`` compares and as many operations per branch (etcd's default
-is 128 in all); keys and values as for every command. Everything is checked when encoding
+is 128 in all), of which at most ``MAX_TXN_GETS`` gets: a get answers up to a 1 MiB value,
+read inside the apply on the Raft loop, and a transaction asking for hundreds of them
+stalled the loop long enough to depose the leader (found from outside); read more with a
+range read. No key may be written twice in one branch (etcd refuses it too): its version
+would count two writes at one revision. Keys and values as for every command. Everything is checked when encoding
 and again when decoding (``CommandError``), as for the other commands.
 """
 
@@ -37,6 +41,7 @@ from raftkv.storage.commands import (
 from raftkv.storage.revisions import KeyMeta, meta_of
 
 MAX_TXN_OPS = 1_000
+MAX_TXN_GETS = 8
 
 
 class Target(IntEnum):
@@ -135,10 +140,23 @@ def _list(xs: object, name: str) -> list[object]:
 def check_txn(compares: object, success: object, failure: object,
               reserved: bool = False) -> Txn:
     """A valid ``Txn`` of the three lists, or ``CommandError``."""
-    cs, ss, fs = _list(compares, "compares"), _list(success, "then"), _list(failure, "else")
-    return Txn(tuple(check_compare(c, i, reserved) for i, c in enumerate(cs)),
-               tuple(check_op(o, i, "then", reserved) for i, o in enumerate(ss)),
-               tuple(check_op(o, i, "else", reserved) for i, o in enumerate(fs)))
+    cs, ss, fs = (_list(compares, "compares"), _list(success, "success"),
+                  _list(failure, "failure"))
+    txn = Txn(tuple(check_compare(c, i, reserved) for i, c in enumerate(cs)),
+              tuple(check_op(o, i, "success", reserved) for i, o in enumerate(ss)),
+              tuple(check_op(o, i, "failure", reserved) for i, o in enumerate(fs)))
+    for name, ops in (("success", txn.success), ("failure", txn.failure)):
+        gets = sum(1 for o in ops if o.kind is Kind.GET)
+        if gets > MAX_TXN_GETS:
+            raise CommandError(f"a transaction's {name} has {gets} gets, over the limit of "
+                               f"{MAX_TXN_GETS} (read more with a range read)",
+                               limit=MAX_TXN_GETS, size=gets)
+        written = [o.key for o in ops if o.kind is not Kind.GET]
+        if len(set(written)) != len(written):
+            twice = next(k for k in written if written.count(k) > 1)
+            raise CommandError(f"a transaction's {name} writes key {twice[:64]!r} more than "
+                               f"once")
+    return txn
 
 
 def wire(txn: Txn) -> list[object]:

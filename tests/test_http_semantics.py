@@ -369,6 +369,13 @@ BAD_TXN = [
     (b'{"success": [{"upsert": {"key": "k"}}]}', "must be one of"),
     (b'{"success": [{"put": {"key_b64": "%%%", "value": "v"}}]}', "base64"),
     (b'{"success": [], "then": []}', "unknown field"),
+    (b'{"success": [{"delete": {"key": "u:", "range_end": "u;"}}]}', "unknown field"),
+    (b'{"compare": [{"key": "k", "target": "mod", "op": "==", "operand": 1, "x": 2}]}',
+     "unknown field"),
+    (b'{"success": [], "success": [{"put": {"key": "k", "value": "v"}}]}', "twice"),
+    (b'{"success": [' + b",".join([b'{"get": {"key": "k"}}'] * 9) + b"]}", "gets"),
+    (b'{"success": [{"put": {"key": "k", "value": "1"}}, {"delete": {"key": "k"}}]}',
+     "more than once"),
 ]
 
 
@@ -395,3 +402,12 @@ def test_a_table_transaction_across_partitions_is_refused(cluster: ProcCluster) 
     assert status == 400 and "at least one key" in answer["error"]
     status, answer = _call(cluster, "n1", "POST", "/v1/tables/nosuch/txn", b"{}")
     assert status == 404
+
+
+@pytest.mark.parametrize("node", ["n1", "n2"])
+def test_a_key_with_a_newline_is_served_like_any_other(cluster: ProcCluster, node: str) -> None:
+    for path in _paths(b"line\nbreak"):
+        assert _call(cluster, node, "PUT", path, b"v")[0] == 200
+        assert _call(cluster, node, "GET", path) == (200, b"v")
+        assert _call(cluster, node, "DELETE", path)[0] == 200
+        assert _call(cluster, node, "GET", path)[0] == 404

@@ -146,3 +146,12 @@ def test_bad_backup_files_are_refused_and_nothing_is_written(tmp_path: Path) -> 
                "n1=127.0.0.1:1,n2=127.0.0.1:2", "--data-dirs", str(tmp_path / "one"))
     assert res.returncode == 1 and "one --data-dir per member" in res.stderr
     assert os.listdir(busy) == ["file"]
+    for members, why in (("n1=127.0.0.1:7001,n2=127.0.0.1:7001", "two members"),
+                         ("n1=bogus", "host:port"), ("n1=127.0.0.1:99999", "host:port"),
+                         ("n 1=127.0.0.1:7001", "node ids")):
+        target = tmp_path / "members"
+        res = _cli("snapshot", "restore", str(tmp_path / "good.snap"), "--members", members,
+                   "--data-dirs", ",".join(str(target / str(i))
+                                           for i in range(members.count(",") + 1)))
+        assert res.returncode == 1 and why in res.stderr, (members, res.stderr)
+        assert not target.exists()

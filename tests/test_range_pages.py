@@ -60,13 +60,14 @@ def _page_all(state: StateStore, start: bytes, end: bytes | None, limit: int,
     w = _Writer(state)
     w.index = state.applied_index()
     while True:
-        doc = page_json(read_page(state, RangeRequest(start, end, limit, after)))
+        req = RangeRequest(start, end, limit, after)
+        doc = page_json(read_page(state, req), req)
         out += [k for k, _ in page_from_json(doc)["kvs"]]
         if between:
             w.run(encode_put(between.pop(), b"written between pages"))
         if not doc["more"]:
             return out
-        after = decode_token(doc["continue"].encode())
+        after = decode_token(doc["continue"].encode(), start, end)
 
 
 def test_prefix_end() -> None:
@@ -128,7 +129,7 @@ def test_a_page_stops_at_its_byte_budget(store: StateStore) -> None:
     for i in range(12):
         w.run(encode_put(b"big%02d" % i, big))
     page = read_page(store, RangeRequest(b"big", None, 100))
-    assert page["more"] and 0 < page["count"] <= range_ops.PAGE_BYTES // len(big)
+    assert page["more"] and 0 < len(page["kvs"]) <= range_ops.PAGE_BYTES // len(big)
 
 
 @settings(max_examples=60, deadline=None)
@@ -146,15 +147,29 @@ def test_merged_table_pages_return_every_key_once_in_order(
     while True:
         req = RangeRequest(b"", None, limit, after)
         merged = page_json(merge_pages({p: read_page(s, req) for p, s in enumerate(stores)},
-                                       limit))
+                                       limit), req)
         assert set(merged["revision"]) == {str(p) for p in range(parts)}
         page = page_from_json({**merged, "revision": 0})
-        assert page["count"] <= limit
+        assert len(page["kvs"]) <= limit
         out += [k for k, _ in page["kvs"]]
         if not merged["more"]:
             break
-        after = decode_token(merged["continue"].encode())
+        after = decode_token(merged["continue"].encode(), b"", None)
     assert out == sorted(keys)
     counts = merge_pages({p: read_page(s, RangeRequest(b"", None, count_only=True))
                           for p, s in enumerate(stores)}, 1)
     assert counts["count"] == len(keys)
+
+
+def test_a_token_names_its_range() -> None:
+    import pytest as _pytest
+    from raftkv.storage.commands import CommandError
+    req = RangeRequest(b"a", b"b", 1)
+    token = page_json({"revision": 1, "kvs": [(b"a1", b"x")], "more": True}, req)["continue"]
+    assert decode_token(token.encode(), b"a", b"b") == b"a1"
+    for start, end in ((b"a", None), (b"", b"b"), (b"user:", b"user;")):
+        with _pytest.raises(CommandError, match="another range"):
+            decode_token(token.encode(), start, end)
+    for junk in (b"YQ==", b"%%%", b"", b"kQ=="):
+        with _pytest.raises(CommandError, match="not a continuation token"):
+            decode_token(junk, b"a", b"b")

@@ -20,7 +20,7 @@ from raftkv.storage.commands import CommandError, decode, encode_txn
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.revisions import KeyMeta
 from raftkv.storage.state_store import MemoryStateStore
-from raftkv.storage.txn import MAX_TXN_OPS, CmpOp, Compare, Kind, Target, Txn, TxnOp
+from raftkv.storage.txn import MAX_TXN_GETS, MAX_TXN_OPS, CmpOp, Compare, Kind, Target, Txn, TxnOp
 
 KEYS = [b"a", b"b", b"c"]
 Model = dict[bytes, tuple[bytes, int, int, int]]
@@ -69,8 +69,14 @@ ops = st.one_of(
     st.builds(TxnOp, st.sampled_from([Kind.DELETE, Kind.GET]), st.sampled_from(KEYS),
               st.none()),
 )
-txns = st.builds(Txn, st.lists(compares, max_size=3).map(tuple),
-                 st.lists(ops, max_size=4).map(tuple), st.lists(ops, max_size=4).map(tuple))
+def _writes_once(os: list[TxnOp]) -> bool:
+    """A branch writes a key at most once (``check_txn`` refuses it otherwise)."""
+    written = [o.key for o in os if o.kind is not Kind.GET]
+    return len(set(written)) == len(written)
+
+
+branch = st.lists(ops, max_size=4).filter(_writes_once).map(tuple)
+txns = st.builds(Txn, st.lists(compares, max_size=3).map(tuple), branch, branch)
 
 
 @settings(max_examples=80, deadline=None)
@@ -108,6 +114,8 @@ def test_a_transaction_round_trips_and_bad_ones_are_refused() -> None:
         [6, [], [], [[3, b"k" * 600, None]]],      # key too long
         [6, [], []],                               # missing a branch
         [6, [[b"k", 1, 0, 0]] * (MAX_TXN_OPS + 1), [], []],
+        [6, [], [[3, b"k", None]] * (MAX_TXN_GETS + 1), []],   # too many gets
+        [6, [], [[1, b"k", b"v"], [2, b"k", None]], []],        # k written twice
     ]
     for b in bad:
         with pytest.raises(CommandError):

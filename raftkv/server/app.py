@@ -216,12 +216,13 @@ class Api:
             handler_args={"max_line_size": PARSER_LINE_LIMIT},
         )
         r = app.router
-        # ".*" so an empty key reaches check_key and gets a 400, not a 404.
+        # Any characters, a newline too (".*" stops at one), so every key is routed and
+        # an empty one reaches check_key and gets a 400, not a 404.
         r.add_get("/v1/kv", self.kv_range)
         r.add_get("/v1/watch", self.watch)
-        r.add_get("/v1/kv/{key:.*}", self.kv_op)
-        r.add_put("/v1/kv/{key:.*}", self.kv_op)
-        r.add_delete("/v1/kv/{key:.*}", self.kv_op)
+        r.add_get("/v1/kv/{key:[\\s\\S]*}", self.kv_op)
+        r.add_put("/v1/kv/{key:[\\s\\S]*}", self.kv_op)
+        r.add_delete("/v1/kv/{key:[\\s\\S]*}", self.kv_op)
         r.add_post("/v1/batch", self.batch)
         r.add_post("/v1/txn", self.txn)
         r.add_get("/v1/digest", self.digest)

@@ -6,8 +6,8 @@ that starts with P; an empty P is every key) or as ``?start=A`` and/or ``?end=B`
 bound may be left out: unbounded). Parameters are percent-decoded to raw bytes, as keys
 in the path are. An answer is one *page*::
 
-    {"revision": R, "kvs": [{"key": b64, "value": b64}, ...], "count": n,
-     "more": bool, "continue": token | null}
+    {"revision": R, "kvs": [{"key": b64, "value": b64}, ...], "more": bool,
+     "continue": token | null}
 
 Keys and values are base64 (standard alphabet), as in etcd's JSON gateway: they are
 arbitrary bytes. ``revision`` is the Raft index the page was read at: the state after
@@ -17,7 +17,7 @@ applying exactly the log up to R. Options:
   holds ``PAGE_BYTES`` of keys and values (at least one key), so one request cannot pin
   the node's memory or stall its loop.
 - ``continue``: the ``continue`` token of the previous page; the request must repeat the
-  same range. The next page starts just after the last key of the previous one.
+  same range (a token names its range: another range's is a 400). The next page starts just after the last key of the previous one.
 - ``meta=true``: each key also carries its ``create_revision``, ``mod_revision`` and
   ``version`` (``raftkv.storage.revisions``).
 - ``keys_only=true``: no values. ``count_only=true``: only ``{"revision", "count"}``, the
@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from aiohttp import web
 
 from raftkv.node.driver import Node
@@ -128,7 +129,7 @@ def parse_range(request: web.Request) -> RangeRequest:
                                f"not {text[:20]!r}")
         limit = int(text)
     token = query_bytes(request, "continue")
-    after = decode_token(token) if token is not None else None
+    after = decode_token(token, start, end) if token is not None else None
     keys_only, count_only = flag(request, "keys_only"), flag(request, "count_only")
     if keys_only and count_only:
         raise CommandError("give keys_only or count_only, not both")
@@ -136,20 +137,28 @@ def parse_range(request: web.Request) -> RangeRequest:
                         flag(request, "stale"), flag(request, "meta"))
 
 
-def encode_token(last_key: bytes) -> str:
-    """The ``continue`` token after ``last_key``: opaque to clients (base64url)."""
-    return base64.urlsafe_b64encode(last_key).decode()
+def encode_token(req: RangeRequest, last_key: bytes) -> str:
+    """The ``continue`` token after ``last_key`` in ``req``'s range: opaque to clients
+    (base64url of the range and the key)."""
+    return base64.urlsafe_b64encode(
+        msgpack.packb([req.start, req.end, last_key], use_bin_type=True)).decode()
 
 
-def decode_token(token: bytes) -> bytes:
+def decode_token(token: bytes, start: bytes, end: bytes | None) -> bytes:
+    """The last key a ``continue`` token names; ``CommandError`` if it is not one, or is
+    another range's."""
     try:
-        key = base64.urlsafe_b64decode(token)
-    except (binascii.Error, ValueError):
-        key = b""
-    if not 0 < len(key) <= MAX_KEY_BYTES:
+        got = msgpack.unpackb(base64.urlsafe_b64decode(token), max_bin_len=4 * MAX_KEY_BYTES)
+    except (binascii.Error, ValueError, msgpack.UnpackException):
+        got = None
+    if (not isinstance(got, list) or len(got) != 3 or type(got[2]) is not bytes
+            or not 0 < len(got[2]) <= MAX_KEY_BYTES):
         raise CommandError("?continue is not a continuation token of this API (give the "
                            "\"continue\" of the previous page)")
-    return key
+    if got[0] != start or got[1] != end:
+        raise CommandError("?continue is the token of another range: repeat the range of "
+                           "the page it came from")
+    return bytes(got[2])
 
 
 def _user_scans(state: KVStateStore, lo: bytes, hi: bytes | None,
@@ -175,7 +184,7 @@ def read_page(state: KVStateStore, req: RangeRequest) -> dict[str, Any]:
     revision = state.applied_index()
     if hi is not None and lo >= hi:
         return ({"revision": revision, "count": 0} if req.count_only else
-                {"revision": revision, "kvs": [], "count": 0, "more": False})
+                {"revision": revision, "kvs": [], "more": False})
     meta = req.meta and not req.count_only
     scans = _user_scans(state, lo, hi, rows=meta)
     try:
@@ -200,11 +209,11 @@ def read_page(state: KVStateStore, req: RangeRequest) -> dict[str, Any]:
             close = getattr(scan, "close", None)
             if close is not None:
                 close()  # an LMDB scan stopped early holds a read transaction
-    return {"revision": revision, "kvs": kvs, "count": len(kvs), "more": more}
+    return {"revision": revision, "kvs": kvs, "more": more}
 
 
-def page_json(page: dict[str, Any]) -> dict[str, Any]:
-    """The JSON answer of a page ``read_page`` (or ``merge_pages``) made."""
+def page_json(page: dict[str, Any], req: RangeRequest) -> dict[str, Any]:
+    """The JSON answer of a page ``read_page`` (or ``merge_pages``) made for ``req``."""
     if "kvs" not in page:
         return page
     b64 = base64.b64encode
@@ -217,7 +226,8 @@ def page_json(page: dict[str, Any]) -> dict[str, Any]:
             doc.update(zip(("create_revision", "mod_revision", "version"), kv[2], strict=True))
         kvs.append(doc)
     last = page["kvs"][-1][0] if page["kvs"] and page["more"] else None
-    return {**page, "kvs": kvs, "continue": encode_token(last) if last is not None else None}
+    return {**page, "kvs": kvs,
+            "continue": encode_token(req, last) if last is not None else None}
 
 
 def page_from_json(doc: dict[str, Any]) -> dict[str, Any]:
@@ -230,8 +240,7 @@ def page_from_json(doc: dict[str, Any]) -> dict[str, Any]:
            if "mod_revision" in kv else
            (dec(kv["key"]), dec(kv["value"]) if "value" in kv else None)
            for kv in doc["kvs"]]
-    return {"revision": int(doc["revision"]), "kvs": kvs, "count": len(kvs),
-            "more": bool(doc["more"])}
+    return {"revision": int(doc["revision"]), "kvs": kvs, "more": bool(doc["more"])}
 
 
 def merge_pages(pages: dict[int, dict[str, Any]], limit: int) -> dict[str, Any]:
@@ -252,7 +261,7 @@ def merge_pages(pages: dict[int, dict[str, Any]], limit: int) -> dict[str, Any]:
                    if bound is None or kv[0] <= bound), key=lambda kv: kv[0])
     more = bound is not None or len(rows) > limit
     rows = rows[:limit]
-    return {"revision": revisions, "kvs": rows, "count": len(rows), "more": more}
+    return {"revision": revisions, "kvs": rows, "more": more}
 
 
 async def serve_range(node: Node, group: str, req: RangeRequest) -> web.Response:
@@ -261,4 +270,4 @@ async def serve_range(node: Node, group: str, req: RangeRequest) -> web.Response
         require_leader(node, group)
     page = await wait(node.read_kv(group, lambda s: read_page(s, req),
                                 linearizable=not req.stale))
-    return web.json_response(page_json(page))
+    return web.json_response(page_json(page, req))

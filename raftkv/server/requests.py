@@ -283,10 +283,20 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     return json_object(await request.read())
 
 
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a field given twice (which one would count is a guess)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise CommandError(f"the body gives the field {k!r} twice")
+        out[k] = v
+    return out
+
+
 def json_object(raw: bytes) -> dict[str, Any]:
     """``raw`` as a JSON object; ``CommandError`` (400) for anything else."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, object_pairs_hook=_no_repeats)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise CommandError("the body must be a JSON object") from None
     if not isinstance(body, dict):

@@ -291,9 +291,9 @@ class TablesApi:
         r.add_delete("/v1/tables/{table}", self.drop)
         r.add_put("/v1/tables/{table}/replicas", self.set_replicas)
         r.add_get("/v1/tables/{table}/kv", self.range)
-        r.add_get("/v1/tables/{table}/kv/{key:.*}", self.kv)
-        r.add_put("/v1/tables/{table}/kv/{key:.*}", self.kv)
-        r.add_delete("/v1/tables/{table}/kv/{key:.*}", self.kv)
+        r.add_get("/v1/tables/{table}/kv/{key:[\\s\\S]*}", self.kv)
+        r.add_put("/v1/tables/{table}/kv/{key:[\\s\\S]*}", self.kv)
+        r.add_delete("/v1/tables/{table}/kv/{key:[\\s\\S]*}", self.kv)
         r.add_post("/v1/tables/{table}/batch", self.table_batch)
         r.add_post("/v1/tables/{table}/txn", self.table_txn)
         r.add_post("/v1/tables/{table}/partitions/{p}/batch", self.partition_batch)
@@ -761,7 +761,7 @@ class TablesApi:
             if isinstance(r, BaseException):
                 raise r
         pages = {p: r for p, r in enumerate(got) if not isinstance(r, BaseException)}
-        return web.json_response(page_json(merge_pages(pages, req.limit)))
+        return web.json_response(page_json(merge_pages(pages, req.limit), req))
 
     async def partition_range(self, request: web.Request) -> web.Response:
         """One page of a range read on one partition (``range_ops``), served here or by
@@ -771,7 +771,7 @@ class TablesApi:
         if gid not in self.p.node.groups:
             return await self._elsewhere(request, name, p, b"")
         try:
-            return web.json_response(page_json(await self._local_page(name, gid, req)))
+            return web.json_response(page_json(await self._local_page(name, gid, req), req))
         except _PartitionFailed as e:
             return error(e.status, str(e), group=gid)
 

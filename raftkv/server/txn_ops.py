@@ -79,6 +79,7 @@ def parse_txn(body: dict[str, Any]) -> Txn:
     for i, c in enumerate(_list(body, "compare")):
         c = _obj(c, f"compare {i}")
         what = f"compare {i}"
+        _only(c, ("key", "key_b64", "target", "op", "operand", "operand_b64"), what)
         target = _TARGETS.get(str(c.get("target")))
         op = _OPS.get(str(c.get("op")))
         if target is None:
@@ -100,10 +101,22 @@ def parse_txn(body: dict[str, Any]) -> Txn:
                                    f"{{\"delete\": ...}}, {{\"get\": ...}}")
             kind = next(iter(o))
             arg = _obj(o[kind], f"{name} op {i}")
+            _only(arg, ("key", "key_b64", "value", "value_b64") if kind == "put"
+                  else ("key", "key_b64"), f"{name} op {i} ({kind})")
             value = _bytes(arg, "value", f"{name} op {i}") if kind == "put" else None
             ops.append([int(_KINDS[kind]), _bytes(arg, "key", f"{name} op {i}"), value])
         branches.append(ops)
     return check_txn(compares, branches[0], branches[1])
+
+
+def _only(doc: dict[str, Any], fields: tuple[str, ...], what: str) -> None:
+    """400 for a field outside ``fields``: an etcd field raftkv does not have (a
+    ``range_end``) must not turn into a single-key operation silently."""
+    unknown = sorted(set(doc) - set(fields))
+    if unknown:
+        raise CommandError(f"{what}: unknown field {unknown[0]!r} (fields: "
+                           f"{', '.join(fields)}; a transaction's operations are on single "
+                           f"keys)")
 
 
 def _list(body: dict[str, Any], field: str) -> list[Any]:
