@@ -689,13 +689,13 @@ def parser() -> argparse.ArgumentParser:
                                  "cluster, check one, restore one into a new cluster")
     snapa = snap.add_subparsers(dest="action", required=True, metavar="ACTION")
     save = _sub(snapa, "save", "stream a backup from the leader into FILE (verified after)")
-    save.add_argument("file")
+    save.add_argument("file", help="where to write the backup (a .part file first)")
     status = _sub(snapa, "status", "check a backup file completely and print what it holds")
-    status.add_argument("file")
+    status.add_argument("file", help="the backup file")
     rest = _sub(snapa, "restore", "make the data directories of a NEW cluster from a backup, "
                                   "one per member, in one run (then start each with "
                                   "raftkv serve and the same --peers)")
-    rest.add_argument("file")
+    rest.add_argument("file", help="the backup file (verified before anything is written)")
     rest.add_argument("--members", required=True,
                       help="the new cluster: id=raft_host:port,... (becomes --peers)")
     rest.add_argument("--data-dirs", required=True,

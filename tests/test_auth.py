@@ -154,8 +154,10 @@ def test_only_the_probes_are_public_and_changes_need_admin() -> None:
     for (method, path), role in ROLES.items():
         if path.startswith("/v1/cluster/") and method != "GET" or path == "/v1/test/partition":
             assert role is Role.ADMIN, (method, path)
-        if method == "GET" and role is not None:
+        if method == "GET" and role is not None and path != "/v1/snapshot":
             assert role <= Role.READ, (method, path)
+    # A backup is every key at once, for an operator to restore a cluster from.
+    assert ROLES[("GET", "/v1/snapshot")] is Role.ADMIN
 
 
 # -- the client side ---------------------------------------------------------------------

@@ -72,7 +72,8 @@ def test_a_usage_error_is_one_line_and_exits_1_not_2(
     as one."""
     for argv, says in ((["put", "k"], "raftkv put: error: the following arguments are required"),
                        (["--timeout", "-1", "get", "k"], "must be more than 0 seconds"),
-                       (["cas", "k", "v"], "give exactly one of --prev-value or --prev-absent"),
+                       (["cas", "k", "v"],
+                        "give exactly one of --prev-value, --prev-absent or --prev-index"),
                        (["frobnicate"], "invalid choice")):
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from test_rebalance import ALL, META, PARTS, TABLE, Cluster, _check, _no_errors, _write, wait_for
 
+from raftkv.node.errors import RequestTimeout
 from raftkv.placement.catalog import DEAD_KEY, DRAINING_KEY, TOPOLOGY_KEY, partition_group
 from raftkv.placement.liveness import ClusterSettings, LivenessRecord, data_nodes
 from raftkv.placement.meta_commands import VersionedValue
@@ -252,5 +253,14 @@ def test_a_change_begun_during_a_transfer_to_a_dead_node_goes_on(cluster: Cluste
     cluster.kill(doomed)
     cluster.nodes[lead].transfer_leadership(gid, doomed)  # pending for an election timeout
     rest = [n for n in ALL if n != doomed]
-    cluster.mgrs[lead].set_nodes(rest)
+    # The killed node may have led the metastore: this write's first try may then time
+    # out in the election (setting the topology again is harmless).
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            cluster.mgrs[lead].set_nodes(rest)
+            break
+        except RequestTimeout:
+            if time.monotonic() > deadline:
+                raise
     cluster.wait_converged(TABLE, rest, 3, timeout=20)

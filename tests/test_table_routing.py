@@ -229,6 +229,7 @@ async def _local(req: KvRequest, e: Exception, table_exists: bool) -> tuple[int,
     """``_local``'s answer when the node's read or write fails with ``e``."""
     node = SimpleNamespace(groups={},  # hosts nothing here: require_leader lets it through
                            read=lambda group, fn, linearizable=True: _failed(e),
+                           read_kv=lambda group, fn, linearizable=True: _failed(e),
                            propose=lambda group, data, shape=None: _failed(e))
     placement = SimpleNamespace(id="n1", node=node,
                                 descriptor=lambda name: object() if table_exists else None)
