@@ -316,3 +316,37 @@ def test_a_third_voter_holding_entries_committed_without_the_survivor_refuses() 
     for n in ("n1", "n3"):
         assert c.raft(n).log.committed > index
         assert c.raft(n).log.term(index) == c.raft("n3").log.term(index)
+
+
+def test_a_commit_learned_from_outside_shrinks_the_electorate() -> None:
+    """``Raft.learn_commit`` (placement simulator seed 1187): n1 appended "remove n3" and
+    acknowledged it, but the leader's notice that it committed never came; n3's replica
+    is then gone for good and n2 lost its state. With n1's commit index below the removal,
+    n3 is in its electorate and n1 waits for ever; told from outside that the entry
+    (index, term) committed, n1 adopts it (only that very entry), and wins alone."""
+    c = Cluster(["n1", "n2", "n3"], seed=5, identities=True)
+    c.elect("n2")
+    c.propose("n2", cmd(0))
+    c.stabilize()
+    r2, r1 = c.raft("n2"), c.raft("n1")
+    index = r2.log.last_index() + 1
+    # Every notice from n2 to n1 that the removal committed is lost.
+    c.filters.append(lambda m: not (m.frm == "n2" and m.to == "n1"
+                                    and (m.commit or 0) >= index))
+    r2.propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
+    c.stabilize()
+    term = r2.log.term(index)
+    assert r2.confs[-1][0] == index and r2.log.committed >= index
+    assert r1.log.last_index() >= index > r1.log.committed
+    c.nodes["n2"].crash()
+    c.nodes["n3"].crash()
+    wait_without_leader(c, ["n1"])
+    assert r1.voters_since_commit() == {"n1", "n2", "n3"}
+    assert not r1.learn_commit(index, term + 1)  # another entry at that index: refused
+    assert not r1.learn_commit(r1.log.last_index() + 5, term)  # beyond the log
+    assert r1.learn_commit(index, term) and r1.log.committed == index
+    assert not r1.learn_commit(index, term)  # already
+    assert r1.voters_since_commit() == {"n1", "n2"}
+    r1.campaign_without("n2")
+    c.stabilize()
+    assert r1.role == Role.LEADER and set(r1.conf.voters) == {"n1"}

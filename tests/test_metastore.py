@@ -300,7 +300,7 @@ def assignments(
 
 def test_seed_004_write_new_pending_assignments(meta: Meta) -> None:
     p = b"t1.0"
-    stable, _, _, trigger, _ = keys(p)
+    stable, _, _, trigger, *_ = keys(p)
     meta.run(encode_put(stable, nodes("A", "B", "C")))
 
     def on_replica_number_change(event_revision: int, calculated: bytes) -> int:

@@ -114,6 +114,18 @@ def test_seed_1076_a_lone_holder_left_out_of_pending_by_a_cancel() -> None:
     assert res.returncode == 0, res.stdout[-2000:]
 
 
+# Found by the long run of 2026-11-27 (liveness, two replicas): {n2, n3, n4} -> {n2, n4}
+# committed on n4, whose notice of it to n2 was lost; n3 deleted its replica, n4's files
+# were wiped, and n2's survivor election needed n3 (its commit index was below the
+# removal). n2 now learns the commit from the metastore (PartitionKeys.applied,
+# Raft.learn_commit). Replayed by the command line with PYTHONHASHSEED=0, as 1076 is.
+def test_seed_1187_a_holder_that_missed_a_commit_learns_it_from_the_metastore() -> None:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", "1187"],
+                         check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-2000:]
+
+
 @pytest.mark.parametrize("seed, found", KEPT_SEEDS)
 def test_kept_seed(seed: int, found: str) -> None:
     r = run_placement_seed(seed)

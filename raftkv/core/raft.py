@@ -530,6 +530,21 @@ class Raft:
         self._unquiesce()
         self._campaign(CampaignKind.PRE_ELECTION if self.cfg.pre_vote else CampaignKind.ELECTION)
 
+    def learn_commit(self, index: int, term: int) -> bool:
+        """Adopt ``index`` as committed if this log holds the entry (``index``, ``term``)
+        in stable storage: the caller knows from elsewhere that that entry committed (the
+        placement layer records the configuration entry each change ended with, after its
+        leader saw it commit). By Log Matching (§5.3) this log then equals the leader's
+        up to ``index``, all of it committed: what a leader's commit index in an
+        AppendEntries tells a follower, and the notice a follower misses when its
+        leader's last heartbeat is lost or the leader crashes right after committing.
+        Whether the commit index moved."""
+        log = self.log
+        if (index <= log.committed or index >= log.unstable_offset
+                or log.term_or_zero(index) != term):
+            return False
+        return log.commit_to(index)
+
     def campaign_without(self, lost: str) -> None:
         """A survivor election: win without ``lost``'s vote (see "The lone survivor of two
         voters"). The caller asserts that ``lost`` lost its state and that no

@@ -79,6 +79,10 @@ class PartitionKeys(NamedTuple):
     # Ours: set by the leader before its first removal towards pending, cleared by
     # onRebalanceDone; while set, planned's cancel is refused (rebalance_steps.fence_removals).
     removing: bytes
+    # Ours: the (index, term) of the configuration entry the last change ended with,
+    # written by its onRebalanceDone once the leader saw it commit (encode_applied); a
+    # holder that missed the commit learns it here (SafeRestart._maybe_survive).
+    applied: bytes
 
 
 def partition_keys(table: str, partition: int) -> PartitionKeys:
@@ -86,8 +90,19 @@ def partition_keys(table: str, partition: int) -> PartitionKeys:
     return PartitionKeys(
         base + b".assignments.stable", base + b".assignments.pending",
         base + b".assignments.planned", base + b".change.trigger.revision",
-        base + b".assignments.removing",
+        base + b".assignments.removing", base + b".assignments.applied",
     )
+
+
+def encode_applied(index: int, term: int) -> bytes:
+    return index.to_bytes(8, "big") + term.to_bytes(8, "big")
+
+
+def decode_applied(raw: bytes) -> tuple[int, int] | None:
+    """The (index, term) of an ``applied`` record; None for anything else."""
+    if len(raw) != 16:
+        return None
+    return int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:], "big")
 
 
 def write_pending_assignments(keys: PartitionKeys, event_revision: int, calculated: bytes) -> If:

@@ -624,10 +624,17 @@ class ChangePeers(ManagerBase):
             if ch.origin == "api":
                 part.change = None
             return
-        self._on_new_peers_configuration_applied(part, ch.term, voters, pending)
+        g = self.node.groups.get(part.group)
+        committed = None
+        if g is not None:
+            index = g.raft.confs[-1][0]  # settled: the latest configuration is committed
+            term = g.raft.log.term_or_zero(index)
+            committed = (index, term) if term else None
+        self._on_new_peers_configuration_applied(part, ch.term, voters, pending, committed)
 
     def _on_new_peers_configuration_applied(
         self, part: PartitionState, term: int, voters: frozenset[str], pending: VersionedValue,
+        committed: tuple[int, int] | None = None,
     ) -> None:
         """Seed 004: stable = applied peers; pending = planned (or empty); guarded."""
         key = (term, pending.mod_revision)
@@ -650,7 +657,7 @@ class ChangePeers(ManagerBase):
                 st, pe, pl, red, app, topo, dead, dkv = f.result()
                 done = steps.rebalance_done_switch(
                     part.keys, part.sw, voters, st, pe, pl, red, app,
-                    self._calc(part, topo, dead, dkv))
+                    self._calc(part, topo, dead, dkv), committed)
                 if done.tree is None:
                     bo.succeeded()
                     self.metrics["done_stale"] += 1

@@ -62,6 +62,7 @@ from raftkv.placement.assignments import (
     SKIPPED,
     PartitionKeys,
     decode_nodes,
+    encode_applied,
     encode_nodes,
     rebalance_done,
 )
@@ -271,11 +272,16 @@ class SwitchDone(NamedTuple):
     pending: list[str]  # what pending becomes ([] in the common branch without planned)
 
 
+def _applied_ops(keys: PartitionKeys, committed: tuple[int, int] | None) -> list[Op]:
+    return [] if committed is None else [Op.put(keys.applied, encode_applied(*committed))]
+
+
 def rebalance_done_switch(
     keys: PartitionKeys, sw: SwitchKeys, new_peers: Iterable[str],
     stable: VersionedValue | None, pending: VersionedValue | None,
     planned: VersionedValue | None, reduce: VersionedValue | None,
     append: VersionedValue | None, calc_part_assignments: Iterable[str],
+    committed: tuple[int, int] | None = None,
 ) -> SwitchDone:
     """IGNITE-16668 onRebalanceDone, one iteration of its retry loop (the caller reads the
     five keys, runs the tree, and on ``DONE_RETRY`` reads again)::
@@ -298,7 +304,8 @@ def rebalance_done_switch(
     ``finish_rebalance``); ``append'`` also drops nodes already in resolvedStable (else
     a no-op "addition" would repeat forever); and a reduction that would empty pending
     falls to the common branch (a group needs a voter); every write clears the removal
-    fence (``fence_removals``)."""
+    fence (``fence_removals``) and records ``committed``, the (index, term) of the
+    configuration entry the change ended with (``PartitionKeys.applied``)."""
     resolved = set(new_peers)
     calc = set(calc_part_assignments)
     if _nodes(pending) != resolved:
@@ -330,12 +337,13 @@ def rebalance_done_switch(
             ops += [Op.put(keys.pending, planned.value), Op.remove(keys.planned)]
         else:
             ops.append(Op.put(keys.pending, b""))
-        tree = If(pre, Do(tag, *ops, *switch_ops, Op.remove(keys.removing)), Do(DONE_RETRY))
+        tree = If(pre, Do(tag, *ops, *switch_ops, Op.remove(keys.removing),
+                          *_applied_ops(keys, committed)), Do(DONE_RETRY))
         return SwitchDone(tree, sorted(resolved), sorted(calc_reduce), sorted(calc_append),
                           sorted(_nodes(planned)))
     tree = If(pre, Do(tag, Op.put(keys.stable, new_stable),
                       Op.put(keys.pending, encode_nodes(new_pending)), *switch_ops,
-                      Op.remove(keys.removing)),
+                      Op.remove(keys.removing), *_applied_ops(keys, committed)),
               Do(DONE_RETRY))
     return SwitchDone(tree, sorted(resolved), sorted(calc_reduce), sorted(calc_append),
                       sorted(new_pending))

@@ -129,6 +129,13 @@ under {b} or {b, z}, which needs b. Only one side of a pair is ever a survivor: 
 the election against a only if a is in switch.reduce, which only a new, state-less a
 writes. If a lost its state too it does not hold the partition: neither member holds
 it, and the full-partition restart applies.
+Before it campaigns, a adopts the commit index the metastore records for the partition's
+last change (``PartitionKeys.applied``: the (index, term) of the configuration entry that
+change ended with, written by its onRebalanceDone after its leader saw the entry commit;
+``Raft.learn_commit`` takes it only if a's log holds that very entry). Otherwise a lost
+commit notice leaves the removed z in a's electorate for good once z deleted its replica
+(placement simulator seed 1187). A full-partition restart removes the record with its
+first holds key, so it never names an entry of the new history.
 A member of the electorate (a learner that may have been promoted, or z) that is down
 or lost its own state makes the election wait: it may hold the only copy of what b
 committed with it, and two losses are beyond this rule.
@@ -154,6 +161,7 @@ from raftkv.core import (
 from raftkv.node.driver import Group
 from raftkv.placement import rebalance_steps as steps
 from raftkv.placement.assignments import (
+    decode_applied,
     decode_nodes,
 )
 from raftkv.placement.catalog import (
@@ -511,7 +519,8 @@ class SafeRestart(ManagerBase):
         part.survive_inflight = True
         keys = [part.sw.reduce, part.keys.stable, part.keys.pending,
                 holds_key(part.table, part.index, lost), incarnation_key(lost),
-                holds_key(part.table, part.index, self.id), incarnation_key(self.id)]
+                holds_key(part.table, part.index, self.id), incarnation_key(self.id),
+                part.keys.applied]
 
         def read(f: Future[Any]) -> None:
             part.survive_inflight = False
@@ -527,6 +536,16 @@ class SafeRestart(ManagerBase):
                 return
             part.survive_after = self.node.clock() + 2 * self.node.cfg.election_tick * \
                 self.node.cfg.tick_seconds
+            applied = kv.get(part.keys.applied)
+            learned = decode_applied(applied.value) if applied is not None else None
+            if learned is not None and g.raft.learn_commit(*learned):
+                # The last change's leader saw this configuration entry commit; a lost
+                # notice (or that leader's crash) left our commit index below it, and
+                # with it a removed member in our electorate (placement simulator seed
+                # 1187: {n2, n3, n4} -> {n2, n4} committed, n4 wiped, n3 gone).
+                self.metrics["commits_learned"] += 1
+                log.info("node %s: %s: commit index %d learned from the metastore",
+                         self.id, part.group, learned[0])
             try:
                 g.raft.campaign_without(lost)
             except CampaignRejected as e:
@@ -573,8 +592,9 @@ class SafeRestart(ManagerBase):
                 hk = holds_key(part.table, part.index, n)
                 conds.append(Cond.revision(hk).eq(kv[hk].mod_revision if hk in kv else 0))
             voters = decode_nodes(st.value)
+            # The old history's last commit record must not name an entry of the new one.
             ops = [Op.put(holds_key(part.table, part.index, self.id),
-                          self.incarnation + b"/" + epoch)]
+                          self.incarnation + b"/" + epoch), Op.remove(part.keys.applied)]
             self._on_loop(self.meta.invoke(conds, ops), lambda r: written(r, voters))
 
         def written(f: Future[Any], voters: list[str]) -> None:
