@@ -126,6 +126,17 @@ def test_seed_1187_a_holder_that_missed_a_commit_learns_it_from_the_metastore() 
     assert res.returncode == 0, res.stdout[-2000:]
 
 
+# Found by the long run of 2026-11-27 (liveness): the lone holder n3 started its group as
+# soon as its holds key was written, and the one look that followed ran before the watch
+# brought that key to its cache; nothing looked again (MetastoreView._apply_event now
+# kicks a hosted two-voter group a holds or incarnation key may unblock).
+def test_seed_1739_a_holder_whose_own_holds_key_came_late_looks_again() -> None:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", "1739"],
+                         check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-2000:]
+
+
 @pytest.mark.parametrize("seed, found", KEPT_SEEDS)
 def test_kept_seed(seed: int, found: str) -> None:
     r = run_placement_seed(seed)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from raftkv.core import Role
 from raftkv.node.errors import NodeStopped
 from raftkv.placement import rebalance_steps as steps
 from raftkv.placement.assignments import (
@@ -35,6 +36,7 @@ from raftkv.placement.catalog import (
     TOPOLOGY_KEY,
     TableDescriptor,
     address_key,
+    holds_prefix,
     incarnation_key,
     parse_partition_key,
     partition_group,
@@ -172,8 +174,14 @@ class MetastoreView(ManagerBase):
             else:
                 self._forget_table(key[len(TABLES_PREFIX):].decode(errors="replace"))
         elif key.startswith((HOLDS_PREFIX, INCARNATION_PREFIX)):
+            # The restart path reads these keys, and so does the lone holder's survivor
+            # check (``_survivor_case``: its own holds key and the lost member's). A holder
+            # whose own holds key reached the cache after its group started was never
+            # looked at again (placement simulator seed 1739).
+            holds = key.startswith(HOLDS_PREFIX)
             for gid, part in self._parts.items():
-                if part.start.restarting:
+                if part.start.restarting or (self._may_survive(gid) and (
+                        not holds or key.startswith(holds_prefix(part.table, part.index)))):
                     self._kick(gid)
         elif key in (TOPOLOGY_KEY, DEAD_KEY):
             for gid in self._parts:
@@ -182,6 +190,13 @@ class MetastoreView(ManagerBase):
             pk = parse_partition_key(key)
             if pk is not None:
                 self._kick(partition_group(pk.table, pk.partition))
+
+    def _may_survive(self, gid: str) -> bool:
+        """We host ``gid``, do not lead it, and its configuration has two voters: the
+        lone holder's survivor rule (``SafeRestart._maybe_survive``) may apply."""
+        g = self.node.groups.get(gid) if gid in self._hosted else None
+        return (g is not None and g.raft.role != Role.LEADER
+                and len(g.raft.conf.voters) == 2)
 
     def _learn_table(self, key: bytes, raw: bytes) -> None:
         try:
