@@ -510,14 +510,18 @@ class ChangePeers(ManagerBase):
         if ch.fencing or ch.fence_refused == pending.mod_revision:
             self._wait(part)  # refused: the watch brings the pending that moved
             return False
+        bo = self._backoff(part, "fence")
+        if not bo.ready((ch.term, pending.mod_revision), self.node.clock()):
+            return False  # a failed fence is retried when its back-off kicks
         ch.fencing = True
 
         def done(f: Future[Any]) -> None:
             ch.fencing = False
             exc = f.exception()
             if exc is not None:
-                self._failed(part, "change", exc)
+                self._failed(part, "fence", exc)
                 return
+            bo.succeeded()
             res = f.result()
             if isinstance(res, BranchResult) and res.tag == steps.FENCED:
                 ch.fenced = pending.mod_revision
