@@ -30,6 +30,7 @@ and vote are not carried over: it is a new cluster with the old data.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import time
@@ -76,7 +77,7 @@ def frames(info: dict[str, Any], chunks: Iterable[bytes]) -> Iterator[bytes]:
     h = blake2b(digest_size=16)
     yield MAGIC
     n = 0
-    for body in (msgpack.packb(info, use_bin_type=True), *chunks):
+    for body in itertools.chain((msgpack.packb(info, use_bin_type=True),), chunks):
         frame = _LEN.pack(len(body)) + body
         h.update(frame)
         n += 1

@@ -25,14 +25,14 @@ the same index, and replay after a crash deletes them again at the same place.
 
 from __future__ import annotations
 
-from raftkv.storage.commands import RESERVED_PREFIX, CommandError
+from raftkv.storage.commands import MAX_KEY_BYTES, RESERVED_PREFIX, CommandError
 
 LEASE_PREFIX = RESERVED_PREFIX + b"lease."
 ATTACH_PREFIX = RESERVED_PREFIX + b"leasekey."
 MAX_TTL = 10_000_000  # seconds, about 115 days
 MAX_LEASE_ID = (1 << 63) - 1
 # An attached key's own row under ATTACH_PREFIX + id must fit LMDB's key size too.
-MAX_LEASED_KEY_BYTES = 511 - len(ATTACH_PREFIX) - 8
+MAX_LEASED_KEY_BYTES = MAX_KEY_BYTES - len(ATTACH_PREFIX) - 8
 
 
 def check_lease_id(lease: object) -> int:

@@ -238,6 +238,10 @@ class LmdbStateStore(LmdbBacked):
             self._env.close()
             raise
         self._applied = self._checkpoint = applied
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(_OUTCOMES_FROM)
+        # Kept here too: a watch asks for every conditional entry it reads.
+        self._outcomes_from = int.from_bytes(raw, "big") if raw is not None else 1
         self._closed = False
 
     def _open_dbs(self) -> tuple[lmdb._Database, lmdb._Database, lmdb._Database, int]:
@@ -316,23 +320,24 @@ class LmdbStateStore(LmdbBacked):
                 results = apply_commands(entries, txn.get, txn.put, txn.delete, keys,
                                          outcome)
                 txn.put(_APPLIED, _index_bytes(last), db=self._meta)
-                self._prune_outcomes(txn, last - OUTCOME_WINDOW + 1)
+                floor = self._prune_outcomes(txn, last - OUTCOME_WINDOW + 1)
         except lmdb.Error as e:  # the context manager aborted: nothing was applied
             raise self._fail(f"apply of [{entries[0][0]}, {last}] failed", e) from e
         self._applied = last
+        self._outcomes_from = floor
         return results
 
-    def _prune_outcomes(self, txn: lmdb.Transaction[bytes], floor: int) -> None:
+    def _prune_outcomes(self, txn: lmdb.Transaction[bytes], floor: int) -> int:
         """Drop the outcomes below ``floor`` (a bound on the index alone: every replica
-        keeps the same ones) and record it."""
-        raw = txn.get(_OUTCOMES_FROM, db=self._meta)
-        if raw is not None and int.from_bytes(raw, "big") >= floor:
-            return
+        keeps the same ones) and record it; the outcomes' floor after this apply."""
+        if self._outcomes_from >= floor:
+            return self._outcomes_from
         cursor = txn.cursor(db=self._outcomes)
         end = _index_bytes(floor)
         while cursor.first() and cursor.key() < end:
             cursor.delete()
         txn.put(_OUTCOMES_FROM, end, db=self._meta)
+        return floor
 
     # -- reads ---------------------------------------------------------------------------------
     def outcome(self, index: int) -> bool | list[bytes] | None:
@@ -345,9 +350,7 @@ class LmdbStateStore(LmdbBacked):
 
     def outcomes_from(self) -> int:
         self._live()
-        with self._env.begin(db=self._meta) as txn:
-            raw = txn.get(_OUTCOMES_FROM)
-        return int.from_bytes(raw, "big") if raw is not None else 1
+        return self._outcomes_from
 
     def _get_row(self, key: bytes) -> bytes | None:
         self._live()
@@ -458,6 +461,7 @@ class LmdbStateStore(LmdbBacked):
         except lmdb.Error as e:
             raise self._fail("install of snapshot failed", e) from e
         self._applied = self._checkpoint = loader.applied
+        self._outcomes_from = loader.applied + 1
         self._policy.reset()
         self.checkpoints += 1
         return loader.applied

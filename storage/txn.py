@@ -66,6 +66,9 @@ class Kind(IntEnum):
     GET = 3
 
 
+_TARGETS, _CMP_OPS, _KINDS = frozenset(Target), frozenset(CmpOp), frozenset(Kind)
+
+
 class Compare(NamedTuple):
     key: bytes
     target: Target
@@ -96,9 +99,9 @@ def check_compare(c: object, i: int, reserved: bool = False) -> Compare:
         raise CommandError(f"{what} must be [key, target, op, operand]")
     key, target, op, operand = c
     key = check_key(key, f"{what}: key", reserved=reserved)
-    if type(target) is not int or target not in set(Target):
+    if type(target) is not int or target not in _TARGETS:
         raise CommandError(f"{what}: unknown target {target!r}")
-    if type(op) is not int or op not in set(CmpOp):
+    if type(op) is not int or op not in _CMP_OPS:
         raise CommandError(f"{what}: unknown operator {op!r}")
     t, o = Target(target), CmpOp(op)
     if t is Target.VALUE:
@@ -117,7 +120,7 @@ def check_op(op: object, i: int, branch: str, reserved: bool = False) -> TxnOp:
     if not isinstance(op, list | tuple) or len(op) != 3:
         raise CommandError(f"{what} must be [kind, key, value | nil]")
     kind, key, value = op
-    if type(kind) is not int or kind not in set(Kind):
+    if type(kind) is not int or kind not in _KINDS:
         raise CommandError(f"{what}: unknown kind {kind!r} (1 put, 2 delete, 3 get)")
     k = Kind(kind)
     key = check_key(key, f"{what}: key", reserved=reserved)

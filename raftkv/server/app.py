@@ -299,13 +299,18 @@ class Api:
         await resp.prepare(request)
         loop = asyncio.get_running_loop()
         it = frames(info, chunks)
-        while True:
-            # Off the event loop: a chunk is up to a MiB read from LMDB (one read
-            # transaction, consumed by one thread at a time, as the store allows).
-            part = await loop.run_in_executor(None, next, it, None)
-            if part is None:
-                break
-            await resp.write(part)
+        try:
+            while True:
+                # Off the event loop: a chunk is up to a MiB read from LMDB (one read
+                # transaction, consumed by one thread at a time, as the store allows).
+                part = await loop.run_in_executor(None, next, it, None)
+                if part is None:
+                    break
+                await resp.write(part)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # a client gone mid-stream must not pin the read transaction
         await resp.write_eof()
         return resp
 

@@ -55,6 +55,7 @@ from raftkv.storage.commands import (
     encode_put,
     encode_put_lease,
 )
+from raftkv.storage.leases import check_lease_id
 from raftkv.storage.revisions import KeyMeta
 
 _ACCEPTED = {"GET": ("stale", "meta"),
@@ -120,11 +121,11 @@ async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
     raw_lease = query_bytes(request, "lease")
     if raw_lease is not None:
         text = raw_lease.decode("ascii", "replace")
-        if not text.isdigit() or len(text) > 19 or not 0 < int(text) < 1 << 63:
+        if not text.isdigit() or len(text) > 19:
             raise CommandError(f"?lease is a lease id (a positive integer), not {text[:24]!r}")
         if compare:
             raise CommandError("a put to a lease cannot also compare (use a transaction)")
-        lease = int(text)
+        lease = check_lease_id(int(text))
     return KvRequest("PUT", key, value=value, compare=compare, expected=expected,
                      expected_index=expected_index, lease=lease)
 

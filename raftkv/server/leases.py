@@ -86,6 +86,8 @@ class LeaseKeeper:
         self.deadlines: dict[int, float] = {}
         self.revoking: set[int] = set()
         self._loaded = 0.0
+        # One tick at a time: the keeper's task and a keepalive that finds a new term.
+        self._lock = asyncio.Lock()
 
     async def _leading(self) -> int:
         def look() -> int:
@@ -102,11 +104,15 @@ class LeaseKeeper:
             if lease not in self.deadlines:
                 self.deadlines[lease] = now + ttl  # new to us: a full TTL from now
         for lease in set(self.deadlines) - set(ttls):
-            del self.deadlines[lease]
+            del self.deadlines[lease]  # revoked through another node
         self.ttls = ttls
         self._loaded = now
 
     async def tick(self) -> None:
+        async with self._lock:
+            await self._tick()
+
+    async def _tick(self) -> None:
         term = await self._leading()
         if term != self.term:
             self.term, self.ttls, self.deadlines = term, {}, {}
@@ -129,13 +135,17 @@ class LeaseKeeper:
     async def _expire(self, lease: int) -> None:
         try:
             await wait(self.node.propose(self.group, encode_lease_revoke(lease)))
-            self.deadlines.pop(lease, None)
-            self.ttls.pop(lease, None)
+            self.forget(lease)
             log.info("lease %d expired: revoked", lease)
         except Exception as e:  # noqa: BLE001 - retried at the next tick
             log.info("lease %d: revoke failed (%s); retrying", lease, e)
         finally:
             self.revoking.discard(lease)
+
+    def forget(self, lease: int) -> None:
+        """``lease`` was revoked (here, or found gone at a reload)."""
+        self.deadlines.pop(lease, None)
+        self.ttls.pop(lease, None)
 
     def granted(self, lease: int, ttl: int) -> None:
         if self.term:
@@ -151,8 +161,11 @@ class LeaseKeeper:
             raise NotLeader(self.node.id, g.leader)
         if term != self.term:  # elected since the last tick: take over the clocks now
             await self.tick()
+        if lease in self.revoking:
+            raise KeyError(lease)  # expired: its revoke is on its way to the log
         if lease not in self.ttls:
-            await self.reload()
+            async with self._lock:
+                await self.reload()
         ttl = self.ttls[lease]
         self.deadlines[lease] = self.clock() + ttl
         return ttl
@@ -216,7 +229,7 @@ class LeasesApi:
     @staticmethod
     def _id(request: web.Request) -> int:
         raw = request.match_info["id"]
-        if not raw.isdigit() or len(raw) > 19:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
             raise CommandError(f"a lease id is a positive integer, not {raw[:24]!r}")
         return check_lease_id(int(raw))
 
@@ -248,7 +261,7 @@ class LeasesApi:
         index, deleted = await wait(self.node.propose(self.group, encode_lease_revoke(lease)))
         if deleted is False:
             return error(404, f"lease {lease} not found", id=lease)
-        self.keeper.deadlines.pop(lease, None)
+        self.keeper.forget(lease)
         return web.json_response({"id": lease, "deleted": len(deleted), "index": index})
 
     async def list(self, request: web.Request) -> web.Response:

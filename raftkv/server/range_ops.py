@@ -60,13 +60,15 @@ MAX_LIMIT = 10_000
 PAGE_BYTES = 4 << 20  # etcd's default max request/response size is 1.5 MiB; values here reach 1 MiB
 ACCEPTED = ("prefix", "start", "end", "limit", "continue", "keys_only", "count_only", "stale",
             "meta")
-_RESERVED_END = RESERVED_PREFIX[:-1] + bytes([RESERVED_PREFIX[-1] + 1])
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
     """The least key above every key that starts with ``prefix`` (None: no bound)."""
     p = prefix.rstrip(b"\xff")
     return p[:-1] + bytes([p[-1] + 1]) if p else None
+
+
+_RESERVED_END = prefix_end(RESERVED_PREFIX) or b""  # never empty: the prefix ends in "."
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import aiohttp
@@ -724,8 +724,12 @@ class TablesApi:
                 if n != self.p.id]
 
     async def _local(self, name: str, gid: str, req: KvRequest) -> web.Response:
+        return await self._served(name, gid, serve_kv(self.p.node, gid, req))
+
+    async def _served(self, name: str, gid: str, work: Awaitable[web.Response]) -> web.Response:
+        """``work`` on partition group ``gid`` here, its failures as ``_local`` answers them."""
         try:
-            return await serve_kv(self.p.node, gid, req)
+            return await work
         except (NodeStopped, UnknownGroup, RemoteError) as e:
             # The group stopped under the request (here or on the leader it was forwarded
             # to): if the table is gone, say so; otherwise it moved (503: retry).
@@ -845,12 +849,7 @@ class TablesApi:
         gid = partition_group(name, parts[0])
         if gid not in self.p.node.groups:
             return await self._elsewhere(request, name, parts[0], raw)
-        try:
-            return await serve_txn(self.p.node, gid, txn)
-        except (NodeStopped, UnknownGroup) as e:
-            if await self._run(lambda: self.p.descriptor(name)) is None:
-                return error(404, f"table {name} was dropped", group=gid)
-            return error(503, f"{gid} moved ({e}); retry", group=gid)
+        return await self._served(name, gid, serve_txn(self.p.node, gid, txn))
 
     async def table_batch(self, request: web.Request) -> web.Response:
         """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
