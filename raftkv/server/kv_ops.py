@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -138,6 +139,13 @@ def _swapped(index: int, result: object) -> tuple[bool, int]:
     return bool(result), index
 
 
+def meta_json(key: bytes, m: KeyMeta) -> dict[str, Any]:
+    """A key's value and revisions as JSON (``?meta=true``, a transaction's get)."""
+    return {"key": base64.b64encode(key).decode(), "value": base64.b64encode(m.value).decode(),
+            "create_revision": m.create_revision, "mod_revision": m.mod_revision,
+            "version": m.version}
+
+
 async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
     """Run ``req`` against ``group`` on ``node`` and answer (module docstring)."""
     if not req.stale:
@@ -149,11 +157,7 @@ async def serve_kv(node: Node, group: str, req: KvRequest) -> web.Response:
         if got is None:
             return error(404, KEY_NOT_FOUND)
         if req.meta:
-            return web.json_response({
-                "key": base64.b64encode(key).decode(),
-                "value": base64.b64encode(got.value).decode(),
-                "create_revision": got.create_revision, "mod_revision": got.mod_revision,
-                "version": got.version})
+            return web.json_response(meta_json(key, got))
         revs = (got.create_revision, got.mod_revision, got.version)
         return web.Response(body=got.value, content_type="application/octet-stream",
                             headers={h: str(v) for h, v in zip(REVISION_HEADERS, revs,

@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from raftkv.node.driver import Node
+from raftkv.server.kv_ops import meta_json
 from raftkv.server.requests import require_leader, wait
 from raftkv.storage.commands import CommandError, encode_txn
 from raftkv.storage.revisions import KeyMeta
@@ -132,15 +133,10 @@ def txn_keys(txn: Txn) -> list[bytes]:
             + [o.key for o in txn.failure])
 
 
-def _meta_json(key: bytes, m: KeyMeta) -> dict[str, Any]:
-    return {"key": base64.b64encode(key).decode(), "value": base64.b64encode(m.value).decode(),
-            "create_revision": m.create_revision, "mod_revision": m.mod_revision,
-            "version": m.version}
-
-
 def as_result(result: object) -> TxnResult:
     """``result`` as a ``TxnResult``: a write forwarded to the leader comes back as the
-    msgpack arrays of one (``[succeeded, [None | bool | [value, create, mod, version]]]``)."""
+    msgpack arrays of one (``[succeeded, [None | bool | [value, create, mod, version,
+    lease]]]``)."""
     if isinstance(result, TxnResult):
         return result
     if not isinstance(result, list | tuple) or len(result) != 2:
@@ -161,7 +157,7 @@ def result_json(txn: Txn, index: int, result: object) -> dict[str, Any]:
         elif op.kind is Kind.DELETE:
             out.append({"delete": {"deleted": bool(r)}})
         else:
-            out.append({"get": None if not isinstance(r, KeyMeta) else _meta_json(op.key, r)})
+            out.append({"get": None if not isinstance(r, KeyMeta) else meta_json(op.key, r)})
     return {"succeeded": result.succeeded, "index": index, "responses": out}
 
 
