@@ -384,3 +384,33 @@ def test_late_answer_from_a_paused_follower_still_quiesces_the_group():
     c.stabilize()
     assert all(c.raft(n).quiesced for n in IDS)
     assert all(c.raft(n).log.committed == index for n in IDS)
+
+
+def test_a_follower_below_the_named_commit_stays_awake_until_it_learns_it():
+    """Placement simulator seed 2104: a quiesce heartbeat whose commit is below the entry
+    it names (the leader thought us down) must not put us to sleep. Asleep, a lost
+    follow-up left us one entry behind for good; awake, our election timer's pre-vote
+    wakes the leader, which brings the commit."""
+    c = quiet_cluster()
+    r1, r2 = c.raft("n1"), c.raft("n2")
+    last = r1.log.last_index()
+    # The leader's quiesce heartbeat as it is sent when it thought n2 was down.
+    r2.quiesced = False
+    r2.log.committed = last - 1
+    r2.step(msg(MT.HEARTBEAT, "n1", "n2", r1.term, index=last,
+                log_term=r1.log.term(last), commit=last - 1))
+    assert not r2.quiesced and r2.log.committed == last - 1
+    # Every follow-up from n1 to n2 is lost at first; n2's timer then wakes the group.
+    c.cut("n1", "n2")
+    c.tick(["n2"], n=5)
+    c.heal()
+    for _ in range(100):
+        c.tick()
+        if r2.log.committed == last and r2.quiesced:
+            break
+    assert r2.log.committed >= last and r1.role == Role.LEADER
+    # With the commit named, it does go quiet.
+    r2.quiesced = False
+    r2.step(msg(MT.HEARTBEAT, "n1", "n2", r1.term, index=r2.log.last_index(),
+                log_term=r2.log.term(r2.log.last_index()), commit=r2.log.last_index()))
+    assert r2.quiesced

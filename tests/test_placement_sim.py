@@ -101,40 +101,39 @@ KEPT_SEEDS = [
 ]
 
 
-# Found by the long run on the final code of 2026-11-27 (liveness, two replicas): stable
-# [n1, n3], a cancel by the leader n3 wrote pending [n2, n4, n5] after n1's files were
-# wiped but before n1 recorded the loss, and n3 lost its term before it could name itself
-# again. A pending that names a node that is a voter of no configuration of the holder's
-# log now proves (B) as well (SafeRestart._survivor_case). Its schedule depends on the
-# hash seed, so it runs as the command line replays it, with PYTHONHASHSEED=0.
-def test_seed_1076_a_lone_holder_left_out_of_pending_by_a_cancel() -> None:
+# Seeds found by the long runs of 2026-11-27. Their schedules depend on the hash seed,
+# so each runs as the command line replays it, with PYTHONHASHSEED=0.
+HASH_SEEDED = [
+    # Liveness, two replicas: stable [n1, n3], a cancel by the leader n3 wrote pending
+    # [n2, n4, n5] after n1's files were wiped but before n1 recorded the loss, and n3
+    # lost its term before it could name itself again. A pending that names a node that
+    # is a voter of no configuration of the holder's log now proves (B) as well
+    # (SafeRestart._survivor_case).
+    (1076, "a lone holder left out of pending by a cancel"),
+    # Liveness, two replicas: {n2, n3, n4} -> {n2, n4} committed on n4, whose notice of
+    # it to n2 was lost; n3 deleted its replica, n4's files were wiped, and n2's survivor
+    # election needed n3 (its commit index was below the removal). n2 now learns the
+    # commit from the metastore (PartitionKeys.applied, Raft.learn_commit).
+    (1187, "a holder that missed a commit learns it from the metastore"),
+    # Liveness: the lone holder n3 started its group as soon as its holds key was
+    # written, and the one look that followed ran before the watch brought that key to
+    # its cache; nothing looked again (MetastoreView._apply_event now kicks a hosted
+    # two-voter group a holds or incarnation key may unblock).
+    (1739, "a holder whose own holds key came late looks again"),
+    # Liveness, core quiescence: the leader went quiet while it counted n2 unreachable,
+    # so its quiesce heartbeat named entry 95 with commit 94; n2 slept, the follow-up
+    # was dropped, and n2 stayed one entry behind for good. A follower now goes quiet
+    # only once the heartbeat's commit reaches the entry it names (Raft._handle_heartbeat).
+    (2104, "a follower told a commit below the quiesce entry stays awake"),
+]
+
+
+@pytest.mark.parametrize("seed, found", HASH_SEEDED)
+def test_hash_seeded(seed: int, found: str) -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", "1076"],
+    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", str(seed)],
                          check=False, capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stdout[-2000:]
-
-
-# Found by the long run of 2026-11-27 (liveness, two replicas): {n2, n3, n4} -> {n2, n4}
-# committed on n4, whose notice of it to n2 was lost; n3 deleted its replica, n4's files
-# were wiped, and n2's survivor election needed n3 (its commit index was below the
-# removal). n2 now learns the commit from the metastore (PartitionKeys.applied,
-# Raft.learn_commit). Replayed by the command line with PYTHONHASHSEED=0, as 1076 is.
-def test_seed_1187_a_holder_that_missed_a_commit_learns_it_from_the_metastore() -> None:
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", "1187"],
-                         check=False, capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stdout[-2000:]
-
-
-# Found by the long run of 2026-11-27 (liveness): the lone holder n3 started its group as
-# soon as its holds key was written, and the one look that followed ran before the watch
-# brought that key to its cache; nothing looked again (MetastoreView._apply_event now
-# kicks a hosted two-voter group a holds or incarnation key may unblock).
-def test_seed_1739_a_holder_whose_own_holds_key_came_late_looks_again() -> None:
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", "1739"],
-                         check=False, capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stdout[-2000:]
+    assert res.returncode == 0, f"{found}:\n{res.stdout[-2000:]}"
 
 
 @pytest.mark.parametrize("seed, found", KEPT_SEEDS)
