@@ -66,7 +66,15 @@ from functools import partial
 from importlib import metadata
 from typing import Any, NoReturn
 
-from raftkv.backup import BackupError, BackupInfo, restore, verify
+from raftkv.backup import (
+    BackupError,
+    BackupInfo,
+    restore,
+    restore_table,
+    save_table,
+    verify,
+    verify_table,
+)
 from raftkv.client import Client, ClientError, Unavailable, resolve_token
 from raftkv.placement.catalog import check_node_id
 from raftkv.server import serve
@@ -271,6 +279,17 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
             sys.stdout.buffer.write(v + b"\n")
             return 0
         emit(args, {**_text(args.key, "key"), **_text(v, "value")})
+    elif args.cmd == "snapshot" and args.table:
+        try:
+            if args.action == "save":
+                doc = save_table(client, args.table, args.file)
+            else:
+                doc = restore_table(client, args.file, args.table, args.replicas)
+        except BackupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        emit(args, {"directory": args.file, **doc}, indent=1)
+        return 0
     elif args.cmd == "snapshot":
         parent = os.path.dirname(os.path.abspath(args.file))
         if os.path.isdir(args.file) or not os.path.isdir(parent):
@@ -326,9 +345,16 @@ def _snapshot_offline(args: argparse.Namespace) -> int:
     """``snapshot status`` and ``snapshot restore``: files only, no cluster."""
     try:
         if args.action == "status":
+            if os.path.isdir(args.file):
+                emit(args, {"directory": args.file, **verify_table(args.file)}, indent=1)
+                return 0
             info = verify(args.file)
             emit(args, {"file": args.file, **_info_json(info)}, indent=1)
             return 0
+        if not args.members or not args.data_dirs:
+            raise BackupError("restore needs --members and --data-dirs (a new cluster from "
+                              "a group backup), or --table (a table backup into a running "
+                              "cluster)")
         members = _parse_members(args.members)
         dirs = [d for d in args.data_dirs.split(",") if d]
         info = restore(args.file, members, dirs)
@@ -685,22 +711,33 @@ def parser() -> argparse.ArgumentParser:
     watch.add_argument("--partition", type=int,
                        help="the table partition (with --table; its own revisions)")
 
-    snap = _sub(sub, "snapshot", "backups of the default group: save one from a running "
-                                 "cluster, check one, restore one into a new cluster")
+    snap = _sub(sub, "snapshot", "backups of the default group or of a table: save one from "
+                                 "a running cluster, check one, restore one")
     snapa = snap.add_subparsers(dest="action", required=True, metavar="ACTION")
-    save = _sub(snapa, "save", "stream a backup from the leader into FILE (verified after)")
-    save.add_argument("file", help="where to write the backup (a .part file first)")
-    status = _sub(snapa, "status", "check a backup file completely and print what it holds")
-    status.add_argument("file", help="the backup file")
+    save = _sub(snapa, "save", "stream a backup from the leader into FILE (verified after); "
+                               "with --table, every partition into the directory FILE")
+    save.add_argument("file", help="where to write the backup (a .part file first); with "
+                                   "--table a new or empty directory")
+    save.add_argument("--table", help="back up this table: one file per partition and a "
+                                      "manifest")
+    status = _sub(snapa, "status", "check a backup file (or a table backup's directory) "
+                                   "completely and print what it holds")
+    status.add_argument("file", help="the backup file, or a table backup's directory")
     rest = _sub(snapa, "restore", "make the data directories of a NEW cluster from a backup, "
                                   "one per member, in one run (then start each with "
-                                  "raftkv serve and the same --peers)")
-    rest.add_argument("file", help="the backup file (verified before anything is written)")
-    rest.add_argument("--members", required=True,
+                                  "raftkv serve and the same --peers); with --table, load "
+                                  "a table backup into a new table of a running cluster")
+    rest.add_argument("file", help="the backup file, or a table backup's directory (verified "
+                                   "before anything is written)")
+    rest.add_argument("--members",
                       help="the new cluster: id=raft_host:port,... (becomes --peers)")
-    rest.add_argument("--data-dirs", required=True,
+    rest.add_argument("--data-dirs",
                       help="one new, empty directory per member, comma-separated, in the "
                            "order of --members")
+    rest.add_argument("--table", help="a table backup: the NEW table to create and load "
+                                      "(same partition count; rows get new revisions)")
+    rest.add_argument("--replicas", type=int,
+                      help="with --table: replicas of the new table (default: the backup's)")
 
     txn = _sub(sub, "txn", "a transaction: compares, then one of two lists of puts, deletes "
                            "and gets, as one log entry; exit 2 if the compares failed")
@@ -834,7 +871,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.cmd == "serve":
             return serve.run(args)
-        if args.cmd == "snapshot" and args.action != "save":
+        if args.cmd == "snapshot" and args.action != "save" and not (
+                args.action == "restore" and args.table):
             return _snapshot_offline(args)
         if args.cmd == "spark":
             from raftkv.spark.cli import run as spark_job

@@ -416,16 +416,19 @@ class Client:
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def snapshot_save(self, path: str) -> int:
-        """Stream a backup of the default group (``GET /v1/snapshot``, ``raftkv.backup``)
-        from its leader into ``path`` (written to ``path.part`` first, then renamed);
-        the bytes written."""
+    def snapshot_save(self, path: str, table: str | None = None,
+                      partition: int | None = None) -> int:
+        """Stream a backup of the default group (``GET /v1/snapshot``, ``raftkv.backup``),
+        or of one table partition, from its leader into ``path`` (written to
+        ``path.part`` first, then renamed); the bytes written."""
+        url = ("/v1/snapshot" if table is None else
+               f"/v1/tables/{quote(table, safe='')}/partitions/{int(partition or 0)}/snapshot")
         target = None
         for _ in range(2 * len(self.endpoints) + 2):
             endpoint = target or self.endpoints[self._current]
             conn = self._stream(endpoint, max(self.timeout, 30.0))
             try:
-                conn.request("GET", "/v1/snapshot", headers=self._auth)
+                conn.request("GET", url, headers=self._auth)
                 r = conn.getresponse()
                 if r.status == 200:
                     n = 0
@@ -605,6 +608,25 @@ class Client:
         _, data = self.request("POST", path, body,
                                headers={"Content-Type": "application/x-msgpack"})
         return dict(json.loads(data))
+
+    def table_partition_digest(self, table: str, partition: int) -> dict[str, Any]:
+        """The digest of a partition read on its leader after a ReadIndex round, so it
+        covers every write acknowledged before the call (``partition_digest``), found
+        from ``describe_table`` and retried while leadership moves."""
+        last: Exception | None = None
+        for _ in range(20):
+            parts = self.describe_table(table)["partitions"]
+            leader = parts[partition]["leader"] if partition < len(parts) else None
+            endpoint = self._endpoint_of(str(leader)) if leader else None
+            if endpoint is not None:
+                try:
+                    return self.partition_digest(table, partition, endpoint,
+                                                 linearizable=True)
+                except (ClientError, OSError, http.client.HTTPException) as e:
+                    last = e
+            time.sleep(0.25)
+        raise Unavailable(f"no leader of {table} partition {partition} gave its digest "
+                          f"(last: {last})")
 
     def partition_digest(self, table: str, partition: int, endpoint: str, *,
                          min_index: int = 0, keys: int = 0, linearizable: bool = False,

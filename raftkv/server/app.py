@@ -71,11 +71,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector
 
-from raftkv.backup import backup_info, frames
 from raftkv.core import TransferRejected
 from raftkv.kv import RaftKV
 from raftkv.server import auth
 from raftkv.server.auth import Role
+from raftkv.server.backup_ops import stream_backup
 from raftkv.server.kv_ops import parse_kv, serve_kv
 from raftkv.server.leases import LeasesApi
 from raftkv.server.metrics import HttpMetrics, StatusCollector, exposition
@@ -129,6 +129,7 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/tables/{table}/txn"): Role.WRITE,
     ("GET", "/v1/digest"): Role.READ,
     ("GET", "/v1/snapshot"): Role.ADMIN,
+    ("GET", "/v1/tables/{table}/partitions/{p}/snapshot"): Role.ADMIN,
     ("GET", "/v1/cluster"): Role.READ,
     ("POST", "/v1/cluster/learners"): Role.ADMIN,
     ("POST", "/v1/cluster/members/{id}/promote"): Role.ADMIN,
@@ -277,42 +278,10 @@ class Api:
         return web.json_response(await wait(self.kv.digest_async(stale)))
 
     async def snapshot(self, request: web.Request) -> web.StreamResponse:
-        """A backup file of the default group (``raftkv.backup``): taken after a ReadIndex
-        round, so it holds every write acknowledged before the request, and streamed from
-        one read transaction while writes go on."""
+        """A backup file of the default group (``raftkv.server.backup_ops``)."""
         check_query(request, ())
-        node, group = self.kv.node, self.kv.group
-        require_leader(node, group)
-        await wait(node.read(group, lambda s: None))  # the ReadIndex round
-
-        def capture() -> tuple[dict[str, Any], Any]:
-            g = node.groups[group]
-            applied = g.state.applied_index()
-            conf = g.raft.conf_at(applied) or g.raft.conf
-            info = backup_info(node.id, group, applied, g.raft.log.term(applied), conf)
-            return info, g.state.snapshot_chunks()
-
-        info, chunks = await wait(node.call(capture))
-        resp = web.StreamResponse(headers={
-            "Content-Type": "application/octet-stream",
-            "Content-Disposition": f'attachment; filename="raftkv-{group}-{info["index"]}.snap"'})
-        await resp.prepare(request)
-        loop = asyncio.get_running_loop()
-        it = frames(info, chunks)
-        try:
-            while True:
-                # Off the event loop: a chunk is up to a MiB read from LMDB (one read
-                # transaction, consumed by one thread at a time, as the store allows).
-                part = await loop.run_in_executor(None, next, it, None)
-                if part is None:
-                    break
-                await resp.write(part)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()  # a client gone mid-stream must not pin the read transaction
-        await resp.write_eof()
-        return resp
+        group = self.kv.group
+        return await stream_backup(self.kv.node, group, request, f"raftkv-{group}-{{index}}.snap")
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:

@@ -33,6 +33,8 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   batch into partition p (the Spark loader's): ``{"index", "ops", "applied"}``.
 - ``GET /v1/tables/{t}/partitions/{p}/digest``: this node's replica's user rows, count and
   digest (``?min_index``, ``?linearizable``, ``?keys``; the Spark verifier's).
+- ``GET /v1/tables/{t}/partitions/{p}/snapshot`` (admin): a backup file of the partition,
+  streamed by its leader (``raftkv.server.backup_ops``; ``raftkv.backup`` saves a table's).
 - ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: exactly the semantics of ``/v1/kv/{key}``
   (``raftkv.server.kv_ops``: linearizable reads, ``?stale``, compare-and-set with
   ``?prev_value``/``?prev_absent`` and 412, the same 4xx for the same bad input), on the
@@ -115,6 +117,7 @@ from raftkv.placement.rebalance import (
 )
 from raftkv.placement.retry import RetryPolicy
 from raftkv.placement.service import MetaService
+from raftkv.server.backup_ops import stream_backup
 from raftkv.server.kv_ops import REVISION_HEADERS, KvRequest, parse_kv, serve_kv
 from raftkv.server.range_ops import (
     RangeRequest,
@@ -126,6 +129,7 @@ from raftkv.server.range_ops import (
 )
 from raftkv.server.requests import (
     Starting,
+    check_query,
     decode_batch_body,
     error,
     json_body,
@@ -300,6 +304,7 @@ class TablesApi:
         r.add_get("/v1/tables/{table}/partitions/{p}/digest", self.partition_digest)
         r.add_get("/v1/tables/{table}/partitions/{p}/kv", self.partition_range)
         r.add_get("/v1/tables/{table}/partitions/{p}/watch", self.partition_watch)
+        r.add_get("/v1/tables/{table}/partitions/{p}/snapshot", self.partition_snapshot)
         r.add_post("/v1/cluster/nodes", self.add_node)
         r.add_get("/v1/cluster/nodes", self.nodes)
         r.add_delete("/v1/cluster/nodes/{id}", self.remove_node)
@@ -789,6 +794,19 @@ class TablesApi:
             return error(421, f"{gid} is not hosted here; watch it on a node that hosts it",
                           node=hosts[0] if hosts else None, group=gid)
         return await serve_watch(self.p.node, gid, req, request)
+
+    async def partition_snapshot(self, request: web.Request) -> web.StreamResponse:
+        """A backup file of one partition (``backup_ops``), streamed by its leader: a node
+        that does not host it answers 421 naming one that does, and a follower 421
+        naming the leader."""
+        name, _, p, gid = await self._partition(request)
+        check_query(request, ())
+        if gid not in self.p.node.groups:
+            hosts = self._hosts(name, p)
+            return error(421, f"{gid} is not hosted here; ask a node that hosts it",
+                         leader=hosts[0] if hosts else None, group=gid)
+        return await stream_backup(self.p.node, gid, request,
+                                   f"raftkv-{name}-p{p}-{{index}}.snap")
 
     async def _local_page(self, name: str, gid: str, req: RangeRequest) -> dict[str, Any]:
         if not req.stale:
