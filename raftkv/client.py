@@ -7,6 +7,14 @@ the client learns each endpoint's node id from ``/v1/cluster`` and retries on th
 leader's endpoint. Writes are safe to send to any node (followers forward them), so only
 admin calls depend on finding the leader.
 
+Table requests are partition-aware: the client caches each table's partition leaders
+from ``describe_table`` (for ``ROUTE_TTL`` seconds) and sends a key's request, or a
+partition's batch, straight to the endpoint of its partition's leader, saving the hop a
+node that does not lead the partition would add (a proxy, or a forward to the leader).
+The cache is only a hint: any node answers correctly, since the server computes the
+partition itself. A 421, an error or a retry drops the table's entry, so the next request
+looks again.
+
 A retried write may apply twice if the first attempt's answer was lost (a 504, or a
 dropped connection): use ``cas`` when that matters. ``cas`` itself is never retried
 after an attempt that may have applied: its answer would be the retry's 412 for a swap
@@ -50,9 +58,11 @@ from urllib.parse import quote, urlsplit
 
 import msgpack
 
+from raftkv.placement.assignments import partition_of
 from raftkv.tls import client_context
 
 RETRYABLE = {503, 504}
+ROUTE_TTL = 10.0  # seconds a table's cached partition leaders are trusted
 
 
 KEY_NOT_FOUND = "key not found"  # the 404 of an absent key (raftkv.server.kv_ops)
@@ -140,6 +150,9 @@ class Client:
         self._current = 0
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._ids: dict[str, str] = {}  # node id -> endpoint
+        # table -> (when fetched, partition count, each partition's leader or None)
+        self._routes: dict[str, tuple[float, int, list[str | None]]] = {}
+        self._detours = 0  # endpoint moves (a redirect or a retry elsewhere), ever
         bearer = resolve_token(token, token_file)
         self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
@@ -193,10 +206,30 @@ class Client:
     def request(
         self, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = (200,),
         headers: dict[str, str] | None = None, once: bool = False,
+        route: tuple[str, bytes | int] | None = None,
     ) -> tuple[int, bytes]:
         """Send a request, retrying as the module docstring says. ``once``: the request
         must not apply twice; after an attempt that may have applied, raise
-        ``OutcomeUnknown`` rather than send it again."""
+        ``OutcomeUnknown`` rather than send it again. ``route``: (table, key or
+        partition): start at that partition's leader (the module docstring)."""
+        if route is None:
+            return self._request(method, path, body, ok, headers, once)
+        leader = self._partition_leader(*route)
+        if leader is not None:
+            self._current = self.endpoints.index(leader)
+        detours = self._detours
+        try:
+            return self._request(method, path, body, ok, headers, once)
+        except (Unavailable, ClientError) as e:
+            if not isinstance(e, ClientError) or e.status == 421:
+                self._routes.pop(route[0], None)
+            raise
+        finally:
+            if self._detours != detours:  # redirected or retried: look again next time
+                self._routes.pop(route[0], None)
+
+    def _request(self, method: str, path: str, body: bytes | None, ok: tuple[int, ...],
+                 headers: dict[str, str] | None, once: bool) -> tuple[int, bytes]:
         start = time.monotonic()
         deadline = start + self.timeout
         connected = False
@@ -237,6 +270,7 @@ class Client:
                         # Follow the hint, but within the deadline: around an election
                         # two nodes may each name the other.
                         self._current = self.endpoints.index(target)
+                        self._detours += 1
                         last = f"{endpoint}: redirected to {hint}"
                         if time.monotonic() + delay > deadline:
                             raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
@@ -257,7 +291,28 @@ class Client:
             delay = min(delay * 2, 0.5)
 
     def _next(self) -> None:
+        self._detours += 1
         self._current = (self._current + 1) % len(self.endpoints)
+
+    def _partition_leader(self, table: str, where: bytes | int) -> str | None:
+        """The endpoint of the leader of ``table``'s partition ``where`` (or the one
+        holding key ``where``), from the cache or a fresh ``describe_table``; None when
+        unknown (an election, a table the cluster does not know: the request finds out)."""
+        now = time.monotonic()
+        cached = self._routes.get(table)
+        if cached is None or now - cached[0] > ROUTE_TTL:
+            try:
+                parts = self.describe_table(table)["partitions"]
+                cached = (now, len(parts), [p.get("leader") for p in parts])
+            except (ClientError, Unavailable, KeyError, TypeError):
+                cached = (now, 0, [])
+            self._routes[table] = cached
+        _, count, leaders = cached
+        if not count:
+            return None
+        p = where if isinstance(where, int) else partition_of(where, count)
+        leader = leaders[p] if 0 <= p < count else None
+        return self._endpoint_of(leader) if leader else None
 
     def _endpoint_of(self, node_id: str) -> str | None:
         if node_id not in self._ids:
@@ -276,6 +331,10 @@ class Client:
 
     # -- KV -----------------------------------------------------------------------------
     @staticmethod
+    def _route(table: str | None, key: bytes | str) -> tuple[str, bytes] | None:
+        return None if table is None else (table, key.encode() if isinstance(key, str) else key)
+
+    @staticmethod
     def _kv(key: bytes | str, table: str | None = None) -> str:
         k = key.encode() if isinstance(key, str) else key
         if table is not None:
@@ -288,7 +347,7 @@ class Client:
         default KV group)."""
         path = self._kv(key, table) + ("?stale=true" if stale else "")
         try:
-            return self.request("GET", path)[1]
+            return self.request("GET", path, route=self._route(table, key))[1]
         except ClientError as e:
             # Only an absent key is None: an unknown or dropped table is a 404 too, and
             # must not read as "no such key".
@@ -353,7 +412,7 @@ class Client:
         "version"}`` (value as bytes), or None if absent."""
         path = self._kv(key, table) + "?meta=true" + ("&stale=true" if stale else "")
         try:
-            doc = dict(json.loads(self.request("GET", path)[1]))
+            doc = dict(json.loads(self.request("GET", path, route=self._route(table, key))[1]))
         except ClientError as e:
             if e.status == 404 and e.body.get("error") == KEY_NOT_FOUND:
                 return None
@@ -460,7 +519,8 @@ class Client:
         (``ClientError`` 404 if it does not exist, and nothing is written)."""
         v = value.encode() if isinstance(value, str) else value
         path = self._kv(key, table) + (f"?lease={int(lease)}" if lease is not None else "")
-        return int(json.loads(self.request("PUT", path, v)[1])["index"])
+        return int(json.loads(self.request("PUT", path, v, route=self._route(table, key))[1])
+                   ["index"])
 
     # -- leases (raftkv.server.leases) ---------------------------------------------------
     def lease_grant(self, ttl: int, lease: int | None = None) -> int:
@@ -487,7 +547,8 @@ class Client:
         return list(json.loads(self.request("GET", "/v1/leases")[1])["leases"])
 
     def delete(self, key: bytes | str, table: str | None = None) -> int:
-        return int(json.loads(self.request("DELETE", self._kv(key, table))[1])["index"])
+        return int(json.loads(self.request("DELETE", self._kv(key, table),
+                                           route=self._route(table, key))[1])["index"])
 
     def cas(
         self, key: bytes | str, expected: bytes | str | None, new: bytes | str,
@@ -505,7 +566,8 @@ class Client:
             e = expected.encode() if isinstance(expected, str) else expected
             q = "?prev_value=" + quote(e, safe="")
         v = new.encode() if isinstance(new, str) else new
-        _, data = self.request("PUT", self._kv(key, table) + q, v, ok=(200, 412), once=True)
+        _, data = self.request("PUT", self._kv(key, table) + q, v, ok=(200, 412), once=True,
+                               route=self._route(table, key))
         body = json.loads(data)
         return bool(body["swapped"]), int(body["index"])
 
@@ -605,7 +667,7 @@ class Client:
         body = msgpack.packb({"id": batch_id, "ops": [list(op) for op in ops]},
                              use_bin_type=True)
         path = f"/v1/tables/{quote(table, safe='')}/partitions/{partition}/batch"
-        _, data = self.request("POST", path, body,
+        _, data = self.request("POST", path, body, route=(table, partition),
                                headers={"Content-Type": "application/x-msgpack"})
         return dict(json.loads(data))
 
