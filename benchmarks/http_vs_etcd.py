@@ -230,11 +230,8 @@ def run_tables(base: str, partitions: int, clients: int, n: int) -> dict[str, An
     with ProcCluster(base, size=3, faults=False, extra_args=["--log-level", "WARNING"]) as c:
         c.start()
         c.wait_leader()
+        c.create_table("bench", partitions, 3, timeout=300)
         admin = c.client()
-        admin.create_table("bench", partitions, 3)
-        c.wait_until(lambda: all(p["leader"] and not p["pending"] for p in
-                                 admin.describe_table("bench")["partitions"]),
-                     300, "a leader for every partition")
         endpoints = [node.endpoint for node in c.nodes.values()]
         pids = [node.proc.pid for node in c.nodes.values() if node.proc is not None]
         out: dict[str, Any] = {"partitions": partitions, "clients": clients}

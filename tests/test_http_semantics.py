@@ -33,15 +33,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
     with ProcCluster(str(tmp_path_factory.mktemp("sem")), size=3, tick=0.02) as c:
         c.start()
         c.wait_leader()
-        admin = c.client()
-        admin.create_table(TABLE, PARTS, 2)  # 2 of 3 nodes: one node proxies each key
-        c.wait_until(lambda: _table_ready(c), 30, "a leader for every partition")
+        c.create_table(TABLE, PARTS, 2)  # 2 of 3 nodes: one node proxies each key
         yield c
-
-
-def _table_ready(c: ProcCluster) -> bool:
-    d = c.client().describe_table(TABLE)
-    return all(p["leader"] and not p["pending"] for p in d["partitions"])
 
 
 def _call(c: ProcCluster, node: str, method: str, path: str,

@@ -165,10 +165,7 @@ def test_a_table_backup_under_load_saves_every_partition_and_restores_into_a_new
     --table`` loads it into a new table whose partitions hold the same rows, and a
     damaged file or manifest is refused."""
     admin = source.client()
-    admin.create_table("orders", 4, 3)
-    source.wait_until(lambda: all(p["leader"] and not p["pending"] for p in
-                                  admin.describe_table("orders")["partitions"]),
-                      60, "a leader for every partition")
+    source.create_table("orders", 4, 3)
     from raftkv.placement.assignments import partition_of
 
     history: list[tuple[int, int, bytes, bytes | None]] = []  # (partition, rev, key, value)
@@ -249,8 +246,8 @@ def test_a_table_backup_under_load_saves_every_partition_and_restores_into_a_new
     ('{"format": 1}', "malformed"),
     ('{"format": 2, "table": "t", "partitions": 1, "files": []}', "format 2"),
     ('{"format": 1, "table": "t", "partitions": 2, "files": []}', "one file per partition"),
-    ('{"format": 1, "table": "t", "partitions": 1, "files": [{"partition": 0, '
-     '"file": "../x", "index": 1, "keys": 0, "revisions_digest": ""}]}', "not p0000.snap"),
+    (('{"format": 1, "table": "t", "partitions": 1, "files": [{"partition": 0, '
+     '"file": "../x", "index": 1, "keys": 0, "revisions_digest": ""}]}'), "not p0000.snap"),
 ])
 def test_a_bad_table_backup_manifest_is_refused(tmp_path: Path, manifest: str,
                                                 said: str) -> None:

@@ -28,11 +28,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
     with ProcCluster(str(tmp_path_factory.mktemp("routed")), size=4, tick=0.02) as c:
         c.start()
         c.wait_leader()
-        admin = c.client()
-        admin.create_table(TABLE, PARTS, 2)
-        c.wait_until(lambda: all(p["leader"] and not p["pending"] for p in
-                                 admin.describe_table(TABLE)["partitions"]),
-                     60, "a leader for every partition")
+        c.create_table(TABLE, PARTS, 2)
         yield c
 
 

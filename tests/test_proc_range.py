@@ -29,11 +29,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
     with ProcCluster(str(tmp_path_factory.mktemp("ranges")), size=3, tick=0.02) as c:
         c.start()
         c.wait_leader()
+        c.create_table(TABLE, PARTS, 2)
         admin = c.client()
-        admin.create_table(TABLE, PARTS, 2)
-        c.wait_until(lambda: all(p["leader"] and not p["pending"] for p in
-                                 admin.describe_table(TABLE)["partitions"]),
-                     30, "a leader for every partition")
         rows = {**KEYS, **OTHER}
         admin.batch(list(rows.items()))
         admin.batch(list(rows.items()), table=TABLE)

@@ -340,6 +340,19 @@ class ProcCluster:
             time.sleep(0.05)
         raise TimeoutError(f"{what} not reached within {timeout}s")
 
+    def create_table(self, name: str, partitions: int, replicas: int,
+                     storage: str = "persistent", timeout: float = 60.0) -> None:
+        """Create a table and wait until every partition has a leader and no change
+        pending (its replicas placed)."""
+        admin = self.client()
+        try:
+            admin.create_table(name, partitions, replicas, storage)
+            self.wait_until(lambda: all(p["leader"] and not p["pending"] for p in
+                                        admin.describe_table(name)["partitions"]),
+                            timeout, f"a leader for every partition of {name}")
+        finally:
+            admin.close()
+
     def wait_caught_up(self, ids: list[str] | None = None, timeout: float = 30.0) -> None:
         """Every node in ``ids`` has applied the same index (no writes in flight)."""
         def same() -> bool:
