@@ -35,7 +35,7 @@ SKIPPED, PENDING_WRITTEN, PLANNED_WRITTEN, PLANNED_REMOVED = 0, 1, 2, 3
 DONE_RETRY, DONE_CLEARED, DONE_PLANNED_MOVED = 0, 1, 2
 
 
-def _hash64(data: bytes) -> int:
+def hash64(data: bytes) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
 
 
@@ -54,7 +54,7 @@ def partitions_of(keys: Iterable[bytes], partitions: int) -> list[int]:
 
 def rendezvous(name: str, nodes: Iterable[str]) -> list[str]:
     """``nodes`` by rendezvous (highest-random-weight) score for ``name``, best first."""
-    scored = sorted(((_hash64(f"{name}/{n}".encode()), n) for n in set(nodes)), reverse=True)
+    scored = sorted(((hash64(f"{name}/{n}".encode()), n) for n in set(nodes)), reverse=True)
     return [n for _, n in scored]
 
 
