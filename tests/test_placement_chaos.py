@@ -316,6 +316,71 @@ def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
         store.close()
 
 
+def test_a_re_add_cancelled_out_of_pending_is_added_again_by_the_next_done(
+    tmp_path: Path,
+) -> None:
+    """Placement simulator seed 2902 (PYTHONHASHSEED=0): onRebalanceDone wrote pending
+    [X, B, C] re-adding X (switch.append [X]); a cancel moved planned [B, C, D] into
+    pending before X was promoted. The next onRebalanceDone found X neither reduced nor
+    added: switch.append' still named X, but pendingAddition (resolvedStable ∪ reduced)
+    did not, so it wrote pending = resolvedStable, that change finished at once, and it
+    ran the same branch again for ever; planned [X, C, D] never moved in. pendingAddition
+    now names every node of switch.append'."""
+    from raftkv.placement.assignments import encode_nodes, partition_keys
+    from raftkv.placement.meta_commands import encode_iif, encode_put
+    from raftkv.placement.rebalance_steps import (
+        DONE_SWITCH_APPEND,
+        MOVED,
+        move_planned_to_pending,
+        rebalance_done_switch,
+        switch_keys,
+    )
+
+    meta = _Store(tmp_path)
+    store, run = meta.store, meta.run
+    try:
+        k, sw = partition_keys("t", 0), switch_keys("t", 0)
+
+        def state(*keys: bytes) -> list[list[str]]:
+            return [meta.nodes(x) for x in keys]
+
+        def done(peers: list[str], calc: list[str]) -> object:
+            st, pe, pl, red, app = (store.get_entry(x) for x in
+                                    (k.stable, k.pending, k.planned, sw.reduce, sw.append))
+            d = rebalance_done_switch(k, sw, peers, st, pe, pl, red, app, calc)
+            assert d.tree is not None
+            return getattr(run(encode_iif(d.tree)), "tag", None)
+
+        # X lost its state and was removed: the done of that change re-adds it.
+        run(encode_put(k.stable, encode_nodes(["A", "B", "C"])))
+        run(encode_put(k.pending, encode_nodes(["B", "C", "D"])))
+        run(encode_put(sw.reduce, encode_nodes(["X"])))
+        assert done(["B", "C", "D"], ["B", "C", "X"]) == DONE_SWITCH_APPEND
+        assert state(k.stable, k.pending, sw.reduce, sw.append) == [
+            ["B", "C", "D"], ["B", "C", "X"], [], ["X"]]
+        # While X catches up, a cancel moves planned [B, C, D] in: X is out of pending.
+        run(encode_put(k.planned, encode_nodes(["B", "C", "D"])))
+        pending, planned = store.get_entry(k.pending), store.get_entry(k.planned)
+        assert pending is not None and planned is not None
+        assert getattr(run(encode_iif(move_planned_to_pending(k, pending, planned))),
+                       "tag", None) == MOVED
+        run(encode_put(k.planned, encode_nodes(["C", "D", "X"])))  # a later intent
+        # The configuration goes back to [B, C, D]; X is still in switch.append and in
+        # calc, so this done must name it in pending (it used to write [C, D]).
+        assert done(["B", "C", "D"], ["C", "D", "X"]) == DONE_SWITCH_APPEND
+        assert state(k.stable, k.pending, k.planned, sw.append) == [
+            ["B", "C", "D"], ["C", "D", "X"], ["C", "D", "X"], ["X"]]
+        # X re-added: switch.append empties and planned moves in.
+        done(["C", "D", "X"], ["C", "D", "X"])
+        assert state(k.stable, k.pending, k.planned, sw.reduce, sw.append) == [
+            ["C", "D", "X"], ["C", "D", "X"], [], [], []]
+        done(["C", "D", "X"], ["C", "D", "X"])
+        assert state(k.stable, k.pending, k.planned, sw.reduce, sw.append) == [
+            ["C", "D", "X"], [], [], [], []]
+    finally:
+        store.close()
+
+
 def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: Path) -> None:
     """Placement simulator seed 785 (``ChangePeers._lone_holder``): stable [A, X], X lost
     its state (switch.reduce), and a cancel moved planned [X, C] into pending. Dropping X

@@ -125,6 +125,13 @@ HASH_SEEDED = [
     # was dropped, and n2 stayed one entry behind for good. A follower now goes quiet
     # only once the heartbeat's commit reaches the entry it names (Raft._handle_heartbeat).
     (2104, "a follower told a commit below the quiesce entry stays awake"),
+    # Liveness: onRebalanceDone re-adding n1 wrote pending [n1, n2, n3] and switch.append
+    # [n1]; a cancel moved planned [n2, n3, n5] in before n1 was promoted. The next done
+    # found n1 neither reduced nor added, kept it in switch.append but not in the pending
+    # it wrote (pendingAddition), and looped on a no-op change for ever; planned never
+    # moved in. pendingAddition now names every node of switch.append'
+    # (rebalance_steps.rebalance_done_switch).
+    (2902, "a re-add a cancel dropped from pending is added again by the next done"),
 ]
 
 

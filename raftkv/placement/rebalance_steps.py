@@ -291,7 +291,7 @@ def rebalance_done_switch(
         reduce'   = switch.reduce - reduced
         append'   = ((switch.append ∪ reduced) - added) ∩ calc      (- resolvedStable, ours)
         pendingReduction = resolvedStable - switch.reduce
-        pendingAddition  = (resolvedStable ∪ reduced) ∩ calc
+        pendingAddition  = (resolvedStable ∪ reduced) ∩ calc             (∪ append', ours)
         <pre> = revisions of stable, pending, switch.reduce, switch.append (and planned)
         if append' != {}:   if <pre>: stable, pending = resolvedStable, pendingAddition;
                                       switch.reduce = reduce'; switch.append = append'
@@ -302,7 +302,10 @@ def rebalance_done_switch(
     common branch copies planned, a value the invoke cannot read); nothing is written
     unless pending still names ``new_peers`` (a late duplicate is DONE_STALE, as in
     ``finish_rebalance``); ``append'`` also drops nodes already in resolvedStable (else
-    a no-op "addition" would repeat forever); and a reduction that would empty pending
+    a no-op "addition" would repeat forever); pendingAddition names every node of
+    ``append'``, not only those reduced now (one whose re-add a cancel dropped from
+    pending would otherwise stay in switch.append with nothing adding it: placement
+    simulator seed 2902); a reduction that would empty pending
     falls to the common branch (a group needs a voter); every write clears the removal
     fence (``fence_removals``) and records ``committed``, the (index, term) of the
     configuration entry the change ended with (``PartitionKeys.applied``)."""
@@ -316,7 +319,13 @@ def rebalance_done_switch(
     calc_reduce = red - reduced
     calc_append = ((app | reduced) - added - resolved) & calc
     pending_reduction = resolved - red
-    pending_addition = (resolved | reduced) & calc
+    # The seed's (resolvedStable ∪ reduced) ∩ calc, plus append': a node left in
+    # switch.append by an earlier onRebalanceDone whose re-add a cancel took out of
+    # pending (Approach 2 moved a planned without it in) is neither reduced nor added
+    # now. Left out, this branch wrote pending = resolvedStable, that change finished
+    # at once and ran this branch again, for ever, and planned never moved in
+    # (placement simulator seed 2902).
+    pending_addition = ((resolved | reduced) & calc) | calc_append
     pre = (Cond.revision(keys.stable).eq(_rev(stable))
            & Cond.revision(keys.pending).eq(_rev(pending))
            & Cond.revision(sw.reduce).eq(_rev(reduce))
