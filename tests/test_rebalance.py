@@ -398,8 +398,12 @@ def test_reconfiguration_errors_back_off_are_recorded_when_exhausted_and_a_new_l
     assert [(e["partition"], e["kind"], e["attempts"]) for e in errors] == [(gid, "change", 3)]
     assert "injected" in errors[0]["error"]
     metrics = cluster.mgrs[lead].status()["metrics"]
-    assert metrics["errors.change"] == 3 and metrics["retries"] >= 2
-    assert metrics["retries_exhausted"] == 1
+    # Each exhausted budget is three failed attempts. A busy machine may let a second
+    # budget run out before the first look (a new term, or pending moved by the topology
+    # change, starts a fresh one), so count budgets rather than expect exactly one.
+    exhausted = metrics["retries_exhausted"]
+    assert exhausted >= 1 and metrics["errors.change"] == 3 * exhausted, metrics
+    assert metrics["retries"] >= 2 * exhausted
     before = cluster.info(lead, gid)
     monkeypatch.undo()
     time.sleep(0.3)
