@@ -329,27 +329,27 @@ def check_kv_history(ops: Iterable[KvOp], *,
     frontier[(start.frozen(), p0)] = (start, p0)
     why = ""
     for pos in positions:
-        choices = [at[pos]] if pos in at else [None, *candidates[pos]]
+        choices: list[KvOp | None] = [at[pos]] if pos in at else [None, *candidates[pos]]
         new: dict[tuple[object, int], tuple[_State, int]] = {}
         activate(pos)
         for state, placed in frontier.values():
-            for w in choices:
-                if w is None:
+            for u in choices:
+                if u is None:
                     s = state
                 else:
-                    need = full(bisect.bisect_left(rets, w.call))
+                    need = full(bisect.bisect_left(rets, u.call))
                     if placed & need != need:
                         j = (~placed & need).bit_length() - 1
                         why = (f"stale read: {describe(reads[j])} matches no revision "
-                               f"before {describe(w)}, called after it returned")
+                               f"before {describe(u)}, called after it returned")
                         continue
                     try:
-                        s, out = _run(w, state, floors)
+                        s, out = _run(u, state, floors)
                     except _Mismatch as e:
-                        why = f"{describe(w)}: {e}"
+                        why = f"{describe(u)}: {e}"
                         continue
-                    if w.known and out != w.output:
-                        why = (f"{describe(w)}: the model answers {out!r} at revision "
+                    if u.known and out != u.output:
+                        why = (f"{describe(u)}: the model answers {out!r} at revision "
                                f"{pos}")
                         continue
                 p = place(s, placed, pos, open_reads)
