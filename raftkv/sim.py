@@ -1,9 +1,15 @@
 """``python -m raftkv.sim``: run the randomized simulator over a range of seeds.
 
     python -m raftkv.sim --seeds 0:500 --nodes 5 [--steps 2000] [--faults drop,crash,...]
-        [--state-store] [--no-quiesce] [--jobs N] [-v]
+        [--state-store | --kv-api] [--no-quiesce] [--jobs N] [-v]
     python -m raftkv.sim --seeds 0:500 --nodes 2 \
         --faults drop,dup,delay,partition,crash,membership,compact,idle,survive
+
+``--kv-api`` runs the nodes on the real storage path too, with clients that speak the
+KV API: puts and deletes answered with their revision, gets with metadata, compare-and-set
+on a value or a revision, transactions over two or three keys, and leases, whose expiry
+the leader's clocks decide on the simulated clock and propose as revoke entries. The
+history goes through ``raftkv.testing.kv_history`` instead of the per-key checker.
 
 Quiescence of idle groups is on by default (the ``idle`` fault makes the clients pause
 so groups go quiet while crashes and partitions go on); a line before the last reports
@@ -112,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--state-store", action="store_true",
                     help="run nodes on the real storage path (GroupStorage + MemoryStateStore)")
+    ap.add_argument("--kv-api", action="store_true",
+                    help="clients speak the KV API (revisions, transactions, leases and "
+                    "their expiry) on the real storage path; checked by "
+                    "raftkv.testing.kv_history")
     ap.add_argument("--no-quiesce", dest="quiesce", action="store_false",
                     help="run without quiescence of idle groups (Config.quiesce)")
     ap.add_argument("-v", "--verbose", action="store_true",
@@ -123,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             from raftkv.testing.placement_sim import ALL_FAULTS as placement_faults
             from raftkv.testing.placement_sim import LIVENESS_FAULTS
 
-            if args.state_store or not args.quiesce:
-                raise argparse.ArgumentTypeError(
-                    "--state-store and --no-quiesce are for the core simulator, not --placement")
+            if args.state_store or args.kv_api or not args.quiesce:
+                raise argparse.ArgumentTypeError("--state-store, --kv-api and --no-quiesce are "
+                                                 "for the core simulator, not --placement")
             faults = parse_faults(args.faults, placement_faults, LIVENESS_FAULTS)
             return placement_main(args, faults)
         args.faults = parse_faults(args.faults, ALL_FAULTS, OPT_IN_FAULTS)
@@ -136,14 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.nodes < 1:
         ap.error("--nodes must be at least 1")
     cfg = SimConfig(nodes=args.nodes, steps=args.steps, faults=args.faults,
-                    state_store=args.state_store, quiesce=args.quiesce)
+                    state_store=args.state_store or args.kv_api, kv_api=args.kv_api,
+                    quiesce=args.quiesce)
     work = [(seed, cfg) for seed in args.seeds]
     # What a failing seed's replay command needs besides the seed (the defaults aside).
     flags = "".join([
         f" --nodes {args.nodes}" if args.nodes != 5 else "",
         f" --steps {args.steps}" if args.steps != SimConfig.steps else "",
         f" --faults {','.join(args.faults) or 'none'}" if args.faults != ALL_FAULTS else "",
-        " --state-store" if args.state_store else "",
+        " --state-store" if args.state_store and not args.kv_api else "",
+        " --kv-api" if args.kv_api else "",
         " --no-quiesce" if not args.quiesce else "",
     ])
     violations = nonlinear = 0

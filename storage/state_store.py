@@ -453,6 +453,12 @@ def in_range(key: bytes, lo: bytes | None, hi: bytes | None) -> bool:
     return (lo is None or key >= lo) and (hi is None or key < hi)
 
 
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The least key above every key that starts with ``prefix`` (None: no bound)."""
+    p = prefix.rstrip(b"\xff")
+    return p[:-1] + bytes([p[-1] + 1]) if p else None
+
+
 def storable_key(key: bytes) -> bool:
     """A key ``put`` could have stored; anything else reads as absent without asking LMDB."""
     if not isinstance(key, bytes):

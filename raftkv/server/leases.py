@@ -16,9 +16,10 @@ Endpoints (the default KV group; JSON):
   base64), with ``remaining`` seconds when asked of the leader.
 
 **Expiry.** Time is not part of the replicated state: each replica would read its own
-clock. The leader keeps every lease's deadline in memory (``LeaseKeeper``) and, when one
-passes, proposes the revoke, which deletes the keys on every replica at one index. A
-keepalive moves the deadline on the leader. **Across a leader change** the new leader
+clock. The leader keeps every lease's deadline in memory (``LeaseKeeper``, with the
+bookkeeping in ``raftkv.server.lease_clocks``) and, when one passes, proposes the
+revoke, which deletes the keys on every replica at one index. A keepalive moves the
+deadline on the leader. **Across a leader change** the new leader
 does not know the old one's clocks: it gives every lease its full TTL again from the
 moment it takes over (etcd extends leases on a leader change in the same way), so a lease
 is never cut short by a failover, and one nobody keeps alive expires at most one TTL
@@ -35,12 +36,11 @@ import secrets
 import time
 from typing import Any
 
-import msgpack
 from aiohttp import web
 
 from raftkv.core import NotLeader, Role
 from raftkv.node.driver import Node
-from raftkv.server.range_ops import prefix_end
+from raftkv.server.lease_clocks import TICK_SECONDS, LeaseClocks, read_leases
 from raftkv.server.requests import error, json_body, require_leader, wait
 from raftkv.storage.commands import (
     CommandError,
@@ -48,26 +48,13 @@ from raftkv.storage.commands import (
     encode_lease_revoke,
 )
 from raftkv.storage.leases import (
-    LEASE_PREFIX,
     attach_prefix,
     check_lease_id,
     check_ttl,
 )
-from raftkv.storage.revisions import value_of
-from raftkv.storage.state_store import KVStateStore
+from raftkv.storage.state_store import KVStateStore, prefix_end
 
 log = logging.getLogger(__name__)
-
-TICK_SECONDS = 0.25
-RELOAD_SECONDS = 1.0
-
-
-def read_leases(state: KVStateStore) -> dict[int, int]:
-    """Every lease in ``state``: id -> ttl."""
-    out = {}
-    for key, row in state.scan_rows(LEASE_PREFIX, prefix_end(LEASE_PREFIX)):
-        out[int.from_bytes(key[len(LEASE_PREFIX):], "big")] = int(msgpack.unpackb(value_of(row)))
-    return out
 
 
 def lease_keys(state: KVStateStore, lease: int) -> list[bytes]:
@@ -76,16 +63,13 @@ def lease_keys(state: KVStateStore, lease: int) -> list[bytes]:
 
 
 class LeaseKeeper:
-    """The leader's lease clocks (module docstring), refreshed from the state every
-    ``RELOAD_SECONDS`` while this node leads, dropped when it stops leading."""
+    """The leader's lease clocks (``LeaseClocks``; the module docstring) on a node: the
+    state read every ``RELOAD_SECONDS`` while this node leads, a revoke proposed as each
+    clock falls due."""
 
     def __init__(self, node: Node, group: str, clock: Any = time.monotonic) -> None:
-        self.node, self.group, self.clock = node, group, clock
-        self.term = 0  # the term we lead, 0 if we do not
-        self.ttls: dict[int, int] = {}
-        self.deadlines: dict[int, float] = {}
-        self.revoking: set[int] = set()
-        self._loaded = 0.0
+        self.node, self.group = node, group
+        self.clocks = LeaseClocks(clock)
         # One tick at a time: the keeper's task and a keepalive that finds a new term.
         self._lock = asyncio.Lock()
 
@@ -99,14 +83,7 @@ class LeaseKeeper:
     async def reload(self) -> None:
         ttls: dict[int, int] = await wait(self.node.read_kv(self.group, read_leases,
                                                          linearizable=False))
-        now = self.clock()
-        for lease, ttl in ttls.items():
-            if lease not in self.deadlines:
-                self.deadlines[lease] = now + ttl  # new to us: a full TTL from now
-        for lease in set(self.deadlines) - set(ttls):
-            del self.deadlines[lease]  # revoked through another node
-        self.ttls = ttls
-        self._loaded = now
+        self.clocks.reload(ttls)
 
     async def tick(self) -> None:
         async with self._lock:
@@ -114,43 +91,35 @@ class LeaseKeeper:
 
     async def _tick(self) -> None:
         term = await self._leading()
-        if term != self.term:
-            self.term, self.ttls, self.deadlines = term, {}, {}
-            self.revoking.clear()
+        if self.clocks.take_over(term):
             if term:
                 await self.reload()
                 log.info("lease keeper: leading term %d with %d leases", term,
-                         len(self.ttls))
+                         len(self.clocks.ttls))
             return
         if not term:
             return
-        if self.clock() - self._loaded >= RELOAD_SECONDS:
+        if self.clocks.reload_due():
             await self.reload()
-        now = self.clock()
-        for lease, deadline in list(self.deadlines.items()):
-            if deadline <= now and lease not in self.revoking:
-                self.revoking.add(lease)
-                asyncio.get_running_loop().create_task(self._expire(lease))
+        for lease in self.clocks.due():
+            asyncio.get_running_loop().create_task(self._expire(lease))
 
     async def _expire(self, lease: int) -> None:
         try:
             await wait(self.node.propose(self.group, encode_lease_revoke(lease)))
-            self.forget(lease)
-            log.info("lease %d expired: revoked", lease)
         except Exception as e:  # noqa: BLE001 - retried at the next tick
             log.info("lease %d: revoke failed (%s); retrying", lease, e)
-        finally:
-            self.revoking.discard(lease)
+            self.clocks.retry(lease)
+        else:
+            self.clocks.revoked(lease)
+            log.info("lease %d expired: revoked", lease)
 
     def forget(self, lease: int) -> None:
         """``lease`` was revoked (here, or found gone at a reload)."""
-        self.deadlines.pop(lease, None)
-        self.ttls.pop(lease, None)
+        self.clocks.revoked(lease)
 
     def granted(self, lease: int, ttl: int) -> None:
-        if self.term:
-            self.ttls[lease] = ttl
-            self.deadlines[lease] = self.clock() + ttl
+        self.clocks.granted(lease, ttl)
 
     async def keepalive(self, lease: int) -> int:
         """Restart ``lease``'s clock; its TTL. ``NotLeader`` off the leader, ``KeyError``
@@ -159,20 +128,15 @@ class LeaseKeeper:
         if not term:
             g = self.node.groups[self.group]
             raise NotLeader(self.node.id, g.leader)
-        if term != self.term:  # elected since the last tick: take over the clocks now
+        if term != self.clocks.term:  # elected since the last tick: take over the clocks now
             await self.tick()
-        if lease in self.revoking:
-            raise KeyError(lease)  # expired: its revoke is on its way to the log
-        if lease not in self.ttls:
+        if lease not in self.clocks.revoking and not self.clocks.knows(lease):
             async with self._lock:
                 await self.reload()
-        ttl = self.ttls[lease]
-        self.deadlines[lease] = self.clock() + ttl
-        return ttl
+        return self.clocks.keepalive(lease)
 
     def remaining(self, lease: int) -> float | None:
-        d = self.deadlines.get(lease)
-        return None if d is None or not self.term else max(0.0, d - self.clock())
+        return self.clocks.remaining(lease)
 
 
 class LeasesApi:

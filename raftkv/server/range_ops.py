@@ -53,19 +53,13 @@ from raftkv.node.driver import Node
 from raftkv.server.requests import check_query, flag, query_bytes, require_leader, wait
 from raftkv.storage.commands import MAX_KEY_BYTES, RESERVED_PREFIX, CommandError
 from raftkv.storage.revisions import meta_of
-from raftkv.storage.state_store import KVStateStore
+from raftkv.storage.state_store import KVStateStore, prefix_end
 
 DEFAULT_LIMIT = 1_000
 MAX_LIMIT = 10_000
 PAGE_BYTES = 4 << 20  # etcd's default max request/response size is 1.5 MiB; values here reach 1 MiB
 ACCEPTED = ("prefix", "start", "end", "limit", "continue", "keys_only", "count_only", "stale",
             "meta")
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The least key above every key that starts with ``prefix`` (None: no bound)."""
-    p = prefix.rstrip(b"\xff")
-    return p[:-1] + bytes([p[-1] + 1]) if p else None
 
 
 _RESERVED_END = prefix_end(RESERVED_PREFIX) or b""  # never empty: the prefix ends in "."

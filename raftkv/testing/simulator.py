@@ -94,7 +94,13 @@ from raftkv.core import (
     bootstrap,
     decode_conf_entry,
 )
+from raftkv.server.lease_clocks import RELOAD_SECONDS, TICK_SECONDS, read_leases
 from raftkv.storage.log_store import MemoryLogStore
+from raftkv.storage.revisions import KeyMeta
+from raftkv.storage.txn import TxnResult
+from raftkv.testing.kv_history import KvOp, check_kv_history, lease_liveness
+from raftkv.testing.kv_node import KvSimNode, meta
+from raftkv.testing.kv_workload import KvWorkload, encode
 from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.node import ReadyOutcome, SimNode, StoreSimNode
 
@@ -133,6 +139,10 @@ class SimConfig:
     # Run nodes on the real storage path (GroupStorage, MemoryStateStore with
     # checkpoints that a crash rolls back to) instead of the plain dict state machine.
     state_store: bool = False
+    # The KV API (implies the real storage path): revisions, transactions and leases,
+    # with the leader's lease expiry, checked by ``raftkv.testing.kv_history``.
+    kv_api: bool = False
+    kv_keys: int = 3
     # Let idle groups quiesce (Config.quiesce) and model the liveness reports it needs.
     quiesce: bool = True
     liveness_catchup: float = 0.3
@@ -156,6 +166,7 @@ class _ClientOp:
     ctx: Any = None  # reads: the ReadIndex context
     data: bytes = b""  # writes: the proposed command
     read_index: int = -1
+    incarnation: int = 0  # ``expire``: the proposing node's, whose clocks hear back
 
 
 @dataclass
@@ -232,6 +243,11 @@ class Simulation:
         # -- liveness: the peers each node has been told are down --
         self.down_view: dict[str, set[str]] = {}
         self.ticks = self.quiet_ticks = self.liveness_wakes = 0
+        # -- the KV API (``kv_api``): its history, the leaders' expiries under way --
+        self.kv_history: list[KvOp] = []
+        self.expiring: list[_ClientOp] = []
+        self.kv_workload = KvWorkload(self.rng, self.cfg.kv_keys) if self.cfg.kv_api else None
+        self.leader_since = 0  # when the newest leader took over (lease liveness)
 
         voters = [f"n{i}" for i in range(1, self.cfg.nodes + 1)]
         self.founders = voters
@@ -254,9 +270,16 @@ class Simulation:
         return MemoryLogStore(incarnation=self.rng.getrandbits(63) or 1)
 
     def _add_node(self, nid: str, store: MemoryLogStore) -> SimNode:
-        kind = StoreSimNode if self.cfg.state_store else SimNode
-        node = kind(nid, store, self.seed, identities=self.cfg.identities,
-                    election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce)
+        node: SimNode
+        if self.cfg.kv_api:
+            node = KvSimNode(nid, store, self.seed, clock=self._seconds,
+                             identities=self.cfg.identities,
+                             election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce)
+            self._schedule(self.rng.randrange(self._lease_tick_ms()), "lease_tick", nid)
+        else:
+            kind = StoreSimNode if self.cfg.state_store else SimNode
+            node = kind(nid, store, self.seed, identities=self.cfg.identities,
+                        election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce)
         self.nodes[nid] = node
         self.down_view[nid] = set()
         # Clocks drift: each node ticks at its own rate. With identical rates,
@@ -289,6 +312,8 @@ class Simulation:
             self._settle()
             self._run_until(end + self.cfg.settle_ms)
             self._final_checks()
+            if self.cfg.kv_api:
+                self._final_lease_checks()
         except SafetyViolation as e:
             result.violations.append(str(e))
         except AssertionError as e:  # an internal assertion of the core or SimNode
@@ -296,7 +321,9 @@ class Simulation:
         except Exception as e:  # noqa: BLE001 - any crash of a node is a finding
             self._log("".join(traceback.format_exception(e)[-6:]).rstrip())
             result.violations.append(f"unexpected {type(e).__name__}: {e}")
-        result.ops = len(self.history)
+        if self.cfg.kv_api:
+            self._unknown_outcomes()
+        result.ops = len(self.kv_history if self.cfg.kv_api else self.history)
         result.committed = self.max_committed
         result.leaders = len(self.leader_of_term)
         result.ticks, result.quiet_ticks = self.ticks, self.quiet_ticks
@@ -304,7 +331,8 @@ class Simulation:
         result.losses, result.survivor_wins = self.losses, self.survivor_wins
         result.survivor_elections = len(self.survivors)
         if not result.violations:
-            result.linearizability = check_history(self.history)
+            result.linearizability = (check_kv_history(self.kv_history) if self.cfg.kv_api
+                                      else check_history(self.history))
         if result.violations or not result.linearizable:
             result.trace = list(self.trace)
         return result
@@ -723,6 +751,9 @@ class Simulation:
 
     def _start_op(self, c: int) -> None:
         self._op_seq += 1
+        if self.kv_workload is not None:
+            self._start_kv_op(c)
+            return
         kind = self.rng.choice(("put", "put", "get", "get", "cas"))
         key = f"k{self.rng.randrange(self.cfg.keys)}"
         value: Any = None
@@ -759,6 +790,8 @@ class Simulation:
             self.settled_ops += 1
         if failed or (timed_out and op.kind == "get"):
             pass  # a definite failure, or a read with no result: no constraint
+        elif self.cfg.kv_api:
+            self._record_kv(c, op, output, timed_out)
         else:
             value = tuple(op.value) if op.kind == "cas" else op.value
             ret = math.inf if timed_out else float(self.now)
@@ -770,6 +803,8 @@ class Simulation:
             self.client_hint[c] = None
 
     def _client_progress(self, node: SimNode, out: ReadyOutcome) -> None:
+        if self.expiring:
+            self._expiry_progress(node, out)
         for c, op in list(self.outstanding.items()):
             if op.node != node.id:
                 continue
@@ -783,10 +818,144 @@ class Simulation:
             for a in out.applied:
                 if a.entry.index == op.index:
                     mine = a.entry.term == op.term
-                    if mine:
+                    if mine and node.op_of(op.data) is not None:
                         self.acked_writes.append((op.index, node.op_of(op.data)))
                     self._finish(c, op, a.result, failed=not mine)
                     break
+
+    # ================================================================== KV API ========
+    # ``kv_api``: the clients speak the KV API (``raftkv.testing.kv_workload``), each
+    # node keeps the leader's lease clocks (``KvSimNode``) and proposes revokes when they
+    # fall due; the history goes to ``raftkv.testing.kv_history``. Times there are
+    # seconds, the unit of a lease's TTL.
+    def _seconds(self) -> float:
+        return self.now / 1000
+
+    def _lease_tick_ms(self) -> int:
+        return round(TICK_SECONDS * 1000)
+
+    def _on_lease_tick(self, nid: str) -> None:
+        """``LeaseKeeper``'s loop: every ``TICK_SECONDS``, revokes for what fell due."""
+        self._schedule(self._lease_tick_ms(), "lease_tick", nid)
+        node = self.nodes[nid]
+        if not node.alive:
+            return
+        assert isinstance(node, KvSimNode)
+        for lease in node.lease_tick():
+            self._propose_expiry(node, lease)
+
+    def _propose_expiry(self, node: KvSimNode, lease: int) -> None:
+        self._op_seq += 1
+        op = _ClientOp(self._op_seq, "expire", "", lease, self.now, node.id,
+                       incarnation=node.incarnation)
+        op.data = encode("expire", None, lease)
+        try:
+            op.index = node.raft.propose(op.data)
+        except RaftError:
+            node.leases.retry(lease)  # the keeper's _expire: tried again at the next tick
+            return
+        op.term = node.raft.term
+        self._touch(node.id)
+        self.expiring.append(op)
+        self._log(f"{node.id} expires lease {lease} at {op.index}")
+
+    def _expiry_progress(self, node: SimNode, out: ReadyOutcome) -> None:
+        applied = {a.entry.index: a for a in out.applied}
+        for op in [op for op in self.expiring if op.node == node.id and op.index in applied]:
+            self.expiring.remove(op)
+            a = applied[op.index]
+            mine = a.entry.term == op.term
+            clocks = node.leases if node.incarnation == op.incarnation else None  # type: ignore[attr-defined]
+            if mine:
+                self._append_kv(-1, op, self._kv_output(a.result), self.now)
+                if clocks is not None:
+                    clocks.revoked(op.value)
+            elif clocks is not None:
+                clocks.retry(op.value)  # another entry took the index: a definite failure
+
+    def _start_kv_op(self, c: int) -> None:
+        assert self.kv_workload is not None
+        kind, key, args = self.kv_workload.next(self._op_seq)
+        target = self.client_hint[c] or self.rng.choice(sorted(self.nodes))
+        node = self.nodes[target]
+        assert isinstance(node, KvSimNode)
+        op = _ClientOp(self._op_seq, kind, key or "", args, self.now, target)
+        try:
+            if not node.alive:
+                raise RaftError("node down")
+            if kind == "keepalive":
+                # Served from the leader's memory at once, as the server does.
+                ttl = node.keepalive(args)
+                self._append_kv(c, op, ttl, self.now)
+                return
+            if kind == "get":
+                op.ctx = ("read", c, op.op_id)
+                node.raft.read_index(op.ctx)
+            else:
+                op.data = encode(kind, key, args)
+                op.index = node.raft.propose(op.data)
+                op.term = node.raft.term
+        except RaftError as e:
+            leader = getattr(e, "leader", None)
+            self.client_hint[c] = leader if leader in self.nodes else None
+            return
+        self._touch(target)
+        self.outstanding[c] = op
+
+    @staticmethod
+    def _kv_output(result: Any) -> Any:
+        """An apply's result as ``KvOp.output`` records it."""
+        if isinstance(result, TxnResult):
+            return (result.succeeded, tuple(meta(r) if isinstance(r, KeyMeta) else r
+                                            for r in result.responses))
+        if isinstance(result, list):
+            return sorted(k.decode() for k in result)
+        return result
+
+    def _record_kv(self, c: int, op: _ClientOp, output: Any, timed_out: bool) -> None:
+        node = self.nodes[op.node]
+        assert isinstance(node, KvSimNode) and self.kv_workload is not None
+        if timed_out:
+            self._append_kv(c, op, None, math.inf)
+            return
+        out = output if op.kind == "get" else self._kv_output(output)
+        if op.kind == "get":
+            self.kv_workload.saw(op.key, out)
+        elif op.kind == "grant" and out is True and node.incarnation and node.alive:
+            node.leases.granted(*op.value)  # the server tells its keeper once it applied
+        elif op.kind == "revoke" and out is not False:
+            node.leases.revoked(op.value)
+        self._append_kv(c, op, out, self.now)
+
+    def _append_kv(self, c: int, op: _ClientOp, output: Any, ret: float) -> None:
+        self.kv_history.append(KvOp(
+            client=c, call=op.call / 1000, ret=ret / 1000, kind=op.kind, key=op.key or None,
+            args=tuple(op.value) if isinstance(op.value, list) else op.value,
+            output=None if ret == math.inf else output, index=op.index))
+
+    def _unknown_outcomes(self) -> None:
+        """At the end: writes still waiting for their entry may have taken effect."""
+        for c, op in sorted(self.outstanding.items()):
+            if op.kind != "get":
+                self._append_kv(c, op, None, math.inf)
+        self.outstanding.clear()
+        for op in self.expiring:
+            self._append_kv(-1, op, None, math.inf)
+        self.expiring.clear()
+
+    def _final_lease_checks(self) -> None:
+        """Once quiet, a lease nobody keeps alive goes within its TTL and a bound: a
+        reload that finds a grant the new leader had not applied, two keeper ticks, and
+        two election timeouts for the revoke to commit."""
+        leader = self._leader()
+        assert leader is not None
+        node = self.nodes[leader]
+        assert isinstance(node, KvSimNode)
+        slack = RELOAD_SECONDS + 2 * TICK_SECONDS + 2 * self._election_ms() / 1000
+        quiet = max(self.settle_start, self.leader_since) / 1000
+        for problem in lease_liveness(self.kv_history, read_leases(node.state_store),
+                                      self.now / 1000, quiet, slack):
+            self._violation(f"liveness: {problem}")
 
     # ================================================================= checker ========
     def _violation(self, what: str) -> None:
@@ -849,6 +1018,7 @@ class Simulation:
                       f"lead={rd.soft_state.lead} {raft.conf.describe()}")
             if rd.soft_state.role == Role.LEADER:
                 self._check_new_leader(node)
+            self.leader_since = self.now
         for a in out.applied:
             self._check_apply(nid, a.entry)
         if raft.role == Role.LEADER:
@@ -940,6 +1110,8 @@ class Simulation:
         self.max_committed = max(self.max_committed, e.index)
         if e.data and e.type == EntryType.NORMAL:
             op_key = self.nodes[nid].op_of(e.data)
+            if op_key is None:
+                return  # (``kv_api``) a command no value tells apart from another
             first = self.op_index.setdefault(op_key, e.index)
             if first != e.index:
                 self._violation(f"command {op_key} applied at {first} and again at {e.index}")
