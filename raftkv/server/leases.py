@@ -133,7 +133,17 @@ class LeaseKeeper:
         if lease not in self.clocks.revoking and not self.clocks.knows(lease):
             async with self._lock:
                 await self.reload()
-        return self.clocks.keepalive(lease)
+        ttl = self.clocks.keepalive(lease)
+        # Confirm the leadership after moving the deadline (a ReadIndex round, Raft §6.4):
+        # a leader deposed without knowing it would otherwise acknowledge a keepalive its
+        # successor never saw, whose clocks, started at its election, may then expire the
+        # lease before the TTL the client was promised. Once a quorum acknowledges this
+        # term, any successor is elected later, so its full TTL ends after ours.
+        await wait(self.node.read(self.group, lambda s: None))
+        if await self._leading() != term:
+            g = self.node.groups[self.group]
+            raise NotLeader(self.node.id, g.leader)
+        return ttl
 
     def remaining(self, lease: int) -> float | None:
         return self.clocks.remaining(lease)

@@ -85,7 +85,8 @@ class KvSimNode(StoreSimNode):
         return self.leases.due()
 
     def keepalive(self, lease: int) -> int | None:
-        """``LeaseKeeper.keepalive``: the TTL (None: not found). ``NotLeader`` off the
+        """``LeaseKeeper.keepalive`` up to its ReadIndex round (which the simulator runs):
+        the TTL (None: not found). ``NotLeader`` off the
         leader."""
         term = self._leading()
         if not term:

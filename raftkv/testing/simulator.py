@@ -167,6 +167,7 @@ class _ClientOp:
     data: bytes = b""  # writes: the proposed command
     read_index: int = -1
     incarnation: int = 0  # ``expire``: the proposing node's, whose clocks hear back
+    answer: Any = None  # ``keepalive``: the TTL, answered once the leadership is confirmed
 
 
 @dataclass
@@ -788,7 +789,7 @@ class Simulation:
         del self.outstanding[c]
         if self.settling and op.call >= self.settle_start and not (timed_out or failed):
             self.settled_ops += 1
-        if failed or (timed_out and op.kind == "get"):
+        if failed or (timed_out and op.kind in ("get", "keepalive")):
             pass  # a definite failure, or a read with no result: no constraint
         elif self.cfg.kv_api:
             self._record_kv(c, op, output, timed_out)
@@ -814,6 +815,10 @@ class Simulation:
                         op.read_index = rs.index
                 if op.read_index >= 0 and node.last_applied >= op.read_index:
                     self._finish(c, op, node.read(op.key))
+                continue
+            if op.kind == "keepalive":
+                if any(rs.context == op.ctx for rs in out.read_states):
+                    self._finish(c, op, op.answer, failed=node.raft.term != op.term)
                 continue
             for a in out.applied:
                 if a.entry.index == op.index:
@@ -884,9 +889,17 @@ class Simulation:
             if not node.alive:
                 raise RaftError("node down")
             if kind == "keepalive":
-                # Served from the leader's memory at once, as the server does.
-                ttl = node.keepalive(args)
-                self._append_kv(c, op, ttl, self.now)
+                # As the server: the deadline moves in the leader's memory, and the answer
+                # waits for a ReadIndex round that confirms the leadership in this term.
+                op.answer = node.keepalive(args)
+                if op.answer is None:  # not found: answered at once
+                    self._append_kv(c, op, None, self.now)
+                    return
+                op.ctx = ("keepalive", c, op.op_id)
+                op.term = node.raft.term
+                node.raft.read_index(op.ctx)
+                self._touch(target)
+                self.outstanding[c] = op
                 return
             if kind == "get":
                 op.ctx = ("read", c, op.op_id)
