@@ -79,6 +79,7 @@ import math
 import random
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -766,22 +767,38 @@ class Simulation:
         target = self.client_hint[c] or self.rng.choice(sorted(self.nodes))
         node = self.nodes[target]
         op = _ClientOp(self._op_seq, kind, key, value, self.now, target)
+        self._submit(c, op, lambda: node.encode(c, op.op_id, kind, key, value))
+
+    def _submit(self, c: int, op: _ClientOp, encode: Callable[[], bytes]) -> None:
+        """Start ``op`` on its node: a get as a ReadIndex round, a write as a proposal of
+        ``encode()``; a keepalive (KV API) moves the lease's deadline on the leader and
+        waits for a ReadIndex round that confirms the leadership in this term, as the
+        server does. Refused before anything entered a log: not part of the history."""
+        node = self.nodes[op.node]
         try:
             if not node.alive:
                 raise RaftError("node down")
-            if kind == "get":
+            if op.kind == "keepalive":
+                assert isinstance(node, KvSimNode)
+                op.answer = node.keepalive(op.value)
+                if op.answer is None:  # not found: answered at once
+                    self._append_kv(c, op, None, self.now)
+                    return
+                op.ctx = ("keepalive", c, op.op_id)
+                op.term = node.raft.term
+                node.raft.read_index(op.ctx)
+            elif op.kind == "get":
                 op.ctx = ("read", c, op.op_id)
                 node.raft.read_index(op.ctx)
             else:
-                op.data = node.encode(c, op.op_id, kind, key, value)
+                op.data = encode()
                 op.index = node.raft.propose(op.data)
                 op.term = node.raft.term
         except RaftError as e:
-            # Refused before anything entered a log: not part of the history.
             leader = getattr(e, "leader", None)
             self.client_hint[c] = leader if leader in self.nodes else None
             return
-        self._touch(target)
+        self._touch(op.node)
         self.outstanding[c] = op
 
     def _finish(self, c: int, op: _ClientOp, output: Any, timed_out: bool = False,
@@ -882,38 +899,8 @@ class Simulation:
         assert self.kv_workload is not None
         kind, key, args = self.kv_workload.next(self._op_seq)
         target = self.client_hint[c] or self.rng.choice(sorted(self.nodes))
-        node = self.nodes[target]
-        assert isinstance(node, KvSimNode)
         op = _ClientOp(self._op_seq, kind, key or "", args, self.now, target)
-        try:
-            if not node.alive:
-                raise RaftError("node down")
-            if kind == "keepalive":
-                # As the server: the deadline moves in the leader's memory, and the answer
-                # waits for a ReadIndex round that confirms the leadership in this term.
-                op.answer = node.keepalive(args)
-                if op.answer is None:  # not found: answered at once
-                    self._append_kv(c, op, None, self.now)
-                    return
-                op.ctx = ("keepalive", c, op.op_id)
-                op.term = node.raft.term
-                node.raft.read_index(op.ctx)
-                self._touch(target)
-                self.outstanding[c] = op
-                return
-            if kind == "get":
-                op.ctx = ("read", c, op.op_id)
-                node.raft.read_index(op.ctx)
-            else:
-                op.data = encode(kind, key, args)
-                op.index = node.raft.propose(op.data)
-                op.term = node.raft.term
-        except RaftError as e:
-            leader = getattr(e, "leader", None)
-            self.client_hint[c] = leader if leader in self.nodes else None
-            return
-        self._touch(target)
-        self.outstanding[c] = op
+        self._submit(c, op, lambda: encode(kind, key, args))
 
     @staticmethod
     def _kv_output(result: Any) -> Any:
