@@ -154,10 +154,11 @@ def test_only_the_probes_are_public_and_changes_need_admin() -> None:
     for (method, path), role in ROLES.items():
         if path.startswith("/v1/cluster/") and method != "GET" or path == "/v1/test/partition":
             assert role is Role.ADMIN, (method, path)
-        if method == "GET" and role is not None and path != "/v1/snapshot":
+        if method == "GET" and role is not None and not path.endswith("/snapshot"):
             assert role <= Role.READ, (method, path)
     # A backup is every key at once, for an operator to restore a cluster from.
     assert ROLES[("GET", "/v1/snapshot")] is Role.ADMIN
+    assert ROLES[("GET", "/v1/tables/{table}/partitions/{p}/snapshot")] is Role.ADMIN
 
 
 # -- the client side ---------------------------------------------------------------------
