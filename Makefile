@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.compat_pysyncobj
 	$(BIN)/python -m benchmarks.heal
 	$(BIN)/python -m benchmarks.kv_api
+	$(BIN)/python -m benchmarks.http_vs_etcd
 
 clean:
 	rm -rf $(VENV) build *.egg-info
