@@ -274,3 +274,64 @@ def test_a_learner_is_not_promoted_by_hand_before_it_is_recorded() -> None:
     for _ in range(10):
         c.tick(["n1"])
     assert "n4" in c.raft("n1").conf.voters  # recorded, then promoted automatically
+
+
+
+N5 = ["n1", "n2", "n3", "n4", "n5"]
+
+
+def readmit_dropped_on_n1(snapshot: bool) -> tuple[Cluster, int]:
+    """n3 is wiped while n1 leads, cut off from all but n3: n1 hears the new n3 and
+    appends a READMIT of it that it cannot commit. n2 leads the next term with n4 and
+    n5, and n1 drops the READMIT: its conflicting entries are replaced by n2's (Raft
+    §5.3), or by n2's snapshot (§7), and the configuration it carried is rolled back
+    (dissertation §4.1). Then n2 hears n3 and readmits it, the same incarnation."""
+    c = Cluster(N5, seed=1, identities=True)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    c.wipe("n3")
+    new = inc(c, "n3")
+    for other in ("n2", "n4", "n5"):
+        c.cut("n1", other)
+    c.tick(["n1"], n=3)  # n1 hears the new n3: READMIT, uncommitted
+    dropped = c.raft("n1").log.last_index()
+    assert c.raft("n1").conf.incarnation_of("n3") == new
+    assert c.raft("n1").log.committed < dropped
+    if snapshot:
+        c.cut("n2", "n3")  # so the snapshot's configuration still records the old n3
+    c.tick(["n2", "n4", "n5"], n=10)  # their leader lease on n1 runs out
+    c.elect("n2")
+    if snapshot:
+        for i in range(3):
+            c.propose("n2", cmd(10 + i))
+        assert c.nodes["n2"].compact()
+        c.blocked -= {("n1", "n2"), ("n2", "n1")}
+        c.tick(["n2"], n=3)
+        assert c.raft("n1").log.first_index() > dropped  # installed n2's snapshot
+        assert c.raft("n1").conf.incarnation_of("n3") != new
+    c.heal()
+    c.tick(["n2"], n=10)
+    assert c.raft("n1").role == Role.FOLLOWER and c.raft("n1").lead == "n2"
+    assert c.raft("n2").conf.incarnation_of("n3") == new  # n2 readmitted it
+    assert c.raft("n1").conf.incarnation_of("n3") == new
+    return c, new
+
+
+@pytest.mark.parametrize("snapshot", [False, True], ids=["truncated", "snapshot"])
+def test_an_incarnation_recorded_by_a_dropped_entry_is_not_retired(snapshot: bool) -> None:
+    """Simulator seed 68 (--kv-api): when n1 rolled its configuration back past the
+    dropped READMIT, it took the live n3 for an incarnation its configuration had
+    replaced, and ignored every message of it from then on, although n2 recorded that
+    same n3 again. Once n1 led, it never heard n3: n3 stayed a learner, far behind, for
+    good. Going back in the log retires nobody; the leader hears n3 and catches it up."""
+    c, new = readmit_dropped_on_n1(snapshot)
+    c.raft("n2").transfer_leadership("n1")
+    c.stabilize()
+    assert c.leader() == "n1"
+    index = c.propose("n1", cmd(2))
+    c.tick(["n1"], n=10)
+    assert c.raft("n3").log.committed >= index
+    assert c.raft("n3").log.committed == c.raft("n1").log.committed
+    assert "n3" in c.raft("n1").conf.voters  # caught up and promoted again
+    assert c.raft("n1").conf.incarnation_of("n3") == new
+    assert c.nodes["n3"].state() == c.nodes["n1"].state()

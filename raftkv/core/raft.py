@@ -466,8 +466,9 @@ class Raft:
         # whose grant it needs (itself and the learners that may have been promoted).
         self._survivor: str | None = None
         self._electorate: frozenset[str] = frozenset()
-        # (member, incarnation) pairs the configuration once recorded and replaced: a
-        # late or duplicated message from one is from a node that no longer exists.
+        # (member, incarnation) pairs the configuration once recorded and a later one in
+        # the log replaced: a late or duplicated message from one is from a node that no
+        # longer exists. (A rollback replaces no one: ``_truncate_confs``.)
         self._retired: set[tuple[str, int]] = set()
         self.conf: ConfState = self.confs[-1][1]
         self._incs = dict(self.conf.incarnations)
@@ -1290,6 +1291,9 @@ class Raft:
             # We already hold the snapshot's last entry: fast-forward instead of wiping.
             log.commit_to(snap.index)
         else:
+            # Our configurations past the commit index are dropped (retiring no one),
+            # and the snapshot's follows the committed one.
+            self._truncate_confs(log.committed + 1)
             log.restore(snap)
             self.confs = [(snap.index, snap.meta.conf)]
             self._set_conf(snap.meta.conf)
@@ -1802,17 +1806,25 @@ class Raft:
             return
         while len(self.confs) > 1 and self.confs[-1][0] >= index:
             self.confs.pop()
-        self._set_conf(self.confs[-1][1])
+        # Going back retires no one: the incarnation a dropped entry recorded (a RECORD
+        # or READMIT its leader proposed on hearing from it) is the live one, not a
+        # replaced one (simulator seed 68, --kv-api: retired here, the live n10 was
+        # ignored for good by the node that later led). We end as a node that never
+        # held the entries: the member is an unrecorded incarnation, to be recorded.
+        self._set_conf(self.confs[-1][1], retire=False)
 
     def _trim_confs(self) -> None:
         confs, applied = self.confs, self.log.applied
         while len(confs) > 1 and confs[1][0] <= applied:
             confs.pop(0)
 
-    def _set_conf(self, conf: ConfState) -> None:
-        for nid, inc in self._incs.items():
-            if conf.incarnation_of(nid) not in (None, inc):
-                self._retired.add((nid, inc))
+    def _set_conf(self, conf: ConfState, retire: bool = True) -> None:
+        """Adopt ``conf``. ``retire``: it follows the current one in log order, so an
+        incarnation it records in place of the current one's replaced that one."""
+        if retire:
+            for nid, inc in self._incs.items():
+                if conf.incarnation_of(nid) not in (None, inc):
+                    self._retired.add((nid, inc))
         self.conf = conf
         self._incs = dict(conf.incarnations)
         if self.role != Role.LEADER:
