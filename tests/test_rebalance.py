@@ -485,7 +485,10 @@ def test_dropping_a_table_under_load_spares_the_other_table_and_recreation_start
     # Here, or forwarded to a leader that stopped the group (RemoteError of that kind).
     kinds = {getattr(e, "kind", type(e).__name__) for e in errors[TABLE]}
     assert kinds <= {"NodeStopped", "UnknownGroup"}, kinds
-    assert not errors[other], errors[other][:3]
+    # The other table's writes do not fail because of the drop. On a busy machine one of
+    # its leaders may lose an election meanwhile, which leaves a write in flight with an
+    # unknown outcome (it is not counted as acknowledged); nothing else may fail.
+    assert all("outcome is unknown" in str(e) for e in errors[other]), errors[other][:3]
     for k, v in acked[other].items():
         assert cluster.get(other, k) == v
     cluster.wait_converged(other, META, 3)  # digests equal on every replica
