@@ -36,9 +36,10 @@ is its own Raft group with its own revisions, so each file is consistent at its 
 index; the partitions are not one cut across the table (as with Kudu's or Cassandra's
 per-tablet backups). ``verify_table`` checks the manifest and every file in full.
 ``restore_table`` loads a backup into a *new* table of the same partition count on a
-running cluster, through idempotent per-partition batches (as the Spark loader does, so
-a restore that is interrupted and run again applies each batch once), then compares each
-partition's digest, read after a ReadIndex round on its leader, with the backup's. The
+running cluster, in per-partition batches with ids (as the Spark loader does, so a batch
+retried after a lost answer applies once), then compares each partition's digest, read
+after a ReadIndex round on its leader, with the backup's. An interrupted restore leaves a
+partly loaded table: drop it and run the restore again. The
 rows get the new table's revisions: a table's revisions are its partitions' log indexes,
 which a restore into a running cluster cannot keep.
 """
@@ -58,6 +59,7 @@ from typing import IO, TYPE_CHECKING, Any
 import msgpack
 
 from raftkv.core.raft import BOOTSTRAP_TERM
+from raftkv.placement.catalog import MAX_PARTITIONS, STORAGE_KINDS, partition_group
 from raftkv.storage.commands import MAX_BATCH_OPS, MAX_COMMAND_BYTES, user_key
 from raftkv.storage.digest import DigestBuilder
 from raftkv.storage.errors import StorageError
@@ -66,7 +68,7 @@ from raftkv.storage.lmdb_log import LmdbLogStore
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.records import ConfState, HardState, Snapshot, SnapshotMeta
 from raftkv.storage.revisions import value_of
-from raftkv.storage.state_store import MAX_SNAPSHOT_CHUNK_BYTES, SnapshotLoader
+from raftkv.storage.state_store import KV_ROWS, MAX_SNAPSHOT_CHUNK_BYTES, SnapshotLoader
 
 if TYPE_CHECKING:
     from raftkv.client import Client
@@ -267,8 +269,6 @@ def _empty_dir(d: str) -> None:
 def save_table(client: Client, table: str, directory: str) -> dict[str, Any]:
     """Save every partition of ``table`` into ``directory`` (new or empty), each file
     verified as it lands, and the manifest last (module docstring); the manifest."""
-    from raftkv.placement.catalog import partition_group
-
     _empty_dir(directory)
     desc = client.describe_table(table)
     count = len(desc["partitions"])
@@ -312,11 +312,17 @@ def _manifest(directory: str) -> dict[str, Any]:
         if doc["format"] != _TABLE_FORMAT:
             raise BackupError(f"{path}: table backup format {doc['format']!r} is not "
                               f"supported (this build reads {_TABLE_FORMAT})")
-        count, files = doc["partitions"], doc["files"]
-        if not isinstance(doc["table"], str) or type(count) is not int or count < 1:
-            raise BackupError(f"{path} names no table or no partition count")
-        if (not isinstance(files, list)
-                or [entry["partition"] for entry in files] != list(range(count))):
+        count, files, replicas = doc["partitions"], doc["files"], doc["replicas"]
+        if (not isinstance(doc["table"], str) or type(count) is not int
+                or not 1 <= count <= MAX_PARTITIONS):
+            raise BackupError(f"{path} names no table or no partition count "
+                              f"(1..{MAX_PARTITIONS})")
+        if type(replicas) is not int or replicas < 1 or doc["storage"] not in STORAGE_KINDS:
+            raise BackupError(f"{path}: replicas must be a positive integer and storage one "
+                              f"of {', '.join(STORAGE_KINDS)}")
+        if (not isinstance(files, list) or len(files) != count
+                or [entry["partition"] for entry in files] != list(range(count))
+                or any(type(entry["partition"]) is not int for entry in files)):
             raise BackupError(f"{path} does not list one file per partition 0..{count - 1}")
         for entry in files:
             name = _partition_file(entry["partition"])
@@ -327,7 +333,7 @@ def _manifest(directory: str) -> dict[str, Any]:
                     or not isinstance(entry["revisions_digest"], str)):
                 raise BackupError(f"{path}: partition {entry['partition']}'s index, keys "
                                   "or digest is malformed")
-    except (KeyError, TypeError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         raise BackupError(f"{path} is malformed: {err!r} is missing or wrong") from None
     return dict(doc)
 
@@ -336,8 +342,6 @@ def verify_table(directory: str) -> dict[str, Any]:
     """Check a table backup completely: the manifest, then every partition's file in full
     (``verify``), each against the manifest's group, index, count and digest; the
     manifest, each file's entry with its row count and digest as found."""
-    from raftkv.placement.catalog import partition_group
-
     doc = _manifest(directory)
     table = str(doc["table"])
     for e in doc["files"]:
@@ -361,6 +365,10 @@ def _user_rows(path: str) -> Iterator[tuple[bytes, bytes]]:
     _, it, f = _chunks(path)
     with f:
         loader = SnapshotLoader(it)
+        try:
+            loader.expect(KV_ROWS, "a table restore")
+        except StorageError as e:
+            raise BackupError(f"{path}: {e}") from None
         for k, row in loader.rows():
             if user_key(k):
                 yield k, value_of(row)

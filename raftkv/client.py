@@ -153,6 +153,7 @@ class Client:
         # table -> (when fetched, partition count, each partition's leader or None)
         self._routes: dict[str, tuple[float, int, list[str | None]]] = {}
         self._detours = 0  # endpoint moves (a redirect or a retry elsewhere), ever
+        self._missing: dict[str, float] = {}  # node id -> until when not to look again
         bearer = resolve_token(token, token_file)
         self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
@@ -315,19 +316,46 @@ class Client:
         return self._endpoint_of(leader) if leader else None
 
     def _endpoint_of(self, node_id: str) -> str | None:
+        """The endpoint of node ``node_id``: one of ours (each asked its id once), else
+        the HTTP address the node published in the metastore (``/v1/cluster``'s
+        ``"http"``), which joins our endpoints, so a redirect or a partition's leader
+        can be followed with only some nodes given. An id found nowhere is not looked for
+        again for ``ROUTE_TTL`` seconds."""
+        if node_id in self._ids or self._missing.get(node_id, 0.0) > time.monotonic():
+            return self._ids.get(node_id)
+        for e in self.endpoints:
+            if e in self._ids.values():
+                continue
+            try:
+                status, data, ctype = self._once(e, "GET", "/health", None)
+            except (OSError, http.client.HTTPException):
+                continue
+            if status in (200, 503):  # 503: up, but no leader known yet
+                ident = _json(data, ctype).get("id")
+                if ident is not None:
+                    self._ids[str(ident)] = e
         if node_id not in self._ids:
-            for e in self.endpoints:
-                if e in self._ids.values():
-                    continue
-                try:
-                    status, data, ctype = self._once(e, "GET", "/health", None)
-                except (OSError, http.client.HTTPException):
-                    continue
-                if status in (200, 503):  # 503: up, but no leader known yet
-                    ident = _json(data, ctype).get("id")
-                    if ident is not None:
-                        self._ids[str(ident)] = e
+            self._discover(node_id)
+        if node_id not in self._ids:
+            self._missing[node_id] = time.monotonic() + ROUTE_TTL
         return self._ids.get(node_id)
+
+    def _discover(self, node_id: str) -> None:
+        for e in list(self._ids.values()):
+            try:
+                status, data, ctype = self._once(e, "GET", "/v1/cluster", None)
+            except (OSError, http.client.HTTPException):
+                continue
+            if status != 200:
+                continue
+            addrs = _json(data, ctype).get("http")
+            addr = addrs.get(node_id) if isinstance(addrs, dict) else None
+            if isinstance(addr, str) and addr:
+                endpoint = addr if "://" in addr else f"{urlsplit(e).scheme}://{addr}"
+                if endpoint not in self.endpoints:
+                    self.endpoints.append(endpoint)
+                self._ids[node_id] = endpoint
+            return
 
     # -- KV -----------------------------------------------------------------------------
     @staticmethod

@@ -66,3 +66,21 @@ def test_a_new_term_restarts_every_lease_and_a_reload_drops_revoked_ones() -> No
     assert not c.knows(1)
     clock.now += 0.1
     assert c.due() == [2]
+
+
+def test_a_lease_whose_revoke_failed_stays_doomed_until_the_term_ends() -> None:
+    """A revoke that timed out may still commit: a keepalive in between must not be told
+    the lease lives (a review finding). A new term starts every clock afresh."""
+    clock = Clock()
+    c = LeaseClocks(clock)
+    c.take_over(3)
+    c.reload({7: 2})
+    clock.now += 2
+    assert c.due() == [7]
+    c.retry(7)
+    with pytest.raises(KeyError):
+        c.keepalive(7)
+    assert c.due() == [7]  # proposed again
+    c.take_over(4)
+    c.reload({7: 2})
+    assert c.keepalive(7) == 2

@@ -241,13 +241,23 @@ def test_a_table_backup_under_load_saves_every_partition_and_restores_into_a_new
     assert res.returncode == 1 and "not an empty directory" in res.stderr
 
 
+_HEAD = '"format": 1, "table": "t", "replicas": 3, "storage": "persistent", '
+
+
 @pytest.mark.parametrize("manifest, said", [
     ("{not json", "not readable JSON"),
     ('{"format": 1}', "malformed"),
     ('{"format": 2, "table": "t", "partitions": 1, "files": []}', "format 2"),
-    ('{"format": 1, "table": "t", "partitions": 2, "files": []}', "one file per partition"),
-    (('{"format": 1, "table": "t", "partitions": 1, "files": [{"partition": 0, '
-     '"file": "../x", "index": 1, "keys": 0, "revisions_digest": ""}]}'), "not p0000.snap"),
+    ("{" + _HEAD + '"partitions": 2, "files": []}', "one file per partition"),
+    ("{" + _HEAD + '"partitions": 1, "files": [{"partition": 0, "file": "../x", "index": 1, '
+     '"keys": 0, "revisions_digest": ""}]}', "not p0000.snap"),
+    ('{"format": 1, "table": "t", "partitions": 1, "storage": "persistent", "files": []}',
+     "malformed"),
+    (('{"format": 1, "table": "t", "partitions": 1, "replicas": [3], "storage": "persistent", '
+     '"files": []}'), "replicas must be"),
+    ("{" + _HEAD + '"partitions": 1, "files": [{"partition": 0.0, "file": "p0000.snap", '
+     '"index": 1, "keys": 0, "revisions_digest": ""}]}', "one file per partition"),
+    ("{" + _HEAD + '"partitions": 99999999999, "files": []}', "partition count"),
 ])
 def test_a_bad_table_backup_manifest_is_refused(tmp_path: Path, manifest: str,
                                                 said: str) -> None:

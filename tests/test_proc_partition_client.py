@@ -4,8 +4,9 @@ Four nodes, a table of 8 partitions with 2 replicas: every node leads or follows
 partitions, so a request sent to the wrong node takes a proxy hop. The nodes' own
 ``raftkv_http_requests_total`` counts every request a node answers, a proxied one on both
 nodes it passes, so "the table route was answered exactly N times across the cluster for
-N requests" says that no request was proxied. A client that knows only one endpoint
-cannot route, and the same count shows its proxies: the check can fail.
+N requests" says that no request was proxied. Plain requests all sent to one node show
+their proxies in the same count: the check can fail. A client given one endpoint finds
+the others from ``/v1/cluster``.
 """
 
 from __future__ import annotations
@@ -68,14 +69,35 @@ def test_table_requests_go_straight_to_the_partition_leader(cluster: ProcCluster
         c.close()
 
 
-def test_a_client_that_knows_one_endpoint_is_proxied_and_the_count_shows_it(
+def test_requests_sent_to_one_node_are_proxied_and_the_count_shows_it(
         cluster: ProcCluster) -> None:
+    """The control: plain HTTP PUTs all sent to n4, which leads or holds only some
+    partitions, so the others' are proxied and answered twice."""
+    before = _answered(cluster)
+    conn = http.client.HTTPConnection("127.0.0.1", cluster.nodes["n4"].http_port, timeout=20)
+    try:
+        for i in range(16):
+            conn.request("PUT", f"/v1/tables/{TABLE}/kv/one{i}", body=b"x")
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200
+    finally:
+        conn.close()
+    assert _answered(cluster) - before > 16
+
+
+def test_a_client_given_one_endpoint_finds_the_leaders_from_the_cluster(
+        cluster: ProcCluster) -> None:
+    """Only n4 given: the partition leaders' addresses come from ``/v1/cluster``, so the
+    requests still go straight to them."""
     c = Client([cluster.nodes["n4"].endpoint])
     try:
+        c.put("found", "1", table=TABLE)
         before = _answered(cluster)
         for i in range(16):
-            c.put(f"one{i}", "x", table=TABLE)
-        assert _answered(cluster) - before > 16
+            c.put(f"found{i}", "x", table=TABLE)
+        assert _answered(cluster) - before == 16
+        assert len(c.endpoints) > 1
     finally:
         c.close()
 

@@ -20,7 +20,9 @@ that memory and its rules; its owner does the I/O (reading the state, proposing)
   reloads at a take-over and every ``RELOAD_SECONDS`` while leading.
 - ``due()`` the leases whose deadline passed and whose revoke is not yet on its way; the
   owner proposes a revoke for each and reports back with ``revoked`` (it applied) or
-  ``retry`` (it failed: tried again at the next tick).
+  ``retry`` (it failed: tried again at the next tick). A lease whose revoke was proposed
+  in this term is *doomed* until it is revoked or the term ends: a keepalive is refused
+  even after a ``retry``, since a revoke that timed out may still commit.
 - ``granted`` and ``keepalive`` restart one lease's clock on the leader.
 """
 
@@ -56,6 +58,7 @@ class LeaseClocks:
         self.ttls: dict[int, int] = {}
         self.deadlines: dict[int, float] = {}
         self.revoking: set[int] = set()
+        self.doomed: set[int] = set()  # a revoke proposed in this term (module docstring)
         self._loaded = 0.0
 
     def take_over(self, term: int) -> bool:
@@ -65,6 +68,7 @@ class LeaseClocks:
             return False
         self.term, self.ttls, self.deadlines = term, {}, {}
         self.revoking.clear()
+        self.doomed.clear()
         return True
 
     def reload(self, ttls: dict[int, int]) -> None:
@@ -89,6 +93,7 @@ class LeaseClocks:
         out = sorted(lease for lease, deadline in self.deadlines.items()
                      if deadline <= now and lease not in self.revoking)
         self.revoking.update(out)
+        self.doomed.update(out)
         return out
 
     def revoked(self, lease: int) -> None:
@@ -96,6 +101,7 @@ class LeaseClocks:
         self.deadlines.pop(lease, None)
         self.ttls.pop(lease, None)
         self.revoking.discard(lease)
+        self.doomed.discard(lease)
 
     def retry(self, lease: int) -> None:
         """Proposing ``lease``'s revoke failed: ``due`` offers it again."""
@@ -111,9 +117,9 @@ class LeaseClocks:
 
     def keepalive(self, lease: int) -> int:
         """Restart ``lease``'s clock; its TTL. ``KeyError`` if it is unknown (the owner
-        reloads first if ``knows`` says so) or already on its way out."""
-        if lease in self.revoking:
-            raise KeyError(lease)  # expired: its revoke is on its way to the log
+        reloads first if ``knows`` says so) or doomed."""
+        if lease in self.doomed:
+            raise KeyError(lease)  # expired: its revoke is (or may be) on its way to the log
         ttl = self.ttls[lease]
         self.deadlines[lease] = self.clock() + ttl
         return ttl

@@ -51,6 +51,7 @@ from raftkv.storage.leases import (
     attach_prefix,
     check_lease_id,
     check_ttl,
+    lease_key,
 )
 from raftkv.storage.state_store import KVStateStore, prefix_end
 
@@ -139,10 +140,17 @@ class LeaseKeeper:
         # successor never saw, whose clocks, started at its election, may then expire the
         # lease before the TTL the client was promised. Once a quorum acknowledges this
         # term, any successor is elected later, so its full TTL ends after ours.
-        await wait(self.node.read(self.group, lambda s: None))
+        # The same round tells whether the lease still exists at that point: a revoke
+        # committed meanwhile (by a client, or an expiry its predecessor proposed, which
+        # our first entry committed) must not be answered as alive.
+        alive = await wait(self.node.read_kv(
+            self.group, lambda s: s.get_meta(lease_key(lease)) is not None))
         if await self._leading() != term:
             g = self.node.groups[self.group]
             raise NotLeader(self.node.id, g.leader)
+        if not alive:
+            self.clocks.revoked(lease)
+            raise KeyError(lease)
         return ttl
 
     def remaining(self, lease: int) -> float | None:

@@ -224,7 +224,8 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         if choice == "uvloop":
-            raise SystemExit("--event-loop uvloop: uvloop is not installed") from None
+            raise ValueError("--event-loop uvloop: uvloop is not installed "
+                             "(pip install uvloop, or --event-loop asyncio)") from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory

@@ -943,7 +943,7 @@ class TablesApi:
         desc = self.p.mgr.table(name) or await self._desc(name)
         self._same_generation(request, name)
         raw = request.match_info["p"]
-        if not raw.isdigit() or int(raw) >= desc.partitions:
+        if not (raw.isascii() and raw.isdigit()) or int(raw) >= desc.partitions:
             raise web.HTTPNotFound(text=json.dumps(
                 {"error": f"table {name} has no partition {raw!r} "
                           f"(it has partitions 0..{desc.partitions - 1})"}),

@@ -24,6 +24,7 @@ from raftkv.storage.commands import (
     PutLease,
     decode,
 )
+from raftkv.storage.leases import lease_key
 from raftkv.storage.log_store import MemoryLogStore
 from raftkv.storage.revisions import KeyMeta
 from raftkv.storage.txn import Kind, Txn
@@ -83,6 +84,14 @@ class KvSimNode(StoreSimNode):
         if self.leases.reload_due():
             self.leases.reload(read_leases(self.state_store))
         return self.leases.due()
+
+    def lease_alive(self, lease: int) -> bool:
+        """After a keepalive's ReadIndex round, as ``LeaseKeeper.keepalive``: whether the
+        lease still exists (if not, its clock is dropped and the answer is "not found")."""
+        if self.state_store.get_meta(lease_key(lease)) is not None:
+            return True
+        self.leases.revoked(lease)
+        return False
 
     def keepalive(self, lease: int) -> int | None:
         """``LeaseKeeper.keepalive`` up to its ReadIndex round (which the simulator runs):

@@ -834,7 +834,13 @@ class Simulation:
                     self._finish(c, op, node.read(op.key))
                 continue
             if op.kind == "keepalive":
-                if any(rs.context == op.ctx for rs in out.read_states):
+                for rs in out.read_states:
+                    if rs.context == op.ctx:
+                        op.read_index = rs.index
+                if op.read_index >= 0 and node.last_applied >= op.read_index:
+                    assert isinstance(node, KvSimNode)
+                    if not node.lease_alive(op.value):  # revoked by the read point
+                        op.answer = None
                     self._finish(c, op, op.answer, failed=node.raft.term != op.term)
                 continue
             for a in out.applied:
