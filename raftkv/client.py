@@ -7,8 +7,8 @@ the client learns each endpoint's node id from ``/v1/cluster`` and retries on th
 leader's endpoint. Writes are safe to send to any node (followers forward them), so only
 admin calls depend on finding the leader.
 
-Table requests are partition-aware: the client caches each table's partition leaders
-from ``describe_table`` (for ``ROUTE_TTL`` seconds) and sends a key's request, or a
+Table requests are partition-aware: the client caches each table's partition leaders,
+read from the nodes' own views (``GET /v1/tables/{t}/leaders``; for ``ROUTE_TTL`` seconds), and sends a key's request, or a
 partition's batch, straight to the endpoint of its partition's leader, saving the hop a
 node that does not lead the partition would add (a proxy, or a forward to the leader).
 The cache is only a hint: any node answers correctly, since the server computes the
@@ -302,11 +302,7 @@ class Client:
         now = time.monotonic()
         cached = self._routes.get(table)
         if cached is None or now - cached[0] > ROUTE_TTL:
-            try:
-                parts = self.describe_table(table)["partitions"]
-                cached = (now, len(parts), [p.get("leader") for p in parts])
-            except (ClientError, Unavailable, KeyError, TypeError):
-                cached = (now, 0, [])
+            cached = (now, *self._fetch_leaders(table))
             self._routes[table] = cached
         _, count, leaders = cached
         if not count:
@@ -335,29 +331,64 @@ class Client:
                 if ident is not None:
                     self._ids[str(ident)] = e
         if node_id not in self._ids:
-            self._discover(node_id)
+            self._discover()
         if node_id not in self._ids:
             self._missing[node_id] = time.monotonic() + ROUTE_TTL
         return self._ids.get(node_id)
 
-    def _discover(self, node_id: str) -> None:
-        for e in list(self._ids.values()):
+    def _fetch_leaders(self, table: str) -> tuple[int, list[str | None]]:
+        """(partition count, each partition's leader or None) from the nodes' own views
+        (``GET /v1/tables/{t}/leaders``: each knows the partitions it hosts), asking one
+        endpoint after another until every partition has a leader, the nodes the cluster
+        publishes too if ours do not host them all; (0, []) if none could say."""
+        path = f"/v1/tables/{quote(table, safe='')}/leaders"
+        count: int = 0
+        leaders: list[str | None] = []
+        asked: set[str] = set()
+        for pass_ in range(2):
+            if pass_:
+                self._discover()
+            for e in [e for e in self.endpoints if e not in asked]:
+                asked.add(e)
+                try:
+                    status, data, ctype = self._once(e, "GET", path, None)
+                    doc = _json(data, ctype) if status == 200 else {}
+                    got = [x if isinstance(x, str) else None for x in doc["leaders"]]
+                    n = int(doc["partitions"])
+                except (OSError, http.client.HTTPException, KeyError, TypeError, ValueError):
+                    continue
+                if n != len(got) or (count and n != count):
+                    continue
+                count = n
+                leaders = ([a or b for a, b in zip(leaders, got, strict=True)] if leaders
+                           else got)
+                if all(leaders):
+                    return count, leaders
+        return count, leaders
+
+    def _discover(self) -> None:
+        """Learn every node's endpoint from the HTTP addresses the nodes published in the
+        metastore (``/v1/cluster``'s ``"http"``); new ones join our endpoints."""
+        for e in list(self.endpoints):
             try:
                 status, data, ctype = self._once(e, "GET", "/v1/cluster", None)
             except (OSError, http.client.HTTPException):
                 continue
-            if status != 200:
+            addrs = _json(data, ctype).get("http") if status == 200 else None
+            if not isinstance(addrs, dict):
                 continue
-            addrs = _json(data, ctype).get("http")
-            addr = addrs.get(node_id) if isinstance(addrs, dict) else None
-            if isinstance(addr, str) and addr:
-                endpoint = addr if "://" in addr else f"{urlsplit(e).scheme}://{addr}"
+            scheme = urlsplit(e).scheme
+            for node_id, addr in sorted(addrs.items()):
+                if not isinstance(addr, str) or not addr or node_id in self._ids:
+                    continue
+                endpoint = addr if "://" in addr else f"{scheme}://{addr}"
+                if urlsplit(endpoint).hostname in (None, "", "0.0.0.0", "::"):
+                    continue  # a wildcard bind names no address a client can dial
                 if endpoint not in self.endpoints:
                     self.endpoints.append(endpoint)
-                self._ids[node_id] = endpoint
+                self._ids[str(node_id)] = endpoint
             return
 
-    # -- KV -----------------------------------------------------------------------------
     @staticmethod
     def _route(table: str | None, key: bytes | str) -> tuple[str, bytes] | None:
         return None if table is None else (table, key.encode() if isinstance(key, str) else key)

@@ -140,6 +140,7 @@ ROLES: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/tables"): Role.ADMIN,
     ("GET", "/v1/tables"): Role.READ,
     ("GET", "/v1/tables/{table}"): Role.READ,
+    ("GET", "/v1/tables/{table}/leaders"): Role.READ,
     ("DELETE", "/v1/tables/{table}"): Role.ADMIN,
     ("PUT", "/v1/tables/{table}/replicas"): Role.ADMIN,
     ("GET", "/v1/tables/{table}/kv/{key}"): Role.READ,

@@ -33,6 +33,8 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   batch into partition p (the Spark loader's): ``{"index", "ops", "applied"}``.
 - ``GET /v1/tables/{t}/partitions/{p}/digest``: this node's replica's user rows, count and
   digest (``?min_index``, ``?linearizable``, ``?keys``; the Spark verifier's).
+- ``GET /v1/tables/{t}/leaders``: the leader this node knows of each partition it hosts
+  (``{"partitions", "leaders"}``, null where it hosts none): what a routing client reads.
 - ``GET /v1/tables/{t}/partitions/{p}/snapshot`` (admin): a backup file of the partition,
   streamed by its leader (``raftkv.server.backup_ops``; ``raftkv.backup`` saves a table's).
 - ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: exactly the semantics of ``/v1/kv/{key}``
@@ -294,6 +296,7 @@ class TablesApi:
         r.add_get("/v1/tables/{table}", self.describe)
         r.add_delete("/v1/tables/{table}", self.drop)
         r.add_put("/v1/tables/{table}/replicas", self.set_replicas)
+        r.add_get("/v1/tables/{table}/leaders", self.leaders)
         r.add_get("/v1/tables/{table}/kv", self.range)
         r.add_get("/v1/tables/{table}/kv/{key:[\\s\\S]*}", self.kv)
         r.add_put("/v1/tables/{table}/kv/{key:[\\s\\S]*}", self.kv)
@@ -482,6 +485,21 @@ class TablesApi:
         return web.json_response({**_desc_json(desc), "partitions": parts, "errors": errors,
                                   "nodes_answered": sorted(v["node"] for v in views),
                                   "http": addrs})
+
+    async def leaders(self, request: web.Request) -> web.Response:
+        """``{"partitions": n, "leaders": [id or null, ...]}``: the leader this node knows
+        of each partition it hosts, null for the others. Read from its own groups, with
+        no fan-out, so that clients can route each key to its leader cheaply
+        (``raftkv.client``; a describe asks every node for a full view)."""
+        name = self._name(request)
+        check_query(request, ())
+        desc = self.p.mgr.table(name) or await self._desc(name)
+        groups = self.p.node.groups
+        out = []
+        for p in range(desc.partitions):
+            g = groups.get(partition_group(name, p))
+            out.append(g.leader if g is not None else None)
+        return web.json_response({"partitions": desc.partitions, "leaders": out})
 
     def _local_view(self, name: str) -> dict[str, Any]:
         st = self.p.mgr.status()
