@@ -17,8 +17,9 @@ in the same run, each at its own defaults)
    ``raftkv.client.Client``, partition-aware: each write goes to its partition's leader)
    doing single PUTs, first into the default group, then into a fresh table of
    ``--partitions`` x 3. The CPU of all three nodes per write, and the throughput, table
-   against default group. How many partition leaders each node holds is reported when
-   the table run starts.
+   against default group; then the same clients batching per partition (``TABLE_BATCH``
+   keys per partition batch, one Raft entry each). How many partition leaders each node
+   holds is reported when the table run starts.
 
 TLS is off (``--tls`` turns it on for raftkv's rows; etcd stays plain). etcd and wrk come
 from Debian's packages: when either is missing, the script installs it with ``apt-get``
@@ -52,6 +53,7 @@ from raftkv.testing.procs import ProcCluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 READ_KEYS = 1000
+TABLE_BATCH = 50  # keys per partition batch, for clients that batch per partition
 VALUE = "v" * 100
 
 # wrk's Lua side. Each thread numbers its requests; done() prints one JSON line.
@@ -202,15 +204,17 @@ def run_etcd(base: str, conns: list[int], seconds: float, scripts: str) -> list[
 
 
 def _load(endpoints: list[str], table: str | None, n: int, clients: int,
-          prefix: str) -> dict[str, Any]:
-    """``clients`` partition-aware Client threads in 2 processes, n sequential PUTs."""
+          prefix: str, batch: int = 1) -> dict[str, Any]:
+    """``clients`` partition-aware Client threads in 2 processes, n sequential PUTs (or,
+    with ``batch``, partition batches of that many keys)."""
     procs = 2
     threads = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     start_at = time.time() + 2.0
     children = [subprocess.Popen(
         [sys.executable, "-m", PEER, "http", ",".join(endpoints), table or "-",
          str(n * threads[i] // clients), str(threads[i]), "100", f"{prefix}{i}",
-         repr(start_at)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         repr(start_at), str(batch)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
         for i in range(procs)]
     outs = []
     for ch in children:
@@ -219,7 +223,7 @@ def _load(endpoints: list[str], table: str | None, n: int, clients: int,
             raise RuntimeError(f"load client failed:\n{err[-2000:]}")
         outs.append(json.loads(out.strip().splitlines()[-1]))
     span = max(o["t_end"] for o in outs) - min(o["t_start"] for o in outs)
-    done = sum(len(o["lat_ms"]) for o in outs)
+    done = sum(o["ops"] for o in outs)
     lat = sorted(x for o in outs for x in o["lat_ms"])
     return {"writes": done, "seconds": span, "ops_s": done / span,
             "p50_ms": lat[len(lat) // 2] if lat else None,
@@ -235,18 +239,20 @@ def run_tables(base: str, partitions: int, clients: int, n: int) -> dict[str, An
         endpoints = [node.endpoint for node in c.nodes.values()]
         pids = [node.proc.pid for node in c.nodes.values() if node.proc is not None]
         out: dict[str, Any] = {"partitions": partitions, "clients": clients}
-        for name, table in (("default", None), ("table", "bench")):
-            if table is not None:
+        for name, table, batch in (("default", None, 1), ("table", "bench", 1),
+                                   ("table_batched", "bench", TABLE_BATCH)):
+            if name == "table":
                 out["leaders_per_node"] = dict(Counter(
-                    p["leader"] for p in admin.describe_table(table)["partitions"]))
+                    p["leader"] for p in admin.describe_table("bench")["partitions"]))
             cpu0 = sum(cpu_seconds(p) for p in pids)
-            run = _load(endpoints, table, n, clients, name)
+            run = _load(endpoints, table, n, clients, name, batch)
             cpu = sum(cpu_seconds(p) for p in pids) - cpu0
             out[name] = {**run, "node_cpu_us_per_write": cpu / run["writes"] * 1e6}
         admin.close()
         d, t = out["default"], out["table"]
         out["cpu_ratio"] = t["node_cpu_us_per_write"] / d["node_cpu_us_per_write"]
         out["throughput_ratio"] = t["ops_s"] / d["ops_s"]
+        out["batched_throughput_ratio"] = out["table_batched"]["ops_s"] / d["ops_s"]
         return out
 
 
@@ -264,12 +270,13 @@ def print_table(doc: dict[str, Any]) -> None:
     if t:
         print(f"tables ({t['partitions']} x 3, {t['clients']} clients, leaders per node at "
               f"start {t['leaders_per_node']}):")
-        for name in ("default", "table"):
+        for name in ("default", "table", "table_batched"):
             r = t[name]
-            print(f"  {name:8} {r['ops_s']:>8,.0f} writes/s  p50 {r['p50_ms']:.2f} ms  "
+            print(f"  {name:14} {r['ops_s']:>8,.0f} writes/s  p50 {r['p50_ms']:.2f} ms  "
                   f"node CPU {r['node_cpu_us_per_write']:,.0f} us/write  errors {r['errors']}")
         print(f"  table / default: CPU per write {t['cpu_ratio']:.2f}x, "
-              f"throughput {t['throughput_ratio']:.2f}x")
+              f"throughput {t['throughput_ratio']:.2f}x; batched per partition "
+              f"({TABLE_BATCH} keys) / default: {t['batched_throughput_ratio']:.2f}x")
 
 
 def plot(path: Path, doc: dict[str, Any]) -> None:
