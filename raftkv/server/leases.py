@@ -19,7 +19,9 @@ Endpoints (the default KV group; JSON):
 clock. The leader keeps every lease's deadline in memory (``LeaseKeeper``, with the
 bookkeeping in ``raftkv.server.lease_clocks``) and, when one passes, proposes the
 revoke, which deletes the keys on every replica at one index. A keepalive moves the
-deadline on the leader. **Across a leader change** the new leader
+deadline on the leader, and is answered after a ReadIndex round that confirms the
+leadership and that the lease still exists (``LeaseKeeper.keepalive``). **Across a leader
+change** the new leader
 does not know the old one's clocks: it gives every lease its full TTL again from the
 moment it takes over (etcd extends leases on a leader change in the same way), so a lease
 is never cut short by a failover, and one nobody keeps alive expires at most one TTL
