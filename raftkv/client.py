@@ -154,6 +154,7 @@ class Client:
         self._routes: dict[str, tuple[float, int, list[str | None]]] = {}
         self._detours = 0  # endpoint moves (a redirect or a retry elsewhere), ever
         self._missing: dict[str, float] = {}  # node id -> until when not to look again
+        self._silent: dict[str, float] = {}  # endpoint -> until when not to ask for routes
         bearer = resolve_token(token, token_file)
         self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
@@ -345,17 +346,26 @@ class Client:
         count: int = 0
         leaders: list[str | None] = []
         asked: set[str] = set()
+        now = time.monotonic()
         for pass_ in range(2):
             if pass_:
                 self._discover()
-            for e in [e for e in self.endpoints if e not in asked]:
+            # The current endpoint first (it answers our requests); one that failed to
+            # answer lately is not waited for again until ROUTE_TTL has passed.
+            order = self.endpoints[self._current:] + self.endpoints[:self._current]
+            for e in [e for e in order
+                      if e not in asked and self._silent.get(e, 0.0) <= now]:
                 asked.add(e)
                 try:
                     status, data, ctype = self._once(e, "GET", path, None)
+                except (OSError, http.client.HTTPException):
+                    self._silent[e] = now + ROUTE_TTL
+                    continue
+                try:
                     doc = _json(data, ctype) if status == 200 else {}
                     got = [x if isinstance(x, str) else None for x in doc["leaders"]]
                     n = int(doc["partitions"])
-                except (OSError, http.client.HTTPException, KeyError, TypeError, ValueError):
+                except (KeyError, TypeError, ValueError):
                     continue
                 if n != len(got) or (count and n != count):
                     continue

@@ -115,3 +115,20 @@ def test_a_stale_route_costs_a_detour_never_a_wrong_answer(cluster: ProcCluster)
             b"stale": b"1", **{f"stale{i}".encode(): str(i).encode() for i in range(8)}}
     finally:
         c.close()
+
+
+def test_a_dead_endpoint_does_not_stop_routing(cluster: ProcCluster) -> None:
+    """An endpoint nobody listens on is skipped when routes are read (and not asked again
+    for a while); the table requests still reach their leaders and answer right."""
+    from raftkv.testing.procs import free_ports
+
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"
+    c = Client([dead, cluster.nodes["n2"].endpoint], timeout=20)
+    try:
+        for i in range(8):
+            c.put(f"dead{i}", str(i), table=TABLE)
+        assert dead in c._silent
+        assert [c.get(f"dead{i}", table=TABLE) for i in range(8)] == [
+            str(i).encode() for i in range(8)]
+    finally:
+        c.close()

@@ -34,7 +34,7 @@ Endpoints (JSON; errors are ``{"error": ...}``):
 - ``GET /v1/tables/{t}/partitions/{p}/digest``: this node's replica's user rows, count and
   digest (``?min_index``, ``?linearizable``, ``?keys``; the Spark verifier's).
 - ``GET /v1/tables/{t}/leaders``: the leader this node knows of each partition it hosts
-  (``{"partitions", "leaders"}``, null where it hosts none): what a routing client reads.
+  (itself while it knows none; null where it hosts none): what a routing client reads.
 - ``GET /v1/tables/{t}/partitions/{p}/snapshot`` (admin): a backup file of the partition,
   streamed by its leader (``raftkv.server.backup_ops``; ``raftkv.backup`` saves a table's).
 - ``GET|PUT|DELETE /v1/tables/{t}/kv/{key}``: exactly the semantics of ``/v1/kv/{key}``
@@ -488,8 +488,9 @@ class TablesApi:
 
     async def leaders(self, request: web.Request) -> web.Response:
         """``{"partitions": n, "leaders": [id or null, ...]}``: the leader this node knows
-        of each partition it hosts, null for the others. Read from its own groups, with
-        no fan-out, so that clients can route each key to its leader cheaply
+        of each partition it hosts (itself while it knows none, as a host forwards a
+        write to the leader without another HTTP hop), null for the others. Read from
+        its own groups, with no fan-out, so that clients can route each key cheaply
         (``raftkv.client``; a describe asks every node for a full view)."""
         name = self._name(request)
         check_query(request, ())
@@ -498,7 +499,7 @@ class TablesApi:
         out = []
         for p in range(desc.partitions):
             g = groups.get(partition_group(name, p))
-            out.append(g.leader if g is not None else None)
+            out.append(None if g is None else g.leader or self.p.id)
         return web.json_response({"partitions": desc.partitions, "leaders": out})
 
     def _local_view(self, name: str) -> dict[str, Any]:
