@@ -190,12 +190,7 @@ def run_etcd(base: str, conns: list[int], seconds: float, scripts: str) -> list[
     try:
         for i in range(READ_KEYS):
             e.post(0, "/v3/kv/put", {"key": _b(f"r{i}"), "value": _b(VALUE)})
-        lead = None
-        for i in range(3):
-            st = e.post(i, "/v3/maintenance/status", {})
-            if st.get("leader") == st["header"]["member_id"]:
-                lead = i
-        assert lead is not None, "etcd has no leader"
+        lead = e.leader()
         url = f"http://127.0.0.1:{e.client_ports[lead]}"
         return [wrk(url, "etcd", kind, n, seconds, e.procs[lead].pid, scripts)
                 for kind in ("write", "read") for n in conns]

@@ -91,17 +91,17 @@ class Etcd:
         self.client_ports = ports[:3]
         peers = ports[3:]
         cluster = ",".join(f"e{i}=http://127.0.0.1:{p}" for i, p in enumerate(peers))
-        self.procs = []
-        for i in range(3):
-            d = os.path.join(base, f"e{i}")
-            self.procs.append(subprocess.Popen(
-                ["etcd", "--name", f"e{i}", "--data-dir", d,
-                 "--listen-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
-                 "--advertise-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
-                 "--listen-peer-urls", f"http://127.0.0.1:{peers[i]}",
-                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peers[i]}",
-                 "--initial-cluster", cluster, "--initial-cluster-state", "new"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # A member restarted on its data directory ignores the --initial-* flags.
+        self.cmds = [
+            ["etcd", "--name", f"e{i}", "--data-dir", os.path.join(base, f"e{i}"),
+             "--listen-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
+             "--advertise-client-urls", f"http://127.0.0.1:{self.client_ports[i]}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peers[i]}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peers[i]}",
+             "--initial-cluster", cluster, "--initial-cluster-state", "new"]
+            for i in range(3)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.restart()
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
@@ -110,6 +110,30 @@ class Etcd:
             except (OSError, http.client.HTTPException, RuntimeError):
                 time.sleep(0.3)
         raise RuntimeError("etcd did not start")
+
+    def restart(self, only: int | None = None) -> None:
+        """Start every member (or member ``only``) on its data directory."""
+        for i, cmd in enumerate(self.cmds):
+            if only is not None and i != only:
+                continue
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if i < len(self.procs):
+                self.procs[i] = p
+            else:
+                self.procs.append(p)
+
+    def leader(self) -> int:
+        """The index of the member that leads (asked of each until one says)."""
+        for _ in range(100):
+            for i in range(len(self.procs)):
+                try:
+                    st = self.post(i, "/v3/maintenance/status", {})
+                except (OSError, http.client.HTTPException, RuntimeError):
+                    continue
+                if st.get("leader") and st.get("leader") == st["header"]["member_id"]:
+                    return i
+            time.sleep(0.1)
+        raise RuntimeError("etcd has no leader")
 
     def post(self, i: int, path: str, body: dict[str, Any]) -> dict[str, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", self.client_ports[i], timeout=30)
