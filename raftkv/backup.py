@@ -293,6 +293,11 @@ def save_table(client: Client, table: str, directory: str) -> dict[str, Any]:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, MANIFEST))
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the files' and the manifest's names, after their contents
+    finally:
+        os.close(fd)
     return manifest
 
 

@@ -564,6 +564,8 @@ class Client:
                         while chunk := r.read(1 << 20):
                             f.write(chunk)
                             n += len(chunk)
+                        f.flush()
+                        os.fsync(f.fileno())  # durable before its name says it is whole
                     os.replace(path + ".part", path)
                     return n
                 info = _json(r.read(), r.getheader("Content-Type", ""))
