@@ -70,8 +70,14 @@ def test_the_check_catches_a_transaction_taking_the_wrong_branch(
         return holds(c, row)
 
     monkeypatch.setattr(txn, "holds", off_by_one)
-    r = run_seed(5000, FAST)
-    assert r.linearizability is not None and not r.linearizability.ok
+    # Whether a seed's schedule compares a version at the boundary is luck; of the first
+    # four seeds, three do (5000 stopped doing so when restarts began to campaign early).
+    for seed in range(5000, 5004):
+        r = run_seed(seed, FAST)
+        assert r.linearizability is not None
+        if not r.linearizability.ok:
+            break
+    assert not r.linearizability.ok
     assert "txn" in r.linearizability.detail
 
 

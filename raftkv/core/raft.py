@@ -42,6 +42,9 @@ What is implemented, and where the paper says so:
 - Quiescence (CockroachDB's quiesced ranges): an idle group stops heartbeating and
   stops ticking, so a node hosting hundreds of idle groups does no per-group work. See
   "Quiescence" below.
+- Campaigning at restart (``Config.early_campaign``): a voter that restarts campaigns
+  on one of its first ticks, with pre-vote, instead of after an election timeout. See
+  "Campaigning at restart" below.
 
 Quiescence
 ----------
@@ -87,6 +90,31 @@ below the commit index; the simulator caught the first draft sending the commit 
 alone), and a follower goes quiet only if it holds the named last entry. Liveness rests on the driver reporting ``peer_down`` for an
 unreachable leader, which the transport derives from its connection state and from
 per-peer keepalive frames; the simulator models that report, wrong reports included.
+
+Campaigning at restart
+----------------------
+A follower's first election timeout normally runs from its start, like any other. When
+a whole group restarts (a power cut, a redeploy), nobody leads until the last node of
+the first majority to come up has waited out a randomized timeout: half a second to a
+second at the driver's defaults, most of what a user measures from the restart to the
+first answered request. So a voter that starts from a log it has used before (its
+term is past the bootstrap term: its group has held an election) and has ``early_campaign`` set draws its first timeout from the first
+``max(1, election_tick // 3)`` ticks, and campaigns then.
+
+Why this disrupts no one: the campaign is a pre-election (§9.6), and ``early_campaign``
+does nothing without pre-vote and check-quorum (which gives stickiness). A pre-election changes no term anywhere. A node that
+heard from a live leader within the minimum election timeout refuses it (stickiness),
+and so does the leader itself, so while a leader is healthy the early pre-election
+fails, the restarted node keeps its term and waits for the leader's heartbeat, which
+makes it a follower. (A quiet follower keeps no time, so it goes on refusing: its
+leader is as healthy as when it went quiet, or the transport reports it down.) If
+the pre-election fails for any other reason (the peers are not up yet), the node waits
+a full randomized timeout, as before. When the whole group restarted, no node knows a
+leader, so the first node to campaign once a majority is up wins at once, and the
+others, started a moment apart, are asked before their own first tick comes. Nodes
+that restart together may pre-campaign on the same tick; each pre-election would
+succeed and the elections could split the vote, so a pre-candidate that grants a
+pre-vote for its own pre-election's term to a lower id steps back to follower.
 
 Commit notices
 --------------
@@ -399,6 +427,10 @@ class Config:
     # pending assignment) turns this off: by then the target may keep the old leader,
     # and its own next step computes the removal from the target it holds then.
     auto_handover: bool = True
+    # Campaign (a pre-election) within the first ticks after a restart rather than
+    # after an election timeout (see "Campaigning at restart"). Needs pre_vote and
+    # check_quorum.
+    early_campaign: bool = False
 
 
 def bootstrap(storage: LogStorage, voters: Iterable[str]) -> None:
@@ -516,6 +548,10 @@ class Raft:
             # of them before it grants a vote (``_identity_allows_vote``). Pre-vote changes
             # no term, so this disturbs nothing.
             self.election_elapsed = self.randomized_election_timeout - 1
+        elif (config.early_campaign and config.pre_vote and config.check_quorum
+                and self.term > BOOTSTRAP_TERM and self.id in self.conf.voters):
+            early = 1 + self.rng.randrange(max(1, config.election_tick // 3))
+            self.election_elapsed = self.randomized_election_timeout - early
 
     # ================================================================ public API ======
     def tick(self) -> None:
@@ -1060,6 +1096,13 @@ class Raft:
             if m.type == MT.VOTE:
                 self.election_elapsed = 0
                 self.vote = m.frm
+            elif (self.role == Role.PRE_CANDIDATE and m.term == self.term + 1
+                    and m.frm < self.id and self._survivor is None):
+                # Two pre-elections for the same term at once (a group restarted
+                # together): if both went on, their elections could split the vote and
+                # cost a full timeout. The higher id steps back. Pre-vote changed
+                # nothing, so abandoning one is free ("Campaigning at restart").
+                self._become_follower(self.term, None)
         else:
             self._send(Message(resp, m.frm, self.id, self.term, reject=True))
 

@@ -300,6 +300,9 @@ class Node:
                 quiesce=self.cfg.quiesce,
                 incarnation=ident.incarnation, newborn=ident.newborn and not birth_known,
                 auto_handover=auto_handover,
+                # A group restarted whole (a power cut, a redeploy) leads again within
+                # a tick or two of a majority being up, not an election timeout later.
+                early_campaign=True,
             ),
             storage.log, self.runtime.random(),
         )

@@ -151,6 +151,9 @@ class SimConfig:
     idle_ms: tuple[int, int] = (200, 1500)  # length of an ``idle`` period
     # Give each core its storage's incarnation (Config.incarnation), as the driver does.
     identities: bool = True
+    # A restarted voter campaigns on one of its first ticks (Config.early_campaign), as
+    # the driver's nodes do.
+    early_campaign: bool = True
     busy_ms: tuple[int, int] = (1000, 3000)  # load between two idle periods, at least
 
 
@@ -276,12 +279,14 @@ class Simulation:
         if self.cfg.kv_api:
             node = KvSimNode(nid, store, self.seed, clock=self._seconds,
                              identities=self.cfg.identities,
-                             election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce)
+                             election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce,
+                             early_campaign=self.cfg.early_campaign)
             self._schedule(self.rng.randrange(self._lease_tick_ms()), "lease_tick", nid)
         else:
             kind = StoreSimNode if self.cfg.state_store else SimNode
             node = kind(nid, store, self.seed, identities=self.cfg.identities,
-                        election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce)
+                        election_tick=self.cfg.election_tick, quiesce=self.cfg.quiesce,
+                        early_campaign=self.cfg.early_campaign)
         self.nodes[nid] = node
         self.down_view[nid] = set()
         # Clocks drift: each node ticks at its own rate. With identical rates,
