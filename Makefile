@@ -5,10 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo sim-demo long sim bench clean
+.PHONY: test demo sim-demo long sim bench clean fuse
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	@$(MAKE) --no-print-directory fuse
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
@@ -27,8 +28,26 @@ test: $(STAMP)
 		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py \
 		raftkv/tls.py raftkv/certs.py raftkv/testing/raw_peer.py raftkv/admin.py \
 		raftkv/spark raftkv/compat raftkv/storage raftkv/recovery raftkv/errors.py raftkv/placement \
-		raftkv/backup.py
+		raftkv/backup.py raftkv/testing/powerloss_fs.py raftkv/testing/powerloss_daemon.py \
+		raftkv/testing/powerloss_undo.py
 	$(BIN)/python -m pytest
+
+# The power-loss tests (tests/test_powerloss_fs.py) mount a FUSE filesystem: libfuse 3 and
+# fusermount3 are Debian's fuse3 package. Installed here when missing, if we are root and
+# have apt-get; otherwise (or if apt fails) this only says why those tests will skip, and
+# the build goes on.
+fuse:
+	@if command -v fusermount3 >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "fuse3 is not installed (installing it needs root and apt-get):" \
+			"the power-loss tests will skip"; \
+	else \
+		echo "installing fuse3 for the power-loss tests"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q fuse3 >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q fuse3 >/dev/null 2>&1; } || \
+		echo "could not install fuse3: the power-loss tests will skip"; \
+	fi
 
 # Opt-in long mode: thousands of simulator seeds and longer soaks.
 long: $(STAMP)
