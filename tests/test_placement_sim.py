@@ -143,6 +143,32 @@ def test_hash_seeded(seed: int, found: str) -> None:
     assert res.returncode == 0, f"{found}:\n{res.stdout[-2000:]}"
 
 
+# The same, found by the long run on 0c17fee with the liveness faults on
+# (``--faults drop,delay,dup,partition,crash,wipe,outage,flap``), replayed that way.
+LIVENESS_HASH_SEEDED = [
+    # Liveness: n5, removed from [n2, n3] and still hosting, was re-added and promoted
+    # while its metastore cache still showed stable [n2, n3] with nothing pending; step
+    # (3) stopped it and deleted its files, it came back empty as a fresh joiner, and
+    # the leader's removal of n2 left {n3, wiped n5} for ever. Step (3) now also waits
+    # while our log holds a configuration naming us newer than the one that stable
+    # ended with (PartitionKeys.applied; PlacementManager._log_past_stable).
+    (2255, "a re-added voter stopped on a stale stable came back empty"),
+    # The same on t.chaos.0: n2 removed, re-added and promoted, then stopped on the stale
+    # stable [n1, n3]; one replica ended at applied index 0.
+    (2236, "the same: a re-added voter stopped on a stale stable"),
+]
+
+
+@pytest.mark.parametrize("seed, found", LIVENESS_HASH_SEEDED)
+def test_hash_seeded_with_liveness_faults(seed: int, found: str) -> None:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    faults = ",".join((*ALL_FAULTS, *LIVENESS_FAULTS))
+    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", str(seed),
+                          "--faults", faults],
+                         check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, f"{found}:\n{res.stdout[-2000:]}"
+
+
 @pytest.mark.parametrize("seed, found", KEPT_SEEDS)
 def test_kept_seed(seed: int, found: str) -> None:
     r = run_placement_seed(seed)

@@ -32,7 +32,9 @@ partitions it hosts but is in neither stable nor pending, and refreshes its rout
 (partition -> stable nodes and a leader hint). While a change is under way and the node is
 a member of the configuration it knows, the stop waits until pending is empty: a cancel
 may have dropped it from pending after its promotion, and the configuration may still
-need it for a quorum.
+need it for a quorum. It also waits while its log's latest configuration names it and
+comes after the entry that stable ended with (``PartitionKeys.applied``): a later change
+re-added it, perhaps promoted it, and its cache has not seen that change's pending yet.
 
 
 Choices where the seed is ambiguous or does not fit raftkv
@@ -152,6 +154,7 @@ from typing import Any
 from raftkv.core import (
     ConfChange,
     ConfChangeOp,
+    Raft,
     Role,
 )
 from raftkv.node.driver import Group, Node
@@ -162,6 +165,7 @@ from raftkv.placement.assignments import (
     PENDING_WRITTEN,
     PLANNED_WRITTEN,
     calc_assignments,
+    decode_applied,
     decode_nodes,
     encode_nodes,
     partition_keys,
@@ -538,13 +542,19 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         if wanted and not hosted:
             self._on_partition_start(part, desc, stable, pending)
         elif hosted and not wanted and part.cleanup_rev != stable_rev:
-            if pending and self.id in self.node.groups[part.group].raft.conf.members():
+            raft = self.node.groups[part.group].raft
+            if self.id in raft.conf.members() and (
+                    pending or self._log_past_stable(part, raft, stable_rev)):
                 # Step (3) waits while a change is under way and we are a member of the
                 # configuration we know: a cancel dropped us from pending after our
                 # promotion (or one on its way to us), and the configuration may need us
                 # for a quorum until the leader removes us (placement simulator seed 6:
                 # {us, leader} left alone). Once pending is empty, stable is the applied
-                # configuration.
+                # configuration, unless our log holds a configuration naming us that is
+                # newer than the one this stable ended with: a later change re-added us
+                # (and may have promoted us) and our cache has not seen its pending yet
+                # (placement simulator seed 2255: the voter this stopped came back empty
+                # as a fresh joiner, and the leader's next removal left {it, leader}).
                 stable_rev = part.cleanup_rev
             else:
                 self._stop_partition(part)  # step (3): on stable updates only
@@ -565,6 +575,24 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
                 self._maybe_survive(part, g)
             return
         self._lead(part, g, pending)
+
+    def _log_past_stable(self, part: PartitionState, raft: Raft, stable_rev: int) -> bool:
+        """Whether our log's latest configuration entry comes after the one the stable we
+        see ended with (``PartitionKeys.applied``, written with that stable, so its
+        revision is stable's). Only a later change appends one after it: if it committed,
+        that change is newer than our cache; if it did not, a later leader's change
+        records a later term and the wait ends with its stable. Without the record (a
+        founding stable, a full restart, a leader that could not read the entry's term)
+        we cannot tell, and stop as before."""
+        rec = self._kv.get(part.keys.applied)
+        if rec is None or rec.mod_revision != stable_rev:
+            return False
+        done = decode_applied(rec.value)
+        if done is None:
+            return False
+        index = raft.confs[-1][0]
+        term = raft.log.term_or_zero(index)
+        return (term, index) > (done[1], done[0])
 
     def _maybe_plan(self, part: PartitionState, desc: TableDescriptor) -> None:
         """Step (1) for one partition, if a trigger newer than its trigger revision exists."""
