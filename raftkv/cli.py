@@ -64,24 +64,21 @@ from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from importlib import metadata
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from raftkv.backup import (
-    BackupError,
-    BackupInfo,
-    restore,
-    restore_table,
-    save_table,
-    verify,
-    verify_table,
-)
 from raftkv.client import Client, ClientError, Unavailable, resolve_token
-from raftkv.placement.catalog import check_node_id
 from raftkv.server import serve
 from raftkv.spark.cli import add_arguments as add_spark_arguments
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import DEFAULT_GROUP
 from raftkv.transport.tcp import parse_addr
+
+if TYPE_CHECKING:
+    from raftkv.backup import BackupInfo
+
+# The backup tools (raftkv.backup) are imported where a snapshot command runs: ``raftkv
+# serve`` starts through this module, and every import before its node opens is time a
+# restarted cluster waits for its first answer.
 
 DEFAULT_ENDPOINTS = "http://127.0.0.1:8001"
 STATUS_COLUMNS = ["node", "group", "role", "kind", "term", "leader", "commit", "applied",
@@ -280,6 +277,8 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
             return 0
         emit(args, {**_text(args.key, "key"), **_text(v, "value")})
     elif args.cmd == "snapshot" and args.table:
+        from raftkv.backup import BackupError, restore_table, save_table
+
         try:
             if args.action == "save":
                 doc = save_table(client, args.table, args.file)
@@ -298,6 +297,8 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
                      else f"{parent} is not a directory"), file=sys.stderr)
             return 1
         size = client.snapshot_save(args.file)
+        from raftkv.backup import BackupError, verify
+
         try:
             info = verify(args.file)
         except BackupError as e:
@@ -343,6 +344,8 @@ def _info_json(info: BackupInfo) -> dict[str, Any]:
 
 def _snapshot_offline(args: argparse.Namespace) -> int:
     """``snapshot status`` and ``snapshot restore``: files only, no cluster."""
+    from raftkv.backup import BackupError, restore, verify, verify_table
+
     try:
         if args.action == "status":
             if os.path.isdir(args.file):
@@ -373,6 +376,9 @@ def _snapshot_offline(args: argparse.Namespace) -> int:
 def _parse_members(text: str) -> dict[str, str]:
     """``--members``, checked as ``serve --peers`` will check it (so a restore never
     makes directories that cannot start)."""
+    from raftkv.backup import BackupError
+    from raftkv.placement.catalog import check_node_id
+
     out: dict[str, str] = {}
     for item in text.split(","):
         nid, sep, addr = item.partition("=")

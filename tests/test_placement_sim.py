@@ -156,6 +156,9 @@ LIVENESS_HASH_SEEDED = [
     # The same on t.chaos.0: n2 removed, re-added and promoted, then stopped on the stale
     # stable [n1, n3]; one replica ended at applied index 0.
     (2236, "the same: a re-added voter stopped on a stale stable"),
+    # The same on t.chaos.3: n3's cache read stable [n4, n5] while its log's voters were
+    # {n3, n4}.
+    (3365, "the same, on a third table"),
 ]
 
 

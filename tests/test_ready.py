@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from raftkv import cli
+from raftkv import kv as kv_module
 from raftkv.node.driver import DEFAULT_REQUEST_TIMEOUT
 from raftkv.node.stores import claim_data_dir
 from raftkv.server import serve
@@ -145,13 +146,13 @@ def test_the_probes_answer_while_the_log_is_replayed(
     200 "starting", /ready and every other route 503 "starting" with Retry-After, a
     request without a token still 401. Then the node comes up and serves."""
     release = threading.Event()
-    real = serve.RaftKV
+    real = kv_module.RaftKV  # serve imports it where it opens the node
 
     def held(*args: Any, **kwargs: Any) -> Any:
         assert release.wait(60)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(serve, "RaftKV", held)
+    monkeypatch.setattr(kv_module, "RaftKV", held)
     raft, http_port = free_ports(2)
     (tmp_path / "secret").write_text("s3cret")
     token = "t" * 24

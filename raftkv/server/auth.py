@@ -48,11 +48,14 @@ import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+if TYPE_CHECKING:
+    from aiohttp import web
+    from aiohttp.typedefs import Handler, Middleware
 
-from raftkv.server.requests import error
+# aiohttp is imported where the middleware is made: ``raftkv serve`` checks the tokens
+# file, then opens its node while the HTTP stack is still being imported.
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +210,8 @@ def bearer(request: web.Request) -> str | None:
 
 def _challenge(status: int, message: str, code: str | None, **extra: object) -> web.Response:
     """A 401/403 in the API's error shape, with RFC 6750's ``WWW-Authenticate``."""
+    from raftkv.server.requests import error
+
     answer = error(status, message, **extra)
     value = 'Bearer realm="raftkv"'
     if code is not None:
@@ -218,6 +223,7 @@ def _challenge(status: int, message: str, code: str | None, **extra: object) -> 
 def middleware(tokens: Tokens, required: Callable[[web.Request], Role | None]) -> Middleware:
     """The aiohttp middleware that lets a request through only with a token whose role
     is at least ``required(request)`` (None: a public route, no token needed)."""
+    from aiohttp import web
 
     @web.middleware
     async def authorize(request: web.Request, handler: Handler) -> web.StreamResponse:

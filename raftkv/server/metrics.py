@@ -5,8 +5,8 @@ Theory of operation
 Four sources feed one ``CollectorRegistry`` per server (no process-global state, so
 several nodes can live in one process in tests):
 
-1. **Pushed by the driver** (``PrometheusMetrics`` implements
-   ``raftkv.node.driver.Metrics``): proposals, leader changes and fsync latency, as they
+1. **Pushed by the driver** (``PrometheusMetrics``, in ``raftkv.server.node_metrics``,
+   implements ``raftkv.node.driver.Metrics``): proposals, leader changes and fsync latency, as they
    happen. They are labelled by group, and when the node stops hosting a group (a
    dropped table's partition, a partition that moved away) ``group_removed`` deletes its
    series, so they do not linger as stale values for ever.
@@ -50,6 +50,7 @@ The metrics (``docs/grafana-dashboard.json`` graphs them)::
     raftkv_transport_rejected_connections_total   failed handshakes, bad frames, floods
     raftkv_transport_connections_total            peer connections authenticated
     raftkv_transport_connected_peers              authenticated peer links now
+    raftkv_startup_seconds{phase}                 seconds from process start to each start-up phase
     raftkv_http_requests_total{method, route, status}
     raftkv_http_request_duration_seconds{method, route, status}   histogram
     process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
@@ -88,51 +89,6 @@ TRANSPORT_COUNTERS = {
     "connects": ("raftkv_transport_connections", "Peer connections authenticated"),
 }
 HTTP_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"})
-
-
-class PrometheusMetrics:
-    """Implements ``raftkv.node.driver.Metrics``."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._proposals = Counter(
-            "raftkv_proposals", "Commands proposed by this node as leader", ["group"],
-            registry=registry,
-        )
-        self._leader_changes = Counter(
-            "raftkv_leader_changes", "Leaders this node has seen elected", ["group"],
-            registry=registry,
-        )
-        self._fsync = Histogram(
-            "raftkv_fsync_seconds",
-            "Time of one log fsync: a group's Ready, or for group=partition-logs one loop "
-            "turn's Readies of every table partition (their shared environment)", ["group"],
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
-            registry=registry,
-        )
-        # Each group's labelled children, kept: ``labels()`` takes a lock and builds a
-        # tuple, and every turn reports proposals per proposing group and each fsync.
-        self._children: dict[tuple[object, str], Any] = {}
-
-    def _of(self, metric: Counter | Histogram, group: str) -> Any:
-        key = (metric, group)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(group)
-        return child
-
-    def fsync(self, group: str, seconds: float) -> None:
-        self._of(self._fsync, group).observe(seconds)
-
-    def proposals(self, group: str, n: int) -> None:
-        self._of(self._proposals, group).inc(n)
-
-    def leader_change(self, group: str) -> None:
-        self._of(self._leader_changes, group).inc()
-
-    def group_removed(self, group: str) -> None:
-        for metric in (self._proposals, self._leader_changes, self._fsync):
-            if self._children.pop((metric, group), None) is not None:
-                metric.remove(group)
 
 
 class StatusCollector(Collector):

@@ -1,10 +1,16 @@
 """``raftkv serve``: one node process (Raft on --raft-addr, HTTP on --http-addr).
 
 Start-up order: the arguments (and the tokens file) are checked before anything is
-written; then the HTTP port opens, so ``/health`` answers and ``/ready`` says
-"starting" while the node is built on a worker thread (its logs replayed: the default
-group's and the metastore's), and only then is the node attached to the API. A long
-replay thus never looks like a dead process to a liveness probe. The node logs its
+written. Then the node opens on a thread of its own (``NodeOpening``: its stores, the
+default group's replay, its Raft loop, so a restarted group elects and commits at
+once), while this thread imports the HTTP stack: aiohttp and the API are a third of a
+start's CPU, and a whole cluster restarted on one machine waits for the slowest. Then
+the HTTP port opens, so ``/health`` answers and ``/ready`` says "starting" while the
+placement manager is built on a worker thread (the metastore's log replayed), and only
+then is the node attached to the API. A long replay thus never looks like a dead process
+to a liveness probe. The phases (``StartupClock``: imported, opened, elected,
+committed, http, in seconds since the process started) are logged in one line and
+exported as ``raftkv_startup_seconds{phase}``. The node logs its
 recovery report, serves until SIGTERM/SIGINT, then stops cleanly (pending requests fail
 with "node stopped"; nothing durable is at risk, since every acknowledged write was
 fsynced to the Raft log before it was acknowledged). SIGHUP reloads the tokens file.
@@ -27,22 +33,24 @@ import signal
 import ssl
 import sys
 import tempfile
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from raftkv.kv import RaftKV
 from raftkv.recovery.compaction import CompactionPolicy
-from raftkv.server.app import Api
 from raftkv.server.auth import Tokens
-from raftkv.server.metrics import PrometheusMetrics
-from raftkv.server.requests import JsonErrorsRunner
-from raftkv.server.tables import Placement
+from raftkv.server.node_metrics import PrometheusMetrics
 from raftkv.tls import TlsConfig
 from raftkv.transport.tcp import parse_addr
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from raftkv.kv import RaftKV
 
 log = logging.getLogger("raftkv.serve")
 
@@ -169,49 +177,183 @@ def run(args: argparse.Namespace) -> int:
                     "membership and table changes included (docs/operations.md)",
                     args.http_addr)
     registry = CollectorRegistry()
-    api = Api(args.id, registry, faults=args.enable_test_faults, tokens=tokens)
+    metrics = PrometheusMetrics(registry)
+    clock = StartupClock(metrics)
+    clock.mark("imported")
+    opening = NodeOpening(args, peers, secret, metrics, peer_tls, clock)
+    opening.start()  # the node opens and elects while the HTTP stack is imported
     closers: list[Callable[[], None]] = []  # what build made, to undo in reverse
-
-    def build() -> None:
-        """The node, its logs replayed; on a worker thread while HTTP serves."""
-        meta_dir = args.data_dir
-        if args.memory:
-            tmp = tempfile.TemporaryDirectory(prefix=f"raftkv-meta-{args.id}-")
-            closers.append(tmp.cleanup)
-            meta_dir = tmp.name
-        kv = RaftKV(
-            args.id, args.raft_addr, peers, secret,
-            data_dir=None if args.memory else args.data_dir,
-            durable=not args.no_fsync, join=args.join, tick_seconds=args.tick,
-            election_tick=args.election_ticks, metrics=PrometheusMetrics(registry),
-            faults=args.enable_test_faults, peer_tls=peer_tls,
-            compaction=CompactionPolicy(max_entries=args.compact_entries,
-                                        keep=args.compact_keep),
-        )
-        closers.append(kv.close)
-        placement = Placement(
-            kv, None if args.memory else args.data_dir, meta_dir, args.http_addr,
-            None if args.join else sorted(peers), durable=not args.no_fsync,
-            http_ssl=proxy_ssl,
-        )
-        closers.append(placement.stop)
-        placement.start()
-        log.info("%s", kv.node.groups[kv.group].recovery.describe())
-        api.attach(kv, placement)
-        log.info("serving: raft on %s%s", args.raft_addr, " (TLS)" if peer_tls else "")
-
     try:
+        from raftkv.server.app import Api
+        from raftkv.server.tables import Placement
+
+        api = Api(args.id, registry, faults=args.enable_test_faults, tokens=tokens)
+
+        def build() -> None:
+            """The placement manager, once the node is open; on a worker thread while
+            HTTP serves."""
+            kv = opening.result()
+            closers.append(kv.close)
+            meta_dir = args.data_dir
+            if args.memory:
+                tmp = tempfile.TemporaryDirectory(prefix=f"raftkv-meta-{args.id}-")
+                closers.append(tmp.cleanup)
+                meta_dir = tmp.name
+            placement = Placement(
+                kv, None if args.memory else args.data_dir, meta_dir, args.http_addr,
+                None if args.join else sorted(peers), durable=not args.no_fsync,
+                http_ssl=proxy_ssl,
+            )
+            closers.append(placement.stop)
+            placement.start()
+            api.attach(kv, placement)
+            log.info("serving: raft on %s%s", args.raft_addr, " (TLS)" if peer_tls else "")
+
         log.info("%s on %s; starting the node", "HTTPS" if http_ssl else "HTTP",
                  args.http_addr)
         with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
             runner.run(serve_http(api.app(), host, port, build, ssl_context=http_ssl,
-                                  on_hangup=tokens.reload if tokens is not None else None))
+                                  on_hangup=tokens.reload if tokens is not None else None,
+                                  on_listening=lambda: clock.mark("http")))
     finally:
+        kv = opening.abandon()  # still opening when HTTP failed to start: close it too
+        if kv is not None and kv.close not in closers:
+            closers.insert(0, kv.close)
         # Last built, first stopped: the placement manager uses the node.
         for close in reversed(closers):
             close()
         log.info("stopped")
     return 0
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux: /proc, to a clock tick), or None."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StartupClock:
+    """The start-up phases, as seconds since the process started: ``imported`` (the
+    code loaded: run() began), ``opened`` (the default group's stores open and
+    replayed), ``elected`` (a leader of it known), ``committed`` (the commit index it
+    knows holds an entry of the leader's term: writes are served)
+    and ``http`` (the API listening). Each goes to ``raftkv_startup_seconds{phase}``;
+    once the node has committed and HTTP listens, one log line gives them all."""
+
+    PHASES = ("imported", "opened", "elected", "committed", "http")
+
+    def __init__(self, metrics: PrometheusMetrics) -> None:
+        age = process_age()
+        self._zero = time.monotonic() - (age or 0.0)
+        self._metrics = metrics
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.detail = ""
+
+    def mark(self, phase: str) -> None:
+        at = time.monotonic() - self._zero
+        with self._lock:
+            if phase in self._seen:
+                return
+            self._seen[phase] = at
+            done = all(p in self._seen for p in self.PHASES)
+        self._metrics.startup(phase, at)
+        if done:
+            log.info("startup: %s seconds after the process started%s", ", ".join(
+                f"{p} {self._seen[p]:.3f}" for p in self.PHASES), self.detail)
+
+
+class NodeOpening:
+    """Opens the node (``RaftKV``: its stores, the replay, its Raft loop) on a thread of
+    its own, started before the HTTP stack is imported, then watches its default group
+    until a leader has committed (``StartupClock``). A restarted cluster elects and
+    commits while aiohttp and the API load, instead of after."""
+
+    def __init__(self, args: argparse.Namespace, peers: dict[str, str], secret: bytes,
+                 metrics: PrometheusMetrics, peer_tls: TlsConfig | None,
+                 clock: StartupClock) -> None:
+        self._args, self._peers, self._secret = args, peers, secret
+        self._metrics, self._peer_tls, self._clock = metrics, peer_tls, clock
+        self._kv: RaftKV | None = None
+        self._error: BaseException | None = None
+        self._abandoned = False
+        self._opened = threading.Event()  # set when the node is open, or failed to
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._open, name="open-node", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _open(self) -> None:
+        args = self._args
+        try:
+            from raftkv.kv import RaftKV
+
+            kv = RaftKV(
+                args.id, args.raft_addr, self._peers, self._secret,
+                data_dir=None if args.memory else args.data_dir,
+                durable=not args.no_fsync, join=args.join, tick_seconds=args.tick,
+                election_tick=args.election_ticks, metrics=self._metrics,
+                faults=args.enable_test_faults, peer_tls=self._peer_tls,
+                compaction=CompactionPolicy(max_entries=args.compact_entries,
+                                            keep=args.compact_keep),
+            )
+        except Exception as e:  # noqa: BLE001 - handed to result(), raised in serve's build
+            self._error = e
+            self._opened.set()
+            return
+        with self._lock:
+            self._kv = kv
+            abandoned = self._abandoned
+        self._opened.set()
+        if abandoned:
+            return
+        self._clock.mark("opened")
+        recovery = kv.node.groups[kv.group].recovery
+        log.info("%s", recovery.describe())
+        self._watch(kv)
+
+    def _watch(self, kv: RaftKV, limit: float = 60.0) -> None:
+        """Mark ``elected`` (a leader known) and ``committed`` (the commit index this
+        node knows holds an entry of the current term: the leader can serve writes).
+        Polled, since these are a restart's phases, not a protocol; gives up after
+        ``limit`` seconds or when the node stops."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and not self._abandoned:
+            try:
+                st = kv.status()["groups"][kv.group]
+            except Exception:  # noqa: BLE001 - stopped or stopping: nothing to report
+                return
+            if st["leader"] is not None:
+                self._clock.mark("elected")
+                if st["commit_term"] == st["term"]:
+                    self._clock.mark("committed")
+                    return
+            time.sleep(0.005)
+
+    def result(self) -> RaftKV:
+        """The open node (waiting for it); raises what opening it raised."""
+        self._opened.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._kv is not None
+        return self._kv
+
+    def abandon(self) -> RaftKV | None:
+        """Stop watching; the node if it opened (the caller closes it), else None."""
+        with self._lock:
+            self._abandoned = True
+            kv = self._kv
+        if kv is None and self._thread.is_alive():
+            self._opened.wait()  # opening: wait, so that nothing is left running
+            kv = self._kv
+        return kv
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -233,11 +375,16 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 async def serve_http(app: web.Application, host: str, port: int, start: Callable[[], None],
                      ssl_context: ssl.SSLContext | None = None,
-                     on_hangup: Callable[[], None] | None = None) -> None:
+                     on_hangup: Callable[[], None] | None = None,
+                     on_listening: Callable[[], None] | None = None) -> None:
     """Serve ``app`` on host:port (HTTPS with ``ssl_context``), run ``start`` on a worker
     thread meanwhile, and return on SIGTERM or SIGINT (once ``start`` returned: it cannot
     be interrupted). ``start`` raising stops the server and raises here. SIGHUP calls
-    ``on_hangup``."""
+    ``on_hangup``; ``on_listening`` once the port is open."""
+    from aiohttp import web
+
+    from raftkv.server.requests import JsonErrorsRunner
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -248,6 +395,8 @@ async def serve_http(app: web.Application, host: str, port: int, start: Callable
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+        if on_listening is not None:
+            on_listening()
         started = loop.run_in_executor(None, start)
         stopping = asyncio.ensure_future(stop.wait())
         either: set[asyncio.Future[Any]] = {started, stopping}
