@@ -54,9 +54,14 @@ def test_the_check_catches_a_new_leader_that_cuts_leases_short(
             self.deadlines[lease] -= ttls[lease] / 2
 
     monkeypatch.setattr(LeaseClocks, "reload", hasty)
-    # A seed whose schedule has a leader take over leases that are then left to expire.
-    r = run_seed(5003, FAST)
-    assert r.linearizability is not None and "cut short" in r.linearizability.detail
+    # Seeds whose schedules have a leader take over leases that are then left to expire
+    # (which seeds do is luck: of 5000-5003, two do).
+    for seed in range(5000, 5004):
+        r = run_seed(seed, FAST)
+        assert r.linearizability is not None
+        if "cut short" in r.linearizability.detail:
+            break
+    assert "cut short" in r.linearizability.detail
 
 
 def test_the_check_catches_a_transaction_taking_the_wrong_branch(

@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 PLACEMENT_PREFIX = b"placement."
 ADMIN_ATTEMPTS = 5
+# Partitions one drain may open (its files, replay, its Raft core: a few ms each). A
+# node restarted with hundreds would otherwise hold its loop for a second or more: no
+# ticks, no frames, so its peers take it for dead and its first partitions, open long
+# since, cannot elect. The rest are reconciled again on the next loop turn.
+START_BUDGET = 16
 DROPPED = 0xD0D  # the tag of an invoke that found its table gone (``_if_table``)
 GEN_FILE = "table.gen"  # in groups/<gid>/: the descriptor's create revision (generation)
 # How often a persistent partition's state store checkpoints (CheckpointPolicy). Each
@@ -92,6 +97,7 @@ class ManagerBase:
     _dirty: set[str]
     _move_waiters: set[str]  # partitions waiting for a move slot (ChangePeers._move_slot)
     _drain_queued: bool
+    _start_budget: int  # partitions this drain may still open (START_BUDGET)
     _revision: int
     _synced: bool
     _stopped: bool
@@ -160,6 +166,7 @@ class ManagerBase:
     def _drain(self) -> None:
         self._drain_queued = False
         dirty, self._dirty = self._dirty, set()
+        self._start_budget = START_BUDGET
         for gid in sorted(dirty):
             self._guard(partial(self._reconcile_group, gid))
 

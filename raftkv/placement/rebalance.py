@@ -192,6 +192,7 @@ from raftkv.placement.manager_base import (
     ADMIN_ATTEMPTS,
     EMPTY,
     PARTITION_CHECKPOINT_SECONDS,
+    START_BUDGET,
 )
 from raftkv.placement.meta_commands import (
     BranchResult,
@@ -266,6 +267,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         self._dirty: set[str] = set()
         self._move_waiters: set[str] = set()
         self._drain_queued = False
+        self._start_budget = START_BUDGET
         self._revision = 0
         self._synced = False
         self._stopped = False
@@ -641,6 +643,10 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         bo = self._backoff(part, "start")
         if not self._current(part) or not bo.ready("start", self.node.clock()):
             return
+        if self._start_budget <= 0:
+            self._kick(part.group)  # next loop turn (START_BUDGET)
+            return
+        self._start_budget -= 1
         try:
             if desc.storage == PERSISTENT:
                 self._write_gen(part)
