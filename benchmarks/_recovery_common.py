@@ -305,7 +305,8 @@ def every_partition_writable(table: str, keys: list[bytes], ports: list[int], t0
 
 # -- raftkv's startup log line ---------------------------------------------------------------
 _STARTUP = re.compile(r"startup: (.*?) seconds after the process started")
-_RECOVERY = re.compile(r"recovery: .*")
+# The default group's line, as ``serve`` logs it (the metastore's follows, unprefixed).
+_RECOVERY = re.compile(r"raftkv\.serve: (recovery: .*)")
 
 
 def startup_phases(text: str) -> dict[str, float] | None:
@@ -324,6 +325,9 @@ def startup_phases(text: str) -> dict[str, float] | None:
 
 
 def last_recovery_line(text: str) -> str | None:
+    """The default group's last ``recovery:`` line: where its state store reopened and
+    what it replayed from the log (up to the commit index the log had stored; entries
+    committed after that are applied once the new leader commits again)."""
     found = _RECOVERY.findall(text)
     return found[-1] if found else None
 

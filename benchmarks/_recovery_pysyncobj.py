@@ -82,7 +82,7 @@ def serve(directory: str, http_port: int, me: str, partners: list[str]) -> None:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+        def do_PUT(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             try:
                 d.set(self.path[len("/kv/"):], body.decode(), sync=True, timeout=1.0)
@@ -91,12 +91,12 @@ def serve(directory: str, http_port: int, me: str, partners: list[str]) -> None:
                 return
             self._answer(200, {"ok": True})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             q = {k: int(v[0]) for k, v in parse_qs(urlparse(self.path).query).items()}
             self._answer(200, load(q["start"], q["n"], q.get("per", 1000),
                                    q.get("window", 50)))
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             st = node.getStatus()
             st["keys"] = len(d)
             st["leader"] = None if st["leader"] is None else str(st["leader"])

@@ -12,7 +12,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
+
+from raftkv.storage.layout import group_paths
 
 from benchmarks._recovery_common import (
     Seq,
@@ -35,7 +37,6 @@ from benchmarks._recovery_common import (
     wait_for,
 )
 from benchmarks.kv_api import Etcd
-from raftkv.storage.layout import group_paths
 from raftkv.testing.procs import ProcCluster
 
 NO_COMPACTION = ["--compact-entries", str(10**9)]
@@ -55,7 +56,7 @@ class Raftkv:
                              extra_args=["--log-level", "INFO", *extra])
         self.seq = Seq()
 
-    def __enter__(self) -> Raftkv:
+    def __enter__(self) -> Self:
         self.c.start()
         self.c.wait_leader(timeout=60)
         return self
@@ -155,8 +156,9 @@ def raftkv_whole(base: str, keys: int, lags: list[int], repeat: int, single: boo
                 w = raftkv_puts(r.port(r.leader()), f"lag{lag}-", lag)
                 log(f"raftkv: {lag:,} single puts in {w:.1f}s ({lag / w:,.0f}/s)")
                 r.checkpoints_current()
-            samples, phases, replayed = [], [], []
+            samples, phases, replayed, lagged = [], [], [], []
             for _ in range(repeat):
+                applied = (raftkv_group(r.port(r.leader())) or {}).get("applied", 0)
                 r.kill_all()
                 if lag:
                     for nid, n in c.nodes.items():
@@ -167,10 +169,12 @@ def raftkv_whole(base: str, keys: int, lags: list[int], repeat: int, single: boo
                 samples.append(fw)
                 phases += ph
                 replayed += [_replayed(x) for x in rec]
+                lagged += [applied - _reopened(x) for x in rec]
                 log(f"raftkv whole keys={keys:,} lag={lag:,}: {fw:.3f}s  {rec}")
                 r.leader()
             rows.append(_row("raftkv", "whole", samples, keys=keys, lag=lag,
-                             replayed_entries=statistics.median(replayed) if replayed else None,
+                             state_lag_entries=statistics.median(lagged),
+                             replayed_entries=statistics.median(replayed),
                              data_mb_per_node=du / 1e6, phases=phase_summary(phases),
                              phase_samples=phases))
         if single:
@@ -183,6 +187,11 @@ def _replayed(line: str) -> int:
     if "(" in line and " entries)" in line:
         return int(line.split("(")[1].split(" entries)")[0])
     return 0
+
+
+def _reopened(line: str) -> int:
+    # "... from checkpoint C in ..." or "recovery: state store at checkpoint C; ..."
+    return int(line.split("checkpoint ")[1].split()[0].rstrip(";"))
 
 
 def _du(path: str) -> int:
@@ -247,6 +256,10 @@ def raftkv_catchup(base: str, writes: list[int], modes: list[str], per: int, rep
                     before = raftkv_group(r.port(victim)) or {}
                     c.kill(victim)
                     w = raftkv_batches(r.port(lead), f"c{m}-{i}-", m, per, threads=4)
+                    if mode == "snapshot":  # compaction is looked at once a second
+                        last = before.get("last_index", 0)
+                        wait_for(lambda: (raftkv_group(r.port(lead)) or {}).get(
+                            "first_index", 0) > last + 1, 30, "the leader compacted", 0.1)
                     lg = raftkv_group(r.port(lead)) or {}
                     t1 = time.perf_counter()
                     starter = threading.Thread(target=c.start, args=(victim,), daemon=True)
