@@ -153,6 +153,7 @@ class Client:
         # table -> (when fetched, partition count, each partition's leader or None)
         self._routes: dict[str, tuple[float, int, list[str | None]]] = {}
         self._detours = 0  # endpoint moves (a redirect or a retry elsewhere), ever
+        self._attempts = 0  # requests sent, ever (a call that sent more than one retried)
         self._missing: dict[str, float] = {}  # node id -> until when not to look again
         self._silent: dict[str, float] = {}  # endpoint -> until when not to ask for routes
         bearer = resolve_token(token, token_file)
@@ -240,6 +241,7 @@ class Client:
         delay = 0.05
         while True:
             endpoint = self.endpoints[self._current]
+            self._attempts += 1
             try:
                 status, data, ctype = self._once(endpoint, method, path, body, headers)
             except ssl.SSLCertVerificationError as e:
@@ -712,7 +714,21 @@ class Client:
         if allow_unsafe:
             body["allow_unsafe"] = True
         raw = json.dumps(body).encode()
-        return json.loads(self.request("POST", "/v1/tables", raw, ok=(201,))[1])
+        sent = self._attempts
+        try:
+            return json.loads(self.request("POST", "/v1/tables", raw, ok=(201,))[1])
+        except ClientError as e:
+            if e.status != 409 or self._attempts - sent < 2:
+                raise
+            # Retried after an answer that left the outcome unknown (a 504, a dropped
+            # connection): the 409 may be our own first attempt's table. If the table is
+            # the one asked for, that is the create succeeding, as one answer would have
+            # said; any other table of that name is a real conflict.
+            found = [t for t in self.list_tables() if t.get("name") == name]
+            if not found or (found[0].get("partitions"), found[0].get("replicas"),
+                             found[0].get("storage")) != (partitions, replicas, storage):
+                raise
+            return found[0]
 
     def list_tables(self) -> list[dict[str, Any]]:
         return list(json.loads(self.request("GET", "/v1/tables")[1])["tables"])
