@@ -332,7 +332,6 @@ class LmdbStateStore(LmdbBacked):
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise StorageError(f"cannot create the LMDB state store at {self.path}: "
                                "Not a directory")
-        check_lmdb_file(self.path, "LMDB state store")
         rec = self._prepare_env()
         check_lmdb_file(self.path, "LMDB state store")
         try:

@@ -261,7 +261,6 @@ class MetaStore(LmdbBacked):
             raise ValueError(f"history must be an int >= 1, got {history!r}")
         self._init_checkpointing(path, checkpoint_entries, checkpoint_seconds)
         self.history = history
-        check_lmdb_file(self.path, "metastore")
         rec = self._prepare_env()  # the pinned checkpoint (raftkv.storage.lmdb_checkpoint)
         check_lmdb_file(self.path, "metastore")
         try:
