@@ -63,7 +63,6 @@ driver streams in chunks. ``snapshot().data`` is therefore empty.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import zlib
 from collections.abc import Callable

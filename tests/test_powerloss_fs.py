@@ -21,7 +21,6 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from raftkv.storage.commands import encode_put
 from raftkv.storage.lmdb_log import LmdbLogStore
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.records import Entry, EntryType, HardState

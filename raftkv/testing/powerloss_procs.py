@@ -21,7 +21,6 @@ the checks are:
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import re
 import threading
@@ -71,7 +70,7 @@ class _Writer(threading.Thread):
                 key = f"k{seq % self.nkeys}"
                 try:
                     c.put(key, f"{seq}")
-                except Exception:  # no answer: unknown outcome, not acknowledged
+                except Exception:  # noqa: BLE001 - no answer: unknown outcome, not acknowledged
                     time.sleep(0.05)
                     continue
                 self.acked[key] = seq
