@@ -8,7 +8,9 @@ IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
   durable. A *process* crash loses nothing: the page cache survives it. A *machine* crash
   may undo the commits since the last ``env.sync``. With ``MDB_NOSYNC``, LMDB's docs say
   integrity across a machine crash relies on the filesystem preserving write order; without
-  that, the last transactions can be corrupted, not just lost. The Raft log keeps every
+  that, the last transactions can be corrupted, not just lost, so each checkpoint is
+  *pinned* and recorded, and an uncleanly shut store is rolled back to it on open
+  (``raftkv.storage.lmdb_checkpoint``; docs/durability.md). The Raft log keeps every
   entry after the checkpointIndex, so a store that comes back at an older, consistent index
   simply replays.
 - **checkpoint = ``env.sync(True)``**: one fdatasync covering everything committed so far.
@@ -19,10 +21,9 @@ IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
   transaction as the data it covers, so whatever a crash leaves, data and index agree.
 - **Open.** ``data.mdb`` is first checked against the length its meta page records:
   reading past the end of a truncated file through the mmap would kill the process with
-  SIGBUS instead of raising. Then applied_index = checkpoint_index = the stored applied
-  index, and open syncs once: after a process crash the stored index may sit only in the
-  page cache, and calling it the checkpointIndex would let the log be compacted past what
-  is really on disk.
+  SIGBUS instead of raising (after the checkpoint record has rolled back a meta page
+  that a power loss kept without its data). Then applied_index = checkpoint_index = the
+  stored applied index, and open syncs once and records it.
 - **Readers never block the writer.** ``scan`` and ``snapshot_chunks`` hold one read
   transaction (MVCC), so a snapshot export is not a stop-the-world. A long-lived reader does
   pin old pages, so the file can grow until it finishes. Consume or ``close()`` those
