@@ -7,6 +7,10 @@ picks the victims and, for each, SIGKILLs it and loses power on its disk (all un
 data, or a seeded torn subset), then restarts it. At the end every node must be up and
 the checks are:
 
+The client writes half its keys to the default KV group and half to a table of two
+partitions (``table=True``), whose logs share one LMDB environment per node; the
+metastore runs on every node too.
+
 - **no acknowledged write is lost**: a linearizable read of each key returns the last
   acknowledged put to it, or a later one (a put that timed out may still have landed);
 - **no two leaders in one term**: every node's log line ``group G: leader is now N
@@ -60,6 +64,11 @@ class _Writer(threading.Thread):
         self.acked: dict[str, int] = {}  # key -> seq of its last acknowledged put
         self.count = 0
         self.stop = threading.Event()
+        self.table: str | None = None
+
+    def table_of(self, key: str) -> str | None:
+        """Odd keys go to the table (its partitions: the shared partition log), if any."""
+        return self.table if int(key[1:]) % 2 else None
 
     def run(self) -> None:
         c: Client = self.cluster.client(timeout=2.0)
@@ -69,7 +78,7 @@ class _Writer(threading.Thread):
                 seq += 1
                 key = f"k{seq % self.nkeys}"
                 try:
-                    c.put(key, f"{seq}")
+                    c.put(key, f"{seq}", table=self.table_of(key))
                 except Exception:  # noqa: BLE001 - no answer: unknown outcome, not acknowledged
                     time.sleep(0.05)
                     continue
@@ -90,7 +99,7 @@ def leaders_by_term(logs: dict[str, str]) -> tuple[dict[tuple[str, int], set[str
 
 
 def run_proc_cycles(base: Path, seed: int, cycles: int, *, size: int = 3,
-                    metadata: str = "strict", log: Any = print,
+                    metadata: str = "strict", log: Any = print, table: bool = True,
                     run_seconds: tuple[float, float] = (0.5, 1.5)) -> ProcSummary:
     rng = random.Random(seed)
     summary = ProcSummary(seed)
@@ -105,6 +114,9 @@ def run_proc_cycles(base: Path, seed: int, cycles: int, *, size: int = 3,
         cluster.start()
         cluster.wait_leader(timeout=30)
         writer = _Writer(cluster)
+        if table:
+            cluster.create_table("plt", 2, size)
+            writer.table = "plt"
         writer.start()
         for cycle in range(cycles):
             time.sleep(rng.uniform(*run_seconds))
@@ -158,7 +170,7 @@ def _check_end(cluster: ProcCluster, writer: _Writer, summary: ProcSummary) -> N
     c = cluster.client(timeout=5.0)
     try:
         for key, seq in sorted(writer.acked.items()):
-            raw = c.get(key)
+            raw = c.get(key, table=writer.table_of(key))
             got = int(raw) if raw is not None else 0
             if got < seq or got % writer.nkeys != int(key[1:]):
                 summary.failures.append(f"seed {seed}: acknowledged put lost: {key} holds "
