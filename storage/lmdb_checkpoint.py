@@ -31,7 +31,8 @@ The discipline
    durable before LMDB creates anything; a record still at 0 on open means the power
    failed during creation, and the half-made environment is removed and made again.
    An environment without a record was written by an earlier version: it is trusted
-   as it is (as those versions did) and gets a record at once.
+   as it is (as those versions did) and gets a record at once. So is a data file older
+   than its record (put back from a copy: no crash can leave that).
 
 A clean ``close`` checkpoints, so reopening after it rolls nothing back.
 
@@ -155,6 +156,15 @@ class CheckpointFile:
         current = max(metas)[1] if metas else None
         if current == rec.meta and len(metas) == 2:
             return rec
+        if metas and max(metas)[0] < rec.txnid:
+            # Older than its record: no crash does that (the record follows the sync),
+            # so the file was put back from elsewhere (a copy, a restore). It is trusted
+            # as it is, like a store without a record, and recorded anew at open.
+            log.warning("%s: the %s's data file (transaction %d) is older than its "
+                        "checkpoint record (%d): put back from a copy? Trusting the file",
+                        self.path, self.what, max(metas)[0], rec.txnid)
+            self.last = Record(rec.seq, 0, 0, b"")
+            return None
         if not metas or psize not in (4096, 8192, 16384, 32768, 65536) or len(rec.meta) != _META_SIZE:
             raise StorageError(f"cannot open the {self.what} at {self.path}: its meta pages "
                                f"are unreadable; rebuild this replica")
