@@ -29,7 +29,8 @@ test: $(STAMP)
 		raftkv/tls.py raftkv/certs.py raftkv/testing/raw_peer.py raftkv/admin.py \
 		raftkv/spark raftkv/compat raftkv/storage raftkv/recovery raftkv/errors.py raftkv/placement \
 		raftkv/backup.py raftkv/testing/powerloss_fs.py raftkv/testing/powerloss_daemon.py \
-		raftkv/testing/powerloss_undo.py
+		raftkv/testing/powerloss_undo.py raftkv/testing/powerloss_workload.py \
+		raftkv/testing/powerloss_procs.py
 	$(BIN)/python -m pytest
 
 # The power-loss tests (tests/test_powerloss_fs.py) mount a FUSE filesystem: libfuse 3 and

@@ -63,7 +63,6 @@ driver streams in chunks. ``snapshot().data`` is therefore empty.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import zlib
 from collections.abc import Callable
@@ -72,6 +71,7 @@ from typing import NamedTuple
 
 import lmdb
 import msgpack
+from raftkv.storage.durable_fs import fsync_dir, makedirs_durable
 from raftkv.storage.errors import (
     Compacted,
     CorruptLog,
@@ -171,7 +171,10 @@ class LogEnv:
         self.shared = shared
         self._refs = 1
         self._open: set[str] = set()  # groups with a store open (shared only)
-        os.makedirs(path, exist_ok=True)
+        try:
+            makedirs_durable(path)
+        except OSError as e:
+            raise StorageError(f"{path}: cannot create the Raft log: {e}") from e
         check_lmdb_file(path, "Raft log", CorruptLog)
         try:
             self.env = lmdb.open(
@@ -183,6 +186,15 @@ class LogEnv:
             self.meta = self.env.open_db(b"meta")
         except lmdb.Error as e:
             raise CorruptLog(f"{path}: cannot open the Raft log: {e}") from e
+        if durable:
+            # LMDB never fsyncs the directory it creates data.mdb in: without this, a
+            # power loss could take the whole log, votes included, however often its
+            # data was synced (issue 22; raftkv.storage.durable_fs).
+            try:
+                fsync_dir(path)
+            except OSError as e:
+                self.env.close()
+                raise StorageError(f"{path}: cannot sync the Raft log's directory: {e}") from e
         if not durable:
             log.warning(
                 "%s: durability is OFF (like Ignite's raft.fsync=false): the log is not "

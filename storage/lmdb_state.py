@@ -8,7 +8,9 @@ IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
   durable. A *process* crash loses nothing: the page cache survives it. A *machine* crash
   may undo the commits since the last ``env.sync``. With ``MDB_NOSYNC``, LMDB's docs say
   integrity across a machine crash relies on the filesystem preserving write order; without
-  that, the last transactions can be corrupted, not just lost. The Raft log keeps every
+  that, the last transactions can be corrupted, not just lost, so each checkpoint is
+  *pinned* and recorded, and an uncleanly shut store is rolled back to it on open
+  (``raftkv.storage.lmdb_checkpoint``; docs/durability.md). The Raft log keeps every
   entry after the checkpointIndex, so a store that comes back at an older, consistent index
   simply replays.
 - **checkpoint = ``env.sync(True)``**: one fdatasync covering everything committed so far.
@@ -19,10 +21,9 @@ IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
   transaction as the data it covers, so whatever a crash leaves, data and index agree.
 - **Open.** ``data.mdb`` is first checked against the length its meta page records:
   reading past the end of a truncated file through the mmap would kill the process with
-  SIGBUS instead of raising. Then applied_index = checkpoint_index = the stored applied
-  index, and open syncs once: after a process crash the stored index may sit only in the
-  page cache, and calling it the checkpointIndex would let the log be compacted past what
-  is really on disk.
+  SIGBUS instead of raising (after the checkpoint record has rolled back a meta page
+  that a power loss kept without its data). Then applied_index = checkpoint_index = the
+  stored applied index, and open syncs once and records it.
 - **Readers never block the writer.** ``scan`` and ``snapshot_chunks`` hold one read
   transaction (MVCC), so a snapshot export is not a stop-the-world. A long-lived reader does
   pin old pages, so the file can grow until it finishes. Consume or ``close()`` those
@@ -34,6 +35,7 @@ IGNITE-16907's: the Raft log is the WAL. What is LMDB-specific:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -43,7 +45,9 @@ from typing import Self, TypeVar
 import lmdb
 from raftkv.storage.commands import MAX_KEY_BYTES
 from raftkv.storage.digest import Digest, DigestBuilder
+from raftkv.storage.durable_fs import fsync_dir, makedirs_durable
 from raftkv.storage.errors import StorageError
+from raftkv.storage.lmdb_checkpoint import CheckpointFile, Record
 from raftkv.storage.lmdb_files import check_lmdb_file
 from raftkv.storage.revisions import HEADER_BYTES, KeyMeta, meta_of
 from raftkv.storage.state_store import (
@@ -65,6 +69,7 @@ from raftkv.storage.state_store import (
 )
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 DEFAULT_MAP_SIZE = 1 << 34  # 16 GiB of address space; the file is sparse and grows as used
 _DATA = b"data"
@@ -152,8 +157,77 @@ class LmdbBacked(Checkpointing):
         # sync running on another thread would free what the sync is using.
         self._sync_lock = threading.Lock()
 
+    # -- the pinned checkpoint (raftkv.storage.lmdb_checkpoint) -------------------------------
+    def _prepare_env(self) -> Record | None:
+        """Before ``lmdb.open``: the directory, durably, and the checkpoint record (which
+        rolls an uncleanly shut environment back to its last checkpoint)."""
+        self._pin: lmdb.Transaction[bytes] | None = None
+        self._next_pin: tuple[int, lmdb.Transaction[bytes]] | None = None
+        self._ckpt = CheckpointFile(self.path, self._what)
+        try:
+            makedirs_durable(self.path)
+            return self._ckpt.prepare()
+        except OSError as e:
+            raise StorageError(f"cannot open the {self._what} at {self.path}: {e}") from e
+
+    def _opened(self, applied: int, rec: Record | None) -> None:
+        """After LMDB opened the environment (and synced it): make the names of its
+        files durable, check it is at its recorded checkpoint, and record and pin it."""
+        try:
+            fsync_dir(self.path)
+        except OSError as e:
+            raise StorageError(f"cannot open the {self._what} at {self.path}: {e}") from e
+        if rec is not None and rec.txnid and applied != rec.applied:
+            raise StorageError(
+                f"cannot open the {self._what} at {self.path}: its checkpoint record says "
+                f"applied index {rec.applied}, the store holds {applied}: it is damaged; "
+                f"rebuild this replica (move the directory away)")
+        self._record_now(applied)
+
+    def _begin_pin(self) -> tuple[lmdb.Transaction[bytes], int, bytes]:
+        """A reader on the newest snapshot, its transaction id and meta page."""
+        pin = self._env.begin()
+        try:
+            txnid = pin.id()
+            return pin, txnid, self._ckpt.capture(txnid)
+        except BaseException:
+            pin.abort()
+            raise
+
+    def _write_record(self, txnid: int, applied: int, meta: bytes) -> None:
+        try:
+            self._ckpt.write(txnid, applied, meta)
+        except OSError as e:
+            raise StorageError(f"checkpoint record failed in the {self._what} at "
+                               f"{self.path}: {e}") from e
+
+    def _swap_pin(self, pin: lmdb.Transaction[bytes]) -> None:
+        old, self._pin = self._pin, pin
+        if old is not None:
+            old.abort()
+
+    def _record_now(self, applied: int) -> None:
+        """Record the newest snapshot, already synced, as the checkpoint, and pin it."""
+        pin, txnid, meta = self._begin_pin()
+        try:
+            self._write_record(txnid, applied, meta)
+        except BaseException:
+            pin.abort()
+            raise
+        self._swap_pin(pin)
+
     def _make_durable(self, applied: int) -> bool:
-        return self._sync()
+        pin, txnid, meta = self._begin_pin()
+        try:
+            if not self._sync():
+                pin.abort()
+                return False
+            self._write_record(txnid, applied, meta)
+        except BaseException:
+            pin.abort()
+            raise
+        self._swap_pin(pin)
+        return True
 
     def _sync(self) -> bool:
         """``env.sync``, unless the store closed meanwhile (then False)."""
@@ -175,12 +249,59 @@ class LmdbBacked(Checkpointing):
         applied = self._applied
         if applied == self._checkpoint:
             return None
-        return lambda: applied if self._sync() else 0
+        self._drop_next_pin()
+        pin, txnid, meta = self._begin_pin()
+        self._next_pin = (applied, pin)
+
+        def job() -> int:
+            if not self._sync():
+                return 0
+            with self._sync_lock:
+                if self._closed:
+                    return 0
+                self._write_record(txnid, applied, meta)
+            return applied
+
+        return job
+
+    def _drop_next_pin(self) -> None:
+        nxt, self._next_pin = self._next_pin, None
+        if nxt is not None:
+            nxt[1].abort()
+
+    def checkpointed(self, index: int) -> None:
+        self._live()
+        nxt = self._next_pin
+        if nxt is not None and nxt[0] == index and index > self._checkpoint:
+            self._next_pin = None
+            self._swap_pin(nxt[1])
+        else:
+            self._drop_next_pin()
+        super().checkpointed(index)
+
+    def _close_checkpoint(self) -> None:
+        """A clean close records the newest snapshot, so the next open keeps it."""
+        last = self._ckpt.last
+        with self._env.begin() as txn:
+            txnid = txn.id()
+        if last is not None and last.txnid >= txnid:
+            return
+        self._env.sync(True)
+        self._ckpt.write(txnid, self._applied, self._ckpt.capture(txnid))
 
     def close(self) -> None:
         with self._sync_lock:
             if not getattr(self, "_closed", True):
                 self._closed = True
+                try:
+                    self._close_checkpoint()
+                except (lmdb.Error, OSError, StorageError) as e:
+                    _log.warning("%s: no checkpoint at close (%s): the next open rolls "
+                                 "back to the last one and replays", self.path, e)
+                self._drop_next_pin()
+                if self._pin is not None:
+                    self._pin.abort()
+                    self._pin = None
                 self._env.close()
 
     def __enter__(self) -> Self:
@@ -209,11 +330,11 @@ class LmdbStateStore(LmdbBacked):
         checkpoint_seconds: float = DEFAULT_CHECKPOINT_SECONDS,
     ) -> None:
         self._init_checkpointing(path, checkpoint_entries, checkpoint_seconds)
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise StorageError(f"cannot create the LMDB state store at {self.path}: "
+                               "Not a directory")
+        rec = self._prepare_env()
         check_lmdb_file(self.path, "LMDB state store")
-        try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError as e:
-            raise StorageError(f"cannot create the LMDB state store at {self.path}: {e}") from e
         try:
             self._env = lmdb.open(
                 self.path,
@@ -231,6 +352,7 @@ class LmdbStateStore(LmdbBacked):
             self._data, self._meta, self._outcomes, applied = self._open_dbs()
             # Make "stored applied index == checkpointIndex" true (module docstring: Open).
             self._env.sync(True)
+            self._opened(applied, rec)
         except lmdb.Error as e:
             self._env.close()
             raise StorageError(f"cannot open LMDB state store at {self.path}: {e}") from e
@@ -458,6 +580,7 @@ class LmdbStateStore(LmdbBacked):
                     raise StorageError("snapshot stream was not verified")
                 txn.put(_APPLIED, _index_bytes(loader.applied), db=self._meta)
             self._env.sync(True)  # the snapshot's index is the new checkpointIndex
+            self._record_now(loader.applied)
         except lmdb.Error as e:
             raise self._fail("install of snapshot failed", e) from e
         self._applied = self._checkpoint = loader.applied

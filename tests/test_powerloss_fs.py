@@ -21,7 +21,6 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from raftkv.storage.commands import encode_put
 from raftkv.storage.lmdb_log import LmdbLogStore
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.records import Entry, EntryType, HardState
@@ -371,19 +370,26 @@ def test_lmdb_commits_survive_a_power_loss_only_when_synced(
 
 def test_raftkv_lmdb_stores_open_on_the_mount(make_fs: Callable[..., PowerLossFS]) -> None:
     """The Raft log (synced per save) keeps its entries; the state store (MDB_NOSYNC)
-    rolls back to its last checkpoint, consistent, with its applied index."""
+    rolls back to its last checkpoint, consistent, with its applied index. (A clean
+    close checkpoints; here the writer dies without one, in a child process.)"""
     fs = make_fs("journal")  # LMDB fsyncs its data file but never the directory
     log_dir, state_dir = fs.mountpoint / "log", fs.mountpoint / "state"
     log = LmdbLogStore(str(log_dir))
     log.save(HardState(3, "n1", 2),
              [Entry(3, i, EntryType.NORMAL, b"e%d" % i) for i in range(1, 6)])
     log.close()
-    state = LmdbStateStore(state_dir)
-    state.apply([(1, encode_put(b"k", b"checkpointed"))])
-    state.checkpoint()
-    state.apply([(2, encode_put(b"k", b"after the checkpoint"))])
-    assert state.get(b"k") == b"after the checkpoint"
-    state.close()
+    child = textwrap.dedent(f"""
+        import os
+        from raftkv.storage.commands import encode_put
+        from raftkv.storage.lmdb_state import LmdbStateStore
+        state = LmdbStateStore({str(state_dir)!r})
+        state.apply([(1, encode_put(b"k", b"checkpointed"))])
+        state.checkpoint()
+        state.apply([(2, encode_put(b"k", b"after the checkpoint"))])
+        assert state.get(b"k") == b"after the checkpoint"
+        os._exit(0)  # no close: no checkpoint
+    """)
+    subprocess.run([sys.executable, "-c", child], check=True, timeout=60)
     report = fs.power_loss()
     assert report.pages_forgotten > 0  # the state store's unsynced commit
     log = LmdbLogStore(str(log_dir))

@@ -93,6 +93,7 @@ from raftkv.node.group_storage import (
 from raftkv.node.runtime import Runtime, ThreadRuntime
 from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
+from raftkv.storage.durable_fs import write_durable
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import KVStateStore, StateStore
 from raftkv.tls import TlsConfig
@@ -1192,10 +1193,7 @@ class Node:
         known = set(self.cfg.peers) | self._members()
         book = {pid: p.addr for pid, p in self.transport.peers.items()
                 if p.addr and pid in known}
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(book, f, sort_keys=True)
-        os.replace(tmp, path)
+        write_durable(path, json.dumps(book, sort_keys=True).encode())
 
     def _learn_conf_addresses(self, g: Group) -> None:
         """At start: the addresses the log's membership changes carry, of current members

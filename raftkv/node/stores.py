@@ -7,6 +7,7 @@ import shutil
 
 from raftkv.node.group_storage import GroupStorage
 from raftkv.recovery.compaction import CompactionPolicy
+from raftkv.storage.durable_fs import makedirs_durable, write_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.identity import new_incarnation
 from raftkv.storage.layout import NODE_ID_FILE, group_paths, read_node_id
@@ -19,16 +20,15 @@ from raftkv.storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateSt
 def claim_data_dir(data_dir: str, node_id: str) -> None:
     """Create ``data_dir`` for ``node_id``, or check it already belongs to it: starting
     n2 on n1's files would make one node's votes and log appear under another's name."""
-    os.makedirs(data_dir, exist_ok=True)
+    makedirs_durable(data_dir)
     owner = read_node_id(data_dir)
     if owner is not None:
         if owner != node_id:
             raise StorageError(f"{data_dir} holds node {owner!r}'s data, not {node_id!r}'s")
         return
-    path = os.path.join(data_dir, NODE_ID_FILE)
-    with open(path + ".tmp", "w") as f:
-        f.write(node_id + "\n")
-    os.replace(path + ".tmp", path)
+    # Durably (data, then name): after a power loss an empty or missing node_id would
+    # let any node claim this directory, and its votes and log with it (issue 22).
+    write_durable(os.path.join(data_dir, NODE_ID_FILE), (node_id + "\n").encode())
 
 
 def _adopt_own_log(shared_log: LogEnv, group: str, log_path: str) -> None:

@@ -83,6 +83,7 @@ from hashlib import blake2b
 from raftkv.statemachine import StateMachine, decode_result, encode_result
 from raftkv.storage.commands import MAX_VALUE_BYTES
 from raftkv.storage.digest import Digest, DigestBuilder
+from raftkv.storage.durable_fs import makedirs_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
@@ -183,7 +184,7 @@ class UserStateStore(Checkpointing):
     # -- the checkpoint file -----------------------------------------------------------------
     def _open(self, path: str) -> None:
         try:
-            os.makedirs(path, exist_ok=True)
+            makedirs_durable(path)
         except OSError as e:
             raise StorageError(f"cannot create the state machine directory {path}: {e}") from e
         file = os.path.join(path, CHECKPOINT_FILE)

@@ -261,11 +261,8 @@ class MetaStore(LmdbBacked):
             raise ValueError(f"history must be an int >= 1, got {history!r}")
         self._init_checkpointing(path, checkpoint_entries, checkpoint_seconds)
         self.history = history
+        rec = self._prepare_env()  # the pinned checkpoint (raftkv.storage.lmdb_checkpoint)
         check_lmdb_file(self.path, "metastore")
-        try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError as e:
-            raise StorageError(f"cannot create the metastore at {self.path}: {e}") from e
         try:
             self._env = lmdb.open(
                 self.path,
@@ -282,6 +279,7 @@ class MetaStore(LmdbBacked):
         try:
             applied, self._revision, self._compacted = self._open_dbs()
             self._env.sync(True)  # the stored applied index is now the checkpointIndex
+            self._opened(applied, rec)
         except lmdb.Error as e:
             self._env.close()
             raise StorageError(f"cannot open the metastore at {self.path}: {e}") from e
@@ -554,6 +552,7 @@ class MetaStore(LmdbBacked):
                 txn.put(_REVISION, counter_bytes(revision), db=meta)
                 txn.put(_COMPACTED, counter_bytes(compacted), db=meta)
             self._env.sync(True)  # the snapshot's index is the new checkpointIndex
+            self._record_now(loader.applied)
         except lmdb.Error as e:
             raise self._fail("install of snapshot failed", e) from e
         self._applied = self._checkpoint = loader.applied

@@ -15,6 +15,7 @@ from raftkv.placement.manager_base import (
 from raftkv.placement.partition_state import (
     PartitionState,
 )
+from raftkv.storage.durable_fs import makedirs_durable, write_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import group_paths
 
@@ -68,9 +69,11 @@ class PartitionFiles(ManagerBase):
             return
         try:
             with open(os.path.join(base, GEN_FILE)) as f:
-                gen = int(f.read().strip() or 0)
+                gen = int(f.read().strip())
         except (OSError, ValueError):
-            return  # no marker: no files, or files written before markers existed
+            # No marker: no files, or files written before markers existed. An empty
+            # or garbled one says nothing either: never a reason to delete.
+            return
         if gen != part.gen:
             log.info("node %s: %s holds files of an earlier table %s (generation %d, now "
                      "%d): deleting them", self.id, part.group, part.table, gen, part.gen)
@@ -80,9 +83,8 @@ class PartitionFiles(ManagerBase):
         base = self._group_dir(part.group)
         if base is None:
             return
-        os.makedirs(base, exist_ok=True)
-        path = os.path.join(base, GEN_FILE)
-        with open(path + ".tmp", "w") as f:
-            f.write(f"{part.gen}\n")
-        os.replace(path + ".tmp", path)
+        # Durably: after a power loss an empty marker (the data of a rename not yet
+        # synced) read as generation 0 and deleted a live partition's files (issue 22).
+        makedirs_durable(base)
+        write_durable(os.path.join(base, GEN_FILE), f"{part.gen}\n".encode())
 

@@ -1,0 +1,57 @@
+"""Making names durable: directory fsyncs, and small files replaced atomically.
+
+An fsync of a file makes its data durable, not its *name*: a file created (or renamed)
+since its directory was last fsynced may be gone after a power loss, on POSIX's minimum
+and on ext4 without a journal commit in between. LMDB never fsyncs the directory it
+creates ``data.mdb`` in, so every store fsyncs the directories it creates, and the
+directory of each environment once its files exist (docs/durability.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory ``path`` (its entries: names created, renamed, removed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs_durable(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, and every directory it created is durable:
+    the parent of each new directory is fsynced after it, deepest last."""
+    path = os.path.abspath(path)
+    missing = []
+    p = path
+    while not os.path.isdir(p):
+        missing.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    if not missing:
+        return
+    os.makedirs(path, exist_ok=True)
+    for d in reversed(missing):
+        fsync_dir(os.path.dirname(d))
+
+
+def write_durable(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably: a temporary file, fsynced,
+    renamed over it, then the directory fsynced. After a crash at any point the file is
+    the old one or the new one, never empty or torn."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
