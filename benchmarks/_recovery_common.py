@@ -143,7 +143,7 @@ def _check(r: http.client.HTTPResponse) -> bytes:
     return data
 
 
-def raftkv_puts(port: int, prefix: str, n: int, threads: int = 32) -> float:
+def raftkv_puts(port: int, prefix: str, n: int, threads: int = 64) -> float:
     """``n`` single PUTs (one Raft entry each) of 100-byte values."""
     def one(conn: http.client.HTTPConnection, i: int) -> None:
         conn.request("PUT", f"/v1/kv/{prefix}{i:09d}", body=VALUE)
@@ -151,7 +151,7 @@ def raftkv_puts(port: int, prefix: str, n: int, threads: int = 32) -> float:
     return _parallel(n, threads, one, lambda w: port)
 
 
-def etcd_puts(port: int, prefix: str, n: int, threads: int = 32) -> float:
+def etcd_puts(port: int, prefix: str, n: int, threads: int = 64) -> float:
     v = b64(VALUE)
 
     def one(conn: http.client.HTTPConnection, i: int) -> None:

@@ -235,7 +235,7 @@ def raftkv_single(r: Raftkv, keys: int, repeat: int, log: Log) -> list[dict[str,
 
 
 def raftkv_catchup(base: str, writes: list[int], modes: list[str], per: int, repeat: int,
-                   log: Log) -> list[dict[str, Any]]:
+                   log: Log, limit: float = 180) -> list[dict[str, Any]]:
     """A follower down while M keys are written (batches of ``per``), then restarted:
     seconds from its restart until it has applied the leader's commit index. ``log``:
     the log is never compacted, so it catches up from the leader's log; ``snapshot``:
@@ -248,7 +248,7 @@ def raftkv_catchup(base: str, writes: list[int], modes: list[str], per: int, rep
         with Raftkv(os.path.join(base, mode), extra) as r:
             c = r.c
             for m in writes:
-                samples, evidence = [], []
+                samples, evidence, failed = [], [], []
                 for i in range(repeat):
                     lead = r.leader()
                     victim = next(n for n in c.nodes if n != lead)
@@ -257,14 +257,18 @@ def raftkv_catchup(base: str, writes: list[int], modes: list[str], per: int, rep
                     c.kill(victim)
                     w = raftkv_batches(r.port(lead), f"c{m}-{i}-", m, per, threads=4)
                     if mode == "snapshot":  # compaction is looked at once a second
-                        last = before.get("last_index", 0)
-                        wait_for(lambda: (raftkv_group(r.port(lead)) or {}).get(
-                            "first_index", 0) > last + 1, 30, "the leader compacted", 0.1)
+                        _wait_compacted(r.port(lead), before.get("last_index", 0))
                     lg = raftkv_group(r.port(lead)) or {}
                     t1 = time.perf_counter()
                     starter = threading.Thread(target=c.start, args=(victim,), daemon=True)
                     starter.start()
-                    samples.append(r.caught_up_after_start(victim, t1))
+                    try:
+                        samples.append(r.caught_up_after_start(victim, t1, limit))
+                    except TimeoutError:
+                        failed.append(_frame_limit_evidence(c, limit))
+                        log(f"raftkv catchup {mode} M={m:,}: not caught up: {failed[-1]}")
+                        starter.join(60)
+                        break  # the state only grows: the next repeat would fail too
                     starter.join(60)
                     ev = {"behind_entries": lg.get("commit", 0) - before.get("last_index", 0),
                           "leader_first_index": lg.get("first_index"),
@@ -274,9 +278,31 @@ def raftkv_catchup(base: str, writes: list[int], modes: list[str], per: int, rep
                         (ev["follower_last_index"] or 0) + 1
                     evidence.append(ev)
                     log(f"raftkv catchup {mode} M={m:,}: {samples[-1]:.3f}s {ev}")
-                rows.append(_row("raftkv", "catchup", samples, mode=mode, writes=m,
-                                 per_entry=per, evidence=evidence))
+                rows.append(_catchup_row("raftkv", samples, mode=mode, writes=m,
+                                         per_entry=per, evidence=evidence, failed=failed))
     return rows
+
+
+def _catchup_row(system: str, samples: list[float], **kw: Any) -> dict[str, Any]:
+    if samples:
+        return _row(system, "catchup", samples, **kw)
+    return {"system": system, "scenario": "catchup", **kw, "median_s": None, "min_s": None,
+            "max_s": None, "samples": []}
+
+
+def _frame_limit_evidence(c: ProcCluster, limit: float) -> str:
+    """Why a follower did not catch up: the leaders' log lines about the snapshot."""
+    lines = [ln for n in c.nodes.values() for ln in n.log_text().splitlines()
+             if "snapshot image exceeds" in ln]
+    return (f"not caught up within {limit}s" +
+            (f"; {len(lines)} times: {lines[-1].split('ERROR ')[-1]}" if lines else ""))
+
+
+def _wait_compacted(port: int, past: int) -> None:
+    """Until the leader's log starts after ``past`` + 1 (compaction runs once a second)."""
+    def done() -> bool:
+        return bool((raftkv_group(port) or {}).get("first_index", 0) > past + 1)
+    wait_for(done, 30, "the leader compacted", 0.1)
 
 
 def raftkv_table(base: str, partitions: int, repeat: int, log: Log) -> list[dict[str, Any]]:
@@ -463,7 +489,7 @@ def etcd_single(r: EtcdRun, keys: int, repeat: int, log: Log) -> list[dict[str, 
 
 
 def etcd_catchup(base: str, writes: list[int], modes: list[str], per: int, repeat: int,
-                 log: Log) -> list[dict[str, Any]]:
+                 log: Log, limit: float = 180) -> list[dict[str, Any]]:
     """etcd's member in the same scenario. ``log``: its defaults (``--snapshot-count
     100000``); ``snapshot``: ``--snapshot-count 100``. etcd 3.4 keeps 5,000 entries in
     memory behind each snapshot for slow followers, so a member fewer than that behind
@@ -476,7 +502,7 @@ def etcd_catchup(base: str, writes: list[int], modes: list[str], per: int, repea
         try:
             e = r.e
             for m in writes:
-                samples, evidence = [], []
+                samples, evidence, failed = [], [], []
                 for i in range(repeat):
                     lead = e.leader()
                     victim = (lead + 1) % 3
@@ -487,15 +513,20 @@ def etcd_catchup(base: str, writes: list[int], modes: list[str], per: int, repea
                     n_snap = r.log_text(victim).count("incoming snapshot")
                     t1 = time.perf_counter()
                     r.start(victim)
-                    samples.append(r.caught_up_after_start(victim, t1))
+                    try:
+                        samples.append(r.caught_up_after_start(victim, t1, limit))
+                    except TimeoutError:
+                        failed.append(f"not caught up within {limit}s")
+                        log(f"etcd catchup {mode} M={m:,}: {failed[-1]}")
+                        break
                     time.sleep(0.3)
                     ev = {"behind_entries": ls.get("raftIndex", 0) - before.get("raftIndex", 0),
                           "got_snapshot": r.log_text(victim).count("incoming snapshot") > n_snap,
                           "write_s": w}
                     evidence.append(ev)
                     log(f"etcd catchup {mode} M={m:,}: {samples[-1]:.3f}s {ev}")
-                rows.append(_row("etcd", "catchup", samples, mode=mode, writes=m,
-                                 per_entry=per, evidence=evidence))
+                rows.append(_catchup_row("etcd", samples, mode=mode, writes=m,
+                                         per_entry=per, evidence=evidence, failed=failed))
         finally:
             r.close()
     return rows

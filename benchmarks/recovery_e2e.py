@@ -210,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--catchup-batch", type=int, default=100)
     ap.add_argument("--catchup-repeat", type=int, default=None,
                     help="repeats of the catch-up rows (default --repeat)")
+    ap.add_argument("--catchup-systems", default=None,
+                    help="systems of the catch-up rows (default --systems)")
+    ap.add_argument("--catchup-timeout", type=float, default=180.0)
+    ap.add_argument("--merge", action="store_true",
+                    help="add this run's rows to those already in --out")
     ap.add_argument("--partitions", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pso-timeout", type=float, default=120.0)
@@ -230,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
                            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge and out.exists():
+        before = json.loads(out.read_text())
+        doc["rows"] = before["rows"]
+        doc["earlier_runs"] = [*before.get("earlier_runs", []),
+                               {k: v for k, v in before.items()
+                                if k not in ("rows", "ratios", "earlier_runs")}]
     t_start = time.perf_counter()
 
     def log(msg: str) -> None:
@@ -256,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             writes = _ints(args.catchup_writes)
             modes = args.catchup_modes.split(",")
             rep = args.catchup_repeat or args.repeat
-            for system in systems:
+            for system in (args.catchup_systems or ",".join(systems)).split(","):
                 cfn = S.raftkv_catchup if system == "raftkv" else S.etcd_catchup
                 add(cfn(os.path.join(base, f"{system}-catchup"), writes, modes,
-                       args.catchup_batch, rep, log))
+                        args.catchup_batch, rep, log, args.catchup_timeout))
         if "table" in scen and "raftkv" in systems:
             add(S.raftkv_table(os.path.join(base, "table"), args.partitions, args.repeat, log))
         if "pysyncobj" in scen:
