@@ -399,10 +399,12 @@ def test_reconfiguration_errors_back_off_are_recorded_when_exhausted_and_a_new_l
     assert "injected" in errors[0]["error"]
     metrics = cluster.mgrs[lead].status()["metrics"]
     # Each exhausted budget is three failed attempts. A busy machine may let a second
-    # budget run out before the first look (a new term, or pending moved by the topology
-    # change, starts a fresh one), so count budgets rather than expect exactly one.
+    # budget start, or run out, before the first look (a new term, or pending moved by
+    # the topology change, starts a fresh one), so count budgets rather than expect
+    # exactly one: the exhausted ones, and at most two attempts of one still running.
     exhausted = metrics["retries_exhausted"]
-    assert exhausted >= 1 and metrics["errors.change"] == 3 * exhausted, metrics
+    assert exhausted >= 1, metrics
+    assert 3 * exhausted <= metrics["errors.change"] <= 3 * exhausted + 2, metrics
     assert metrics["retries"] >= 2 * exhausted
     before = cluster.info(lead, gid)
     monkeypatch.undo()
