@@ -25,6 +25,7 @@ from raftkv.storage.commands import (
     encode_put,
 )
 from raftkv.storage.errors import StorageError
+from raftkv.storage.lmdb_checkpoint import RECORD_FILE
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.revisions import KeyMeta
 from raftkv.storage.state_store import KVStateStore, MemoryStateStore
@@ -136,5 +137,8 @@ def test_a_store_from_before_revisions_is_refused_with_a_clear_error(tmp_path: P
     with env.begin(write=True) as txn:
         txn.put(b"format", b"raftkv-state-v1", db=env.open_db(b"meta", txn=txn))
     env.close()
+    # Versions that old kept no checkpoint record (a store with one would take this
+    # edit for commits after its checkpoint, and roll it back).
+    (path / RECORD_FILE).unlink()
     with pytest.raises(StorageError, match="before per-key revisions.*move the directory away"):
         LmdbStateStore(path)
