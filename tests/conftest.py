@@ -175,3 +175,26 @@ def kv_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVState
                        else LmdbStateStore(tmp_path / "kv-store"))
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def fuse_ok() -> None:
+    """Skip, saying why, where the power-loss filesystem cannot mount (no FUSE, no
+    mfusepy): tests/test_powerloss_fs.py and tests/test_powerloss.py."""
+    from raftkv.testing.powerloss_fs import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"power-loss filesystem unavailable: {reason}")
+
+
+def read_request_head(conn: Any) -> bytes:
+    """The request line of the HTTP request arriving on socket ``conn`` (read up to the
+    end of its headers): for tests that play a node answering by hand."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n", 1)[0]

@@ -17,6 +17,7 @@ import struct
 import threading
 
 import pytest
+from conftest import read_request_head
 
 from raftkv.client import Client, OutcomeUnknown
 
@@ -34,13 +35,7 @@ def _server() -> tuple[socket.socket, list[bytes]]:
             except OSError:
                 return
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                seen.append(data.split(b"\r\n", 1)[0])
+                seen.append(read_request_head(conn))
                 if i == 0:
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     continue  # closed with a reset, no answer: the first copy applied

@@ -16,6 +16,7 @@ import struct
 import threading
 
 import pytest
+from conftest import read_request_head
 
 from raftkv.client import Client, ClientError
 
@@ -43,13 +44,7 @@ def _server(reset_first: bool, listed: dict) -> tuple[socket.socket, list[bytes]
             except OSError:
                 return
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                line = data.split(b"\r\n", 1)[0]
+                line = read_request_head(conn)
                 seen.append(line)
                 if line.startswith(b"POST"):
                     creates += 1

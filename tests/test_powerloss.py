@@ -26,18 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from raftkv.testing.powerloss_fs import PowerLossFS, unavailable_reason
+from raftkv.testing.powerloss_fs import PowerLossFS
 from raftkv.testing.powerloss_procs import run_proc_cycles
 from raftkv.testing.powerloss_workload import SigkillOnly, Summary, run_cycles
 
 SEED = int(os.environ.get("RAFTKV_POWERLOSS_SEED", "0")) or None
-
-
-@pytest.fixture(scope="module")
-def fuse_ok() -> None:
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"power-loss filesystem unavailable: {reason}")
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from raftkv.testing.powerloss_fs import (
     PAGE_SIZE,
     MountBusy,
     PowerLossFS,
-    unavailable_reason,
 )
 from raftkv.testing.powerloss_undo import DataUndo, Journal
 
@@ -109,13 +108,6 @@ def test_the_journal_undoes_names_newest_first_and_commits_a_prefix(tmp_path: Pa
 
 
 # -- the filesystem ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def fuse_ok() -> None:
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"power-loss filesystem unavailable: {reason}")
-
-
 @pytest.fixture
 def make_fs(fuse_ok: None, tmp_path: Path) -> Iterator[Callable[..., PowerLossFS]]:
     made: list[PowerLossFS] = []
