@@ -1,5 +1,5 @@
 """Election scenarios for the pure core (Raft paper §5.2, §5.4.1; dissertation §3.10, §4.2.3,
-§6.2, §9.6; Kudu design ../shared/seeds/002_61c9b2b9bfbd3a70.txt, "Preventing disruptive
+§6.2, §9.6; Kudu's "Raft configuration change design", "Preventing disruptive
 servers")."""
 
 from __future__ import annotations

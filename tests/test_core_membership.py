@@ -1,6 +1,6 @@
 """Membership-change scenarios for the pure core: one-by-one changes (dissertation ch. 4:
-§4.1, §4.2.1, §4.2.2, §4.2.3) as refined by Kudu's configuration-change design
-(../shared/seeds/002_61c9b2b9bfbd3a70.txt: PRE_FOLLOWER learners promoted by the leader,
+§4.1, §4.2.1, §4.2.2, §4.2.3) as refined by Kudu's "Raft configuration change design"
+(PRE_FOLLOWER learners promoted by the leader,
 config applied on receipt and rolled back on truncation, leader removal by transfer)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""IGNITE-16907's worked example (../shared/seeds/003_97950a55ca2a66a4.txt), step by step,
+"""IGNITE-16907's worked example (issues.apache.org/jira/browse/IGNITE-16907), step by step,
 then the same protocol on real LMDB files: replay from the checkpoint, IndexMismatch,
 compaction after a forced checkpoint, and restart from an old copy of the state store."""
 
