@@ -1252,8 +1252,7 @@ class Node:
             members.update({n: "pre-follower" for n in st.conf.learners})
             groups[g.id] = {
                 "role": st.role.name.lower(), "term": st.term, "leader": st.leader,
-                "commit": st.commit, "commit_term": g.raft.log.term_or_zero(st.commit),
-                "applied": g.state.applied_index(),
+                "commit": st.commit, "applied": g.state.applied_index(),
                 "checkpoint": g.state.checkpoint_index(), "last_index": st.last_index,
                 "first_index": g.storage.log.first_index(),
                 "members": members,

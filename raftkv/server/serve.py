@@ -322,20 +322,28 @@ class NodeOpening:
     def _watch(self, kv: RaftKV, limit: float = 60.0) -> None:
         """Mark ``elected`` (a leader known) and ``committed`` (the commit index this
         node knows holds an entry of the current term: the leader can serve writes).
-        Polled, since these are a restart's phases, not a protocol; gives up after
-        ``limit`` seconds or when the node stops."""
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and not self._abandoned:
+        Polled with a call that reads the default group alone, every 5 ms for the first
+        second (a restart's phases take that long) and every 100 ms after; gives up
+        after ``limit`` seconds or when the node stops."""
+        g = kv.node.groups[kv.group]
+
+        def look() -> tuple[bool, bool]:
+            raft = g.raft
+            return (g.leader is not None,
+                    raft.log.term_or_zero(raft.log.committed) == raft.term)
+
+        start = time.monotonic()
+        while time.monotonic() - start < limit and not self._abandoned:
             try:
-                st = kv.status()["groups"][kv.group]
+                elected, committed = kv.node.call(look).result(limit)
             except Exception:  # noqa: BLE001 - stopped or stopping: nothing to report
                 return
-            if st["leader"] is not None:
+            if elected:
                 self._clock.mark("elected")
-                if st["commit_term"] == st["term"]:
+                if committed:
                     self._clock.mark("committed")
                     return
-            time.sleep(0.005)
+            time.sleep(0.005 if time.monotonic() - start < 1.0 else 0.1)
 
     def result(self) -> RaftKV:
         """The open node (waiting for it); raises what opening it raised."""
