@@ -120,18 +120,3 @@ def test_a_healthy_leader_is_never_deposed_by_restarting_nodes(seed, quiesce):
     refused = sum(m.type == MT.PRE_VOTE for m in c.delivered)
     assert restarts >= 40 and refused > 0  # some early pre-elections ran, and failed
     assert all(c.raft(n).term == term and c.raft(n).lead == "n1" for n in nodes)
-
-
-def test_a_campaign_asks_again_the_voters_that_did_not_answer():
-    """At a restart the first vote requests go out before the connections are up and
-    are dropped. The pre-candidate asks the silent voters again at each tick, so the
-    first tick after a peer can hear it brings the answer, not the next timeout."""
-    c = Cluster(NODES, seed=4, early_campaign=True)
-    c.elect("n1")
-    c.propose("n1", cmd(1))
-    _restart_all(c)
-    c.blocked |= {("n1", "n2"), ("n1", "n3"), ("n2", "n1"), ("n3", "n1"),
-                  ("n2", "n3"), ("n3", "n2")}  # no connection is up yet
-    c.tick(n=3)  # each has pre-campaigned once, into the void
-    c.heal()
-    assert _ticks_to_leader(c) <= 2

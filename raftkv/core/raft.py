@@ -111,10 +111,7 @@ leader is as healthy as when it went quiet, or the transport reports it down.) I
 the pre-election fails for any other reason (the peers are not up yet), the node waits
 a full randomized timeout, as before. When the whole group restarted, no node knows a
 leader, so the first node to campaign once a majority is up wins at once, and the
-others, started a moment apart, are asked before their own first tick comes. A
-campaign's first requests often go out before the connections are up and are lost, so
-a (pre-)candidate asks the voters that have not answered again at every tick
-(``_repoll``). Nodes
+others, started a moment apart, are asked before their own first tick comes. Nodes
 that restart together may pre-campaign on the same tick; each pre-election would
 succeed and the elections could split the vote, so a pre-candidate that grants a
 pre-vote for its own pre-election's term to a lower id steps back to follower.
@@ -517,8 +514,6 @@ class Raft:
         self.lead: str | None = None
         self.prs: dict[str, Progress] = {}
         self.votes: dict[str, bool] = {}
-        # The vote requests of this node's current campaign: (type, term, context).
-        self._polling: tuple[MT, int, Any] = (MT.PRE_VOTE, 0, None)
         self.msgs: list[Message] = []
         self.read_states: list[ReadState] = []
         self.read_only = ReadOnly()
@@ -987,20 +982,6 @@ class Raft:
         if self.promotable() and self.election_elapsed >= self.randomized_election_timeout:
             self.election_elapsed = 0
             self.campaign()
-        elif self.role != Role.FOLLOWER and self._survivor is None:
-            self._repoll()
-
-    def _repoll(self) -> None:
-        """Ask again, each tick, the voters that have not answered this campaign: a
-        request sent before the connection to its voter was up was dropped, and at a
-        restart that is the usual case (see "Campaigning at restart"). A repeated request
-        is a duplicate, which every receiver already handles: it grants a vote again
-        only to the candidate it voted for, and ``_poll`` counts each voter once."""
-        vote_type, term, ctx = self._polling
-        last, last_term = self.log.last_index(), self.log.last_term()
-        for v in sorted(self.conf.voters):
-            if v != self.id and v not in self.votes:
-                self._send(Message(vote_type, v, self.id, term, last_term, last, context=ctx))
 
     def _campaign(self, kind: CampaignKind) -> None:
         if not self.promotable():
@@ -1015,8 +996,11 @@ class Raft:
             self._won(kind)
             return
         ctx = _CAMPAIGN_TRANSFER if kind == CampaignKind.TRANSFER else None
-        self._polling = (vote_type, term, ctx)
-        self._repoll()
+        last = self.log.last_index()
+        last_term = self.log.last_term()
+        for v in sorted(self.conf.voters):
+            if v != self.id:
+                self._send(Message(vote_type, v, self.id, term, last_term, last, context=ctx))
 
     def _won(self, kind: CampaignKind) -> None:
         if kind == CampaignKind.PRE_ELECTION:
