@@ -6,6 +6,7 @@ membership in effect there, framed so that a damaged or truncated file is recogn
     b"RAFTKV-SNAPSHOT 1\\n"
     frame*: 4-byte big-endian length, then that many bytes
       frame 0      msgpack {"group", "index", "term", "voters", "learners", "node", "created"}
+                   (a table partition's also "table_generation": below)
       frames 1..n  the state store's snapshot chunks, verbatim (header, rows, trailer:
                    ``raftkv.storage.state_store``; the trailer carries the rows' digest)
       0xFFFFFFFF   (a length no frame has: the end follows)
@@ -34,7 +35,11 @@ naming the table, its partition count, replicas and storage, and each file's ind
 count and digest. A directory without a manifest is an interrupted save. Each partition
 is its own Raft group with its own revisions, so each file is consistent at its own
 index; the partitions are not one cut across the table (as with Kudu's or Cassandra's
-per-tablet backups). ``verify_table`` checks the manifest and every file in full.
+per-tablet backups). They are all of one table, though: each file's header carries the
+generation of the table its image came from (the create revision of its descriptor, read
+with the image), and the save fails if any differs from the generation ``describe``
+gave when it began, since a table dropped and created again under the same name meanwhile
+would otherwise leave a backup that mixes two tables and verifies. ``verify_table`` checks the manifest and every file in full.
 ``restore_table`` loads a backup into a *new* table of the same partition count on a
 running cluster, in per-partition batches with ids (as the Spark loader does, so a batch
 retried after a lost answer applies once), then compares each partition's digest, read
@@ -96,6 +101,7 @@ class BackupInfo:
     created: float
     count: int = 0
     digest: str = ""
+    table_generation: int | None = None
 
 
 def frames(info: dict[str, Any], chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -158,9 +164,11 @@ def _check_end(f: IO[bytes], n: int, digest: str) -> None:
 def _header(body: bytes) -> BackupInfo:
     try:
         doc = msgpack.unpackb(body, max_str_len=_MAX_HEADER)
+        generation = doc.get("table_generation")
         return BackupInfo(str(doc["group"]), int(doc["index"]), int(doc["term"]),
                           [str(v) for v in doc["voters"]], [str(v) for v in doc["learners"]],
-                          str(doc["node"]), float(doc["created"]))
+                          str(doc["node"]), float(doc["created"]),
+                          table_generation=None if generation is None else int(generation))
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
         raise BackupError(f"the backup file's header is malformed: {e}") from None
 
@@ -271,7 +279,7 @@ def save_table(client: Client, table: str, directory: str) -> dict[str, Any]:
     verified as it lands, and the manifest last (module docstring); the manifest."""
     _empty_dir(directory)
     desc = client.describe_table(table)
-    count = len(desc["partitions"])
+    count, generation = len(desc["partitions"]), desc.get("generation")
     os.makedirs(directory, exist_ok=True)
     files = []
     for p in range(count):
@@ -282,9 +290,16 @@ def save_table(client: Client, table: str, directory: str) -> dict[str, Any]:
         if info.group != partition_group(table, p):
             raise BackupError(f"partition {p}'s backup is of group {info.group}, not "
                               f"{partition_group(table, p)}")
+        if info.table_generation != generation:
+            raise BackupError(
+                f"table {table} was dropped and created again during the save: partition "
+                f"{p} is of generation {info.table_generation}, the table was of generation "
+                f"{generation} when the save began; {directory} is not a backup (it has no "
+                "manifest): remove it and save again")
         files.append({"partition": p, "file": name, "bytes": size, "index": info.index,
                       "keys": info.count, "revisions_digest": info.digest})
-    manifest = {"format": _TABLE_FORMAT, "table": table, "partitions": count,
+    manifest = {"format": _TABLE_FORMAT, "table": table, "generation": generation,
+                "partitions": count,
                 "replicas": desc["replicas"], "storage": desc["storage"],
                 "created": time.time(), "files": files}
     tmp = os.path.join(directory, MANIFEST + ".part")

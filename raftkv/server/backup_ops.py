@@ -11,6 +11,7 @@ retries there.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -20,10 +21,12 @@ from raftkv.node.driver import Node
 from raftkv.server.requests import require_leader, wait
 
 
-async def stream_backup(node: Node, group: str, request: web.Request,
-                        filename: str) -> web.StreamResponse:
+async def stream_backup(node: Node, group: str, request: web.Request, filename: str,
+                        extra: Callable[[], dict[str, Any]] | None = None,
+                        ) -> web.StreamResponse:
     """Answer ``request`` with a backup file of ``group`` (module docstring);
-    ``filename`` names it in Content-Disposition (``{index}`` is filled in)."""
+    ``filename`` names it in Content-Disposition (``{index}`` is filled in). ``extra``
+    adds fields to the header, read on the loop thread with the image."""
     require_leader(node, group)
     await wait(node.read(group, lambda s: None))  # the ReadIndex round
 
@@ -32,6 +35,8 @@ async def stream_backup(node: Node, group: str, request: web.Request,
         applied = g.state.applied_index()
         conf = g.raft.conf_at(applied) or g.raft.conf
         info = backup_info(node.id, group, applied, g.raft.log.term(applied), conf)
+        if extra is not None:
+            info.update(extra())
         return info, g.state.snapshot_chunks()
 
     info, chunks = await wait(node.call(capture))

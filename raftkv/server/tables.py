@@ -13,10 +13,12 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   (``replica_risk``): for an in-memory table that is a 400 unless ``"allow_unsafe":
   true``; otherwise the answer carries a ``"warning"``.
 - ``GET /v1/tables``: ``{"tables": [{"name", "partitions", "replicas", "storage"}]}``.
-- ``GET /v1/tables/{t}``: the descriptor and, per partition, ``stable``/``pending``/
-  ``planned`` assignments, the IGNITE-16668 ``switch_reduce``/``switch_append``, ``leader``, ``voters``, ``learners`` (merged from every node's
-  own view: ``?local=true`` gives just this node's), plus ``errors`` (rebalance errors
-  recorded by any node's manager). 404 unknown table.
+- ``GET /v1/tables/{t}``: the descriptor, its ``generation`` (the descriptor's create
+  revision: another for a table dropped and created again under the name) and, per
+  partition, ``stable``/``pending``/``planned`` assignments, the IGNITE-16668
+  ``switch_reduce``/``switch_append``, ``leader``, ``voters``, ``learners`` (merged from
+  every node's own view: ``?local=true`` gives just this node's), plus ``errors``
+  (rebalance errors recorded by any node's manager). 404 unknown table.
 - ``DELETE /v1/tables/{t}``: ``{"dropped", "revision"}``; 404 unknown table. Every node
   stops the table's partition groups and deletes their files (``PlacementManager.
   drop_table``); a table re-created under the name starts empty. A KV request on the
@@ -244,8 +246,14 @@ class Placement:
         raise RuntimeError("the topology kept changing")
 
     def descriptor(self, name: str) -> TableDescriptor | None:
+        row = self.descriptor_row(name)
+        return row[0] if row is not None else None
+
+    def descriptor_row(self, name: str) -> tuple[TableDescriptor, int] | None:
+        """The table's descriptor and generation (its row's create revision), from one
+        linearizable metastore read, or None."""
         v = self.meta.get(table_key(name)).result(ADMIN_TIMEOUT)
-        return TableDescriptor.decode(v.value) if v is not None else None
+        return (TableDescriptor.decode(v.value), v.create_revision) if v is not None else None
 
     def http_addrs(self, fresh: bool = False) -> dict[str, str]:
         if fresh or time.monotonic() - self._http_at > 1.0:
@@ -344,13 +352,17 @@ class TablesApi:
             raise CommandError(str(e)) from None
 
     async def _desc(self, name: str) -> TableDescriptor:
+        return (await self._desc_row(name))[0]
+
+    async def _desc_row(self, name: str) -> tuple[TableDescriptor, int]:
+        """The descriptor and generation (``Placement.descriptor_row``); 404 if none."""
         self._meta_leader()
-        desc = await self._run(lambda: self.p.descriptor(name))
-        if desc is None:
+        row = await self._run(lambda: self.p.descriptor_row(name))
+        if row is None:
             raise web.HTTPNotFound(text=json.dumps({"error": f"unknown table {name}"}),
                                    content_type="application/json")
-        assert isinstance(desc, TableDescriptor)
-        return desc
+        assert isinstance(row[0], TableDescriptor)
+        return row
 
     # -- admin ----------------------------------------------------------------------------
     async def create(self, request: web.Request) -> web.Response:
@@ -446,7 +458,7 @@ class TablesApi:
 
     async def describe(self, request: web.Request) -> web.Response:
         name = self._name(request)
-        desc = await self._desc(name)
+        desc, generation = await self._desc_row(name)
         local = await self._run(lambda: self._local_view(name))
         if request.query.get("local", "").lower() in ("true", "1"):
             return web.json_response(local)
@@ -482,7 +494,8 @@ class TablesApi:
                 "change": lead.get("change") if lead else None,
             })
         errors = [err for v in views for err in v.get("errors", [])]
-        return web.json_response({**_desc_json(desc), "partitions": parts, "errors": errors,
+        return web.json_response({**_desc_json(desc), "generation": generation,
+                                  "partitions": parts, "errors": errors,
                                   "nodes_answered": sorted(v["node"] for v in views),
                                   "http": addrs})
 
@@ -824,8 +837,12 @@ class TablesApi:
             hosts = self._hosts(name, p)
             return error(421, f"{gid} is not hosted here; ask a node that hosts it",
                          leader=hosts[0] if hosts else None, group=gid)
+        # The generation is read with the image, on the loop thread: a node creates a
+        # partition's group only after its cache holds the descriptor that asks for it,
+        # so an image of a re-created table's group never carries the older generation.
         return await stream_backup(self.p.node, gid, request,
-                                   f"raftkv-{name}-p{p}-{{index}}.snap")
+                                   f"raftkv-{name}-p{p}-{{index}}.snap",
+                                   lambda: {"table_generation": self.p.mgr.generation(name)})
 
     async def _local_page(self, name: str, gid: str, req: RangeRequest) -> dict[str, Any]:
         if not req.stale:
