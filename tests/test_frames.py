@@ -1,0 +1,136 @@
+"""Split messages (``raftkv.transport.frames``, "Split messages"): a message larger than
+``max_frame`` goes as parts, each a tagged frame, reassembled up to ``max_message``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raftkv.transport.frames import (
+    FIRST,
+    HEADER,
+    MORE,
+    TAG,
+    TOTAL,
+    VERSION,
+    FrameDecoder,
+    FrameError,
+    FrameMac,
+    Outgoing,
+    encode_frame,
+    pack,
+)
+
+KEY = b"k" * 32
+Frames = list[bytes]
+
+
+def _frames(payload: object, max_frame: int, mac: FrameMac | None) -> list[bytes]:
+    out = Outgoing(pack(payload), max_frame)
+    frames = []
+    while out.left:
+        frames.append(out.next_frame(mac))
+    return frames
+
+
+def _feed(dec: FrameDecoder, data: bytes, cuts: list[int]) -> list[object]:
+    got: list[object] = []
+    pos = 0
+    for cut in sorted({c % (len(data) + 1) for c in cuts}) + [len(data)]:
+        got += dec.feed(data[pos:cut])
+        pos = cut
+    return got
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=4),
+       max_frame=st.integers(256, 8192), tagged=st.booleans(),
+       cuts=st.lists(st.integers(0, 1 << 20), max_size=40))
+def test_split_messages_round_trip_through_arbitrary_pieces(
+    sizes: list[int], max_frame: int, tagged: bool, cuts: list[int],
+) -> None:
+    """Whole and split messages in a row, fed in arbitrary pieces, come out byte-exact
+    and in order; every frame stays within max_frame; nothing is left buffered."""
+    messages = [[i, os.urandom(n)] for i, n in enumerate(sizes)]
+    send = FrameMac(KEY) if tagged else None
+    frames = [f for m in messages for f in _frames(m, max_frame, send)]
+    assert all(len(f) - 4 <= max_frame for f in frames)
+    dec = FrameDecoder(max_frame, FrameMac(KEY) if tagged else None)
+    assert _feed(dec, b"".join(frames), cuts) == messages
+    assert dec.buffered == 0 and dec.frames == len(frames)
+
+
+def test_a_message_that_fits_is_the_one_frame_it_always_was() -> None:
+    """Below max_frame nothing changed on the wire: the frame a node of the previous
+    release sends and accepts (kind 2), tagged with the same sequence numbers."""
+    payload = [[0, "g", b"x" * 1000]]
+    for a, b in ((None, None), (FrameMac(KEY), FrameMac(KEY))):
+        (frame,) = _frames(payload, 2048, a)
+        assert frame == encode_frame(payload, b)
+        assert HEADER.unpack_from(frame)[1] == VERSION == 2
+    assert len(_frames(payload, 1024, None)) == 2  # the same message, split
+
+
+def _split(mac: FrameMac | None = None) -> list[bytes]:
+    frames = _frames([os.urandom(5000)], 1024, mac)
+    assert [HEADER.unpack_from(f)[1] for f in frames] == [FIRST] + [MORE] * (len(frames) - 1)
+    return frames
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda fs, later: [fs[0], fs[2], fs[1], *fs[3:]],  # parts reordered
+    lambda fs, later: [fs[0], *fs[2:]],  # a part dropped
+    lambda fs, later: [fs[0], fs[1], fs[1], *fs[2:]],  # a part replayed
+    lambda fs, later: [fs[0], fs[1][:-20] + b"\0" + fs[1][-19:], *fs[2:]],  # a part altered
+    lambda fs, later: [fs[0], HEADER.pack(HEADER.unpack_from(fs[1])[0], VERSION)  # its kind
+                       + fs[1][HEADER.size:], *fs[2:]],
+    lambda fs, later: [fs[0], *later[1:]],  # the parts of a later message spliced in
+])
+def test_a_tampered_part_fails_its_tag(tamper: Callable[[Frames, Frames], Frames]) -> None:
+    """Each part is a frame with a tag of its own over its sequence number and header."""
+    send = FrameMac(KEY)
+    fs, later = _split(send), _split(send)
+    dec = FrameDecoder(1024, FrameMac(KEY))
+    with pytest.raises(FrameError, match="authentication failed"):
+        for f in tamper(fs, later):
+            assert dec.feed(f) == []
+
+
+@pytest.mark.parametrize("stream", [
+    lambda fs, one: [fs[0], one, *fs[1:]],  # a whole frame inside a split message
+    lambda fs, one: [fs[0], fs[0]],  # a split message begun inside another
+    lambda fs, one: fs[1:],  # a following part with no first
+    lambda fs, one: [HEADER.pack(1 + 8 + 3, FIRST) + TOTAL.pack(2) + b"abc"],  # past its total
+])
+def test_parts_out_of_sequence_are_refused(stream: Callable[[Frames, bytes], Frames]) -> None:
+    """What tags make impossible to forge is still refused without them (under TLS)."""
+    dec = FrameDecoder(1024)
+    with pytest.raises(FrameError):
+        for f in stream(_split(), encode_frame([1])):
+            dec.feed(f)
+
+
+def test_a_message_over_the_cap_is_refused_at_its_first_header() -> None:
+    dec = FrameDecoder(1024, FrameMac(KEY), max_message=1 << 20)
+    head = HEADER.pack(1000, FIRST) + TOTAL.pack((1 << 20) + 1)
+    with pytest.raises(FrameError, match="message limit"):
+        dec.feed(head)  # nothing of the part is needed (or buffered) to refuse it
+    fits = _frames([b"x" * ((1 << 20) - 100)], 1024, FrameMac(KEY))
+    dec = FrameDecoder(1024, FrameMac(KEY), max_message=1 << 20)
+    assert dec.feed(b"".join(fits)) == [[b"x" * ((1 << 20) - 100)]]
+
+
+@pytest.mark.parametrize("kind", [VERSION, FIRST, MORE])
+def test_a_frame_over_max_frame_is_refused_from_its_header_whatever_its_kind(kind: int) -> None:
+    with pytest.raises(FrameError, match="exceeds the 1024 limit"):
+        FrameDecoder(1024).feed(HEADER.pack(1025, kind) + TOTAL.pack(10))
+
+
+@pytest.mark.parametrize("kind", [1, 5, 255])
+def test_unknown_kinds_and_the_untagged_version_1_are_refused(kind: int) -> None:
+    with pytest.raises(FrameError, match=f"unknown frame version {kind}"):
+        FrameDecoder().feed(HEADER.pack(1 + TAG, kind) + bytes(TAG))
