@@ -1,15 +1,20 @@
 """Split messages (``raftkv.transport.frames``, "Split messages"): a message larger than
-``max_frame`` goes as parts, each a tagged frame, reassembled up to ``max_message``."""
+``max_frame`` goes as parts, each a tagged frame, reassembled up to ``max_message``, in
+order with the messages around it."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pysyncobj.poller import createPoller
+from test_transport import _spin
 
+from raftkv.testing.procs import free_ports
 from raftkv.transport.frames import (
     FIRST,
     HEADER,
@@ -24,6 +29,7 @@ from raftkv.transport.frames import (
     encode_frame,
     pack,
 )
+from raftkv.transport.tcp import Transport
 
 KEY = b"k" * 32
 Frames = list[bytes]
@@ -134,3 +140,50 @@ def test_a_frame_over_max_frame_is_refused_from_its_header_whatever_its_kind(kin
 def test_unknown_kinds_and_the_untagged_version_1_are_refused(kind: int) -> None:
     with pytest.raises(FrameError, match=f"unknown frame version {kind}"):
         FrameDecoder().feed(HEADER.pack(1 + TAG, kind) + bytes(TAG))
+
+
+def test_a_max_frame_with_no_room_for_a_part_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_frame"):
+        Transport("a", "127.0.0.1:1", b"s", None, lambda p, i: None,  # type: ignore[arg-type]
+                  max_frame=64)
+
+
+SMALL_FRAME = 64 << 10
+
+
+def test_a_split_message_keeps_its_place_and_holds_up_no_other_peer() -> None:
+    """Real transports on one poller: a 16 MiB message to b goes in 64 KiB frames; the
+    message queued behind it for b arrives after it, and c's, queued at the same time,
+    arrives while b's parts are still on their way (the sender frames them as the
+    socket drains, between its other work)."""
+    ids = ["a", "b", "c"]
+    addrs = {n: f"127.0.0.1:{p}" for n, p in zip(ids, free_ports(3))}
+    poller = createPoller("auto")
+    arrived: list[tuple[str, list[Any]]] = []
+
+    def on_items(me: str) -> Callable[[str, list[Any]], None]:
+        return lambda peer, items: arrived.extend((me, it) for it in items)
+
+    ts = [Transport(n, addrs[n], b"s", poller, on_items(n), addresses=addrs,
+                    max_frame=SMALL_FRAME) for n in ids]
+    a = ts[0]
+    for t in ts:
+        t.start()
+    try:
+        def up() -> bool:
+            for peer in ("b", "c"):
+                a.ping(peer)
+            return a.connected_peers() == ["b", "c"]
+
+        _spin(poller, ts, up)
+        big = [0, os.urandom(16 << 20)]
+        a.send("b", big)
+        a.flush()
+        a.send("b", [0, "after"])
+        a.send("c", [0, "meanwhile"])
+        _spin(poller, ts, lambda: ("b", [0, "after"]) in arrived, 20)
+        assert arrived == [("c", [0, "meanwhile"]), ("b", big), ("b", [0, "after"])]
+        assert all(t.stats["rejected"] == 0 for t in ts)
+    finally:
+        for t in ts:
+            t.close()

@@ -5,6 +5,7 @@ clear line (docs/security.md says what each mode protects)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -93,7 +94,7 @@ def _tls(files: CertFiles, ca: str, auth: bool = True) -> TlsConfig:
     return TlsConfig(files.cert, files.key, ca, client_cert_auth=auth)
 
 
-def _pair(tls_a: TlsConfig | None, tls_b: TlsConfig | None
+def _pair(tls_a: TlsConfig | None, tls_b: TlsConfig | None, **kw: Any
           ) -> tuple[Any, Transport, Transport, list[Any]]:
     poller = createPoller("auto")
     got: list[Any] = []
@@ -104,7 +105,7 @@ def _pair(tls_a: TlsConfig | None, tls_b: TlsConfig | None
             ports.append(s.getsockname()[1])
     addrs = {"a": f"127.0.0.1:{ports[0]}", "b": f"127.0.0.1:{ports[1]}"}
     ts = [Transport(n, addrs[n], b"s", poller, lambda p, items: got.append((p, items)),
-                    addresses=addrs, tls=t) for n, t in (("a", tls_a), ("b", tls_b))]
+                    addresses=addrs, tls=t, **kw) for n, t in (("a", tls_a), ("b", tls_b))]
     for t in ts:
         t.start()
     return poller, ts[0], ts[1], got
@@ -135,6 +136,29 @@ def test_two_transports_talk_over_mutual_tls(pki: dict[str, CertFiles]) -> None:
         assert a.stats["rejected"] == 0 and b.stats["rejected"] == 0
         conn = a.peers["b"].conn
         assert conn is not None and conn.tls is not None and conn.send_mac is None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_larger_than_a_frame_crosses_tls_in_parts(pki: dict[str, CertFiles]) -> None:
+    """Each part is encrypted as it is framed (``tcp.Connection._fill``), after any TLS
+    record already queued, and the parts arrive whole and in order."""
+    ca = pki["ca"].cert
+    poller, a, b, got = _pair(_tls(pki["a"], ca), _tls(pki["b"], ca), max_frame=64 << 10)
+    try:
+        def up() -> bool:
+            a.ping("b")
+            return a.connected_peers() == ["b"]
+
+        _spin(poller, [a, b], up)
+        big = [0, os.urandom(3 << 20)]
+        a.send("b", big)
+        a.flush()
+        a.send("b", [0, "after"])  # the next message, queued behind the parts
+        _spin(poller, [a, b], lambda: ("a", [[0, "after"]]) in got)
+        assert [items for _, items in got if items] == [[big], [[0, "after"]]]
+        assert a.stats["rejected"] == 0 and b.stats["rejected"] == 0
     finally:
         a.close()
         b.close()

@@ -11,8 +11,10 @@ tcp``), with the transport's own functions, on a blocking socket instead of the 
   the secret announcing ``peer_id`` and ``addr``, the node's welcome checked.
 - **Keyed frames**: without TLS, the keys of both directions come from the handshake's
   nonces (``handshake.frame_keys``); every frame sent is tagged and every frame
-  received checked (``frames.FrameMac``, ``encode_frame``, ``FrameDecoder``). Under TLS
-  frames go untagged, as between nodes.
+  received checked (``frames.FrameMac``, ``Outgoing``, ``FrameDecoder``). Under TLS
+  frames go untagged, as between nodes. A message larger than ``max_frame`` goes in
+  parts, and one that arrives in parts is reassembled up to ``max_message``, as between
+  nodes (``frames``, "Split messages").
 
 Users: ``raftkv.admin`` (the admin tool announces an empty id, which a node takes for a
 tool, never for a peer) and ``raftkv.testing.raw_peer`` (tests that play a peer or an
@@ -34,10 +36,13 @@ from typing import Any, Self, TypeVar
 from raftkv.transport import handshake as hs
 from raftkv.transport.frames import (
     DEFAULT_MAX_FRAME,
+    DEFAULT_MAX_MESSAGE,
     FrameDecoder,
     FrameError,
     FrameMac,
+    Outgoing,
     encode_frame,
+    pack,
 )
 from raftkv.transport.tcp import parse_addr
 
@@ -64,9 +69,11 @@ class PeerLink:
 
     def __init__(self, address: str, secret: bytes, peer_id: str = "", addr: str = "", *,
                  timeout: float = 5.0, tls: ssl.SSLContext | None = None,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME,
+                 max_message: int = DEFAULT_MAX_MESSAGE) -> None:
         host, port = parse_addr(address)
         self.address = address
+        self.max_frame = max_frame
         self.deadline = time.monotonic() + timeout
         self._buf = bytearray()
         self._stage = "connect"
@@ -97,7 +104,7 @@ class PeerLink:
                 to_acceptor, to_dialer = hs.frame_keys(secret, nonce_a, nonce_d)
                 self.mac, recv_mac = FrameMac(to_acceptor), FrameMac(to_dialer)
             self._stage = "frames"
-            self.decoder = FrameDecoder(max_frame, mac=recv_mac)
+            self.decoder = FrameDecoder(max_frame, mac=recv_mac, max_message=max_message)
             early, self._buf = bytes(self._buf), bytearray()
             self._early = self._feed(early)  # frames that came with the welcome
         except BaseException:
@@ -111,7 +118,10 @@ class PeerLink:
         return encode_frame(items, self.mac)
 
     def send_items(self, items: list[Any]) -> None:
-        self._sendall(self.frame(items))
+        """``items`` as one message: one frame, or parts if larger than ``max_frame``."""
+        out = Outgoing(pack(items), self.max_frame)
+        while out.left:
+            self._sendall(out.next_frame(self.mac))
 
     # -- receiving ------------------------------------------------------------------------
     def read_frames(self, waiting_for: str = "a frame") -> list[object]:

@@ -26,17 +26,29 @@ Theory of operation
   the dialer's), then the cluster-secret handshake inside it, then untagged frames (TLS
   records are authenticated already).
 - **Batching.** ``send`` only queues; ``flush`` (once per loop turn) turns each peer's
-  queue into a single frame, so the heartbeats of every group bound for a peer travel
-  together.
+  queue into a single message, so the heartbeats of every group bound for a peer travel
+  together. A message is one frame, or, when larger than ``max_frame`` (a snapshot image
+  of a large state), parts that the receiver reassembles up to ``max_message``
+  (``frames``, "Split messages").
+- **Incremental output.** A connection keeps the messages it has not framed yet
+  (``Connection.outbox``) apart from the bytes ready for the socket (``outbuf``), and
+  frames (tags, encrypts) only enough to keep ``SEND_AHEAD`` bytes ready as the socket
+  drains. A message of hundreds of MB therefore costs its encoding once, never a second
+  copy in ``outbuf``, and the loop frames 1 MiB parts between its other work rather than
+  stopping for seconds to tag, encrypt and copy the whole. Messages stay in order: those
+  queued behind a split message wait for its last part.
 - **Bounded memory.** With no live connection the turn's messages are dropped (Raft
   retransmits; nothing durable depends on delivery) and a dial is scheduled with
-  exponential back-off. A connection whose unsent bytes exceed ``max_send_buffer`` gets
-  nothing more until it drains: backpressure for a slow peer.
+  exponential back-off. A connection whose unsent bytes (``outbuf`` and ``outbox``
+  together) exceed ``max_send_buffer`` gets nothing more until it drains: backpressure
+  for a slow peer. A message larger than ``max_message`` is dropped and logged: the
+  peer would refuse it.
 - **Liveness.** ``ping`` asks ``flush`` for a frame to a peer even with nothing queued
-  (an empty item list), and every authenticated frame received stamps the peer's
-  ``last_heard``. ``is_live`` is then "connected, and heard from within the timeout":
-  a dropped connection shows at once, a silent one (a partition, a hung process, the
-  fault switch) within the timeout. The driver reports it to the core, whose quiesced
+  (an empty item list), and every authenticated frame received, a part of a split
+  message included, stamps the peer's ``last_heard`` (so a peer busy receiving a large
+  image still hears from its sender). ``is_live`` is then "connected, and heard from
+  within the timeout": a dropped connection shows at once, a silent one (a partition, a
+  hung process, the fault switch) within the timeout. The driver reports it to the core, whose quiesced
   groups rely on it instead of heartbeats (see ``raftkv.core.raft``, "Quiescence").
 - **Admin tools** (``raftkv.admin``) dial the same port and pass the same handshake,
   announcing an empty node id and no address: no node can have that id, so such a
@@ -57,6 +69,7 @@ import errno
 import logging
 import socket
 import ssl
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,10 +82,13 @@ from raftkv.tls import TlsConfig
 from raftkv.transport import handshake as hs
 from raftkv.transport.frames import (
     DEFAULT_MAX_FRAME,
+    DEFAULT_MAX_MESSAGE,
+    MIN_FRAME,
     FrameDecoder,
     FrameError,
     FrameMac,
-    encode_frame,
+    Outgoing,
+    pack,
 )
 from raftkv.transport.tls_bio import TlsSession
 
@@ -87,6 +103,9 @@ BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 RECV_CHUNK = 1 << 18
 # Bytes read from one connection per poll event, so one busy peer cannot starve the loop.
 RECV_PER_EVENT = 8 << 20
+# Bytes framed ahead of the socket: enough for a send to fill the kernel's buffer (about
+# twice SOCK_BUFFER), little enough that a split message is never copied whole.
+SEND_AHEAD = 4 << 20
 MAX_ADMIN = 8  # admin tools' connections open at once
 ADMIN_IDLE = 300.0  # seconds an admin connection may stay silent
 
@@ -125,8 +144,10 @@ class Connection:
         self.peer: str | None = None
         self.dialer_id = transport.node_id if dialed_to else ""
         self.inbuf = bytearray()
-        self.outbuf = bytearray()
-        self.decoder = FrameDecoder(transport.max_frame)
+        self.outbuf = bytearray()  # bytes ready for the socket (framed, tagged, encrypted)
+        self.outbox: deque[Outgoing] = deque()  # messages behind them, not yet framed
+        self.unframed = 0  # the outbox's bytes
+        self.decoder = FrameDecoder(transport.max_frame, max_message=transport.max_message)
         self.deadline = monotonic() + HANDSHAKE_TIMEOUT
         self.nonce_a = b""
         self.nonce_d = b""
@@ -250,7 +271,12 @@ class Connection:
                 return
 
     def _frames(self, data: bytes) -> None:
-        for payload in self.decoder.feed(data):
+        frames = self.decoder.frames
+        payloads = self.decoder.feed(data)
+        if (not payloads and self.decoder.frames != frames and not self.admin
+                and self.peer is not None and self.peer not in self.t.blocked):
+            self.t.heard(self.peer)  # parts of a split message: the peer is alive
+        for payload in payloads:
             if type(payload) is not list:
                 raise FrameError("a frame must hold a list of items")
             if self.admin:
@@ -350,16 +376,45 @@ class Connection:
         self.outbuf += data
         self._write()
 
+    @property
+    def unsent(self) -> int:
+        """Bytes queued on this connection and not yet sent."""
+        return len(self.outbuf) + self.unframed
+
     def send_items(self, items: list[Any]) -> None:
-        """One frame of ``items`` (a peer's batch, or the answers to an admin tool; loop
-        thread); nothing once closed."""
+        """One message of ``items`` (a peer's batch, or the answers to an admin tool; loop
+        thread), framed as the socket drains; nothing once closed."""
         if self.state != _State.READY:
             return
+        body = pack(items)
+        if len(body) > self.t.max_message:
+            log.error("a %d-byte message exceeds the %d-byte message limit; not sent to %s",
+                      len(body), self.t.max_message, self.describe())
+            self.t.stats["dropped"] += len(items)
+            return
         self.t.stats["frames_out"] += 1
-        self._queue(encode_frame(items, self.send_mac))
+        self.outbox.append(Outgoing(body, self.t.max_frame))
+        self.unframed += len(body)
+        self._write()
+
+    def _fill(self) -> None:
+        """Frame queued messages into ``outbuf`` until ``SEND_AHEAD`` bytes are ready,
+        in order (each frame takes the next tag sequence number)."""
+        outbox = self.outbox
+        while outbox and len(self.outbuf) < SEND_AHEAD:
+            out = outbox[0]
+            before = out.left
+            frame = out.next_frame(self.send_mac)
+            self.unframed -= before - out.left
+            if not out.left:
+                outbox.popleft()
+            self.outbuf += frame if self.tls is None else self.tls.send(frame)
 
     def _write(self) -> None:
-        if self.state in (_State.CLOSED, _State.CONNECTING) or not self.outbuf:
+        if self.state in (_State.CLOSED, _State.CONNECTING):
+            return
+        self._fill()
+        if not self.outbuf:
             return
         try:
             n = self.sock.send(self.outbuf)
@@ -371,6 +426,7 @@ class Connection:
         if n:
             self.t.stats["bytes_out"] += n
             del self.outbuf[:n]
+            self._fill()  # so the next writable event finds the next part ready
         self._subscribe(READ | ERROR | (WRITE if self.outbuf else 0))
 
     def close(self, why: str, quiet: bool = False) -> None:
@@ -378,6 +434,8 @@ class Connection:
             return
         authenticated = self.state == _State.READY
         self.state = _State.CLOSED
+        self.outbox.clear()  # a split message's encoding: free it now, not when collected
+        self.unframed = 0
         (log.debug if quiet else log.warning)("connection with %s closed: %s",
                                               self.describe(), why)
         try:
@@ -415,11 +473,14 @@ class Transport:
         on_admin: AdminHandler | None = None,
         max_send_buffer: int = 64 << 20,
         max_frame: int = DEFAULT_MAX_FRAME,
+        max_message: int = DEFAULT_MAX_MESSAGE,
         faults: bool = False,
         tls: TlsConfig | None = None,
     ) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
+        if max_frame < MIN_FRAME:
+            raise ValueError(f"max_frame must be at least {MIN_FRAME} bytes")
         # Built once (they load the files): a bad path fails here, at start, not per dial.
         self.tls_server = tls.server_context() if tls is not None else None
         self.tls_client = tls.client_context() if tls is not None else None
@@ -434,6 +495,7 @@ class Transport:
         self.admins: set[Connection] = set()  # admin tools' connections
         self.max_send_buffer = max_send_buffer
         self.max_frame = max_frame
+        self.max_message = max_message
         self.faults = faults
         self.blocked: frozenset[str] = frozenset()
         self.peers: dict[str, _Peer] = {}
@@ -593,7 +655,7 @@ class Transport:
                 and now - p.last_heard <= timeout)
 
     def flush(self) -> None:
-        """Send each peer's queued items as one frame (called once per loop turn)."""
+        """Send each peer's queued items as one message (called once per loop turn)."""
         now = monotonic()
         for pid, p in self.peers.items():
             if not p.outbox and not p.ping:
@@ -609,7 +671,7 @@ class Transport:
                 if self.on_undelivered is not None and items:
                     self.on_undelivered(pid, items)  # known never sent: safe to retry
                 continue
-            if len(conn.outbuf) > self.max_send_buffer:
+            if conn.unsent > self.max_send_buffer:
                 self.stats["dropped"] += len(items)  # backpressure: the peer is not reading
                 continue
             conn.send_items(items)
