@@ -1,19 +1,27 @@
 """Split messages (``raftkv.transport.frames``, "Split messages"): a message larger than
 ``max_frame`` goes as parts, each a tagged frame, reassembled up to ``max_message``, in
-order with the messages around it."""
+order with the messages around it; and a 3-node group on real TCP whose follower catches up
+by a snapshot image sent in parts."""
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pysyncobj.poller import createPoller
+from raftkv.recovery.compaction import CompactionPolicy
+from test_embedded import SECRET, peers
 from test_transport import _spin
 
+import raftkv.node.runtime
+from raftkv.kv import RaftKV
 from raftkv.testing.procs import free_ports
 from raftkv.transport.frames import (
     FIRST,
@@ -187,3 +195,45 @@ def test_a_split_message_keeps_its_place_and_holds_up_no_other_peer() -> None:
     finally:
         for t in ts:
             t.close()
+
+
+def test_a_follower_catches_up_by_an_image_larger_than_a_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A follower is down while the leader compacts its log past it; back up, it needs a
+    snapshot image many times max_frame (64 KiB here), which reaches it in parts, and
+    its state then equals the leader's."""
+    monkeypatch.setattr(raftkv.node.runtime, "Transport",
+                        functools.partial(Transport, max_frame=SMALL_FRAME))
+    ps = peers()
+    policy = CompactionPolicy(max_entries=20, keep=5)
+
+    def start(n: str) -> RaftKV:
+        return RaftKV(n, ps[n], ps, SECRET, data_dir=str(tmp_path / n), durable=False,
+                      compaction=policy)
+
+    kvs = {n: start(n) for n in ps}
+    try:
+        lead = kvs["n1"].wait_for_leader()
+        victim = next(n for n in ps if n != lead)
+        kvs[victim].close()
+        live = kvs[lead]
+        value = b"v" * 200
+        for i in range(0, 4000, 50):  # about 1 MB of state: 16 parts or more
+            live.batch([(f"key{j:05d}", value) for j in range(i, i + 50)])
+        deadline = time.monotonic() + 20
+        while live.status()["groups"]["default"]["first_index"] <= 20:
+            assert time.monotonic() < deadline, "the leader did not compact its log"
+            time.sleep(0.05)
+        kvs[victim] = start(victim)
+        want = live.digest()
+        deadline = time.monotonic() + 20
+        while kvs[victim].digest(stale=True) != want:
+            assert time.monotonic() < deadline, "the follower did not catch up"
+            time.sleep(0.05)
+        assert want["count"] == 4000
+        # It caught up by the image, not by the log the leader no longer holds.
+        assert kvs[victim].status()["groups"]["default"]["first_index"] > 20
+    finally:
+        for kv in kvs.values():
+            kv.close()

@@ -878,10 +878,10 @@ class Node:
                 return
 
             def send() -> None:
-                if len(data) > self.transport.max_frame - (1 << 20):
-                    log.error("group %s: a %d-byte snapshot image exceeds the %d-byte frame "
+                if len(data) > self.transport.max_message - (1 << 20):
+                    log.error("group %s: a %d-byte snapshot image exceeds the %d-byte message "
                               "limit; %s cannot be sent one", g.id, len(data),
-                              self.transport.max_frame, m.to)
+                              self.transport.max_message, m.to)
                 elif self.groups.get(g.id) is g:
                     m.snapshot = Snapshot(meta, data)
                     self.transport.send(m.to, codec.encode_message(g.wire, m))
