@@ -13,11 +13,13 @@ also carries the message's total length as a u64) and following parts (kind ``MO
 4), each holding at most ``PART`` bytes of the encoded message. The receiver appends the
 parts and decodes the message once its total has arrived.
 
-Why split rather than raise ``max_frame``: the per-frame cap is what lets the decoder
-refuse a bogus length before buffering it, and it must stay small enough that a frame
-is cheap to hold; a message that is simply large is bounded separately, by
-``max_message`` (``DEFAULT_MAX_MESSAGE``, 4 GiB), which the first part announces, so an
-oversized message is refused at its first header, before anything of it is buffered.
+Why split rather than raise ``max_frame``: a frame is buffered whole before its tag is
+checked, so the per-frame cap is what bounds the memory an unchecked length can claim,
+and it must stay well below what a node can afford. A message that is simply large is
+bounded separately, by ``max_message`` (``DEFAULT_MAX_MESSAGE``, 4 GiB), which the first
+part announces: an oversized message is refused at its first header, before anything of
+it is buffered (refusing needs no tag), and an announced total is only ever filled by
+parts that each pass their check.
 Parts are small (``PART``, 1 MiB, whatever ``max_frame`` is) so that neither end holds a
 second copy of the message while it is in transit: the sender frames (and tags, and
 under TLS encrypts) one part at a time as the socket drains, and the receiver holds one
