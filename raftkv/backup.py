@@ -217,7 +217,7 @@ def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupI
     """Make a new cluster's data directories from a backup (module docstring).
     ``members``: node id -> raft address, in the order of ``data_dirs``. Every directory
     must be new or empty; nothing is written unless the file verifies."""
-    from raftkv.node.stores import claim_data_dir, open_group_storage
+    from raftkv.node.stores import claim_data_dir, open_group_storage, release_data_dir
 
     if not members or len(members) != len(data_dirs):
         raise BackupError("give one --data-dir per member, in the order of --members")
@@ -256,6 +256,8 @@ def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupI
             assert isinstance(log, LmdbLogStore)  # open_group_storage's, on a data dir
             log.close()
             s.state.close()
+        for d in data_dirs:
+            release_data_dir(d)
     return info
 
 
@@ -402,7 +404,7 @@ def restore_table(client: Client, directory: str, table: str,
     the backup's value digests. ``{"table", "partitions", "keys"}``."""
     doc = verify_table(directory)
     count = int(doc["partitions"])
-    client.create_table(table, count, int(replicas or doc["replicas"]),
+    client.create_table(table, count, int(doc["replicas"] if replicas is None else replicas),
                         storage=str(doc["storage"]))
     keys = 0
     for e in doc["files"]:

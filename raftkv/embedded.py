@@ -22,7 +22,7 @@ from raftkv.core import ConfChangeOp, LeaderStepping, RaftError
 from raftkv.futures import then
 from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import RequestTimeout
-from raftkv.node.stores import claim_data_dir, open_group_storage
+from raftkv.node.stores import claim_data_dir, open_group_storage, release_data_dir
 from raftkv.node.user_state import UserStateStore
 from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.statemachine import ReplicatedObject
@@ -82,6 +82,7 @@ class EmbeddedNode:
         self.node_id = node_id
         self.group = group
         self.timeout = request_timeout
+        self.data_dir = data_dir
         if data_dir is not None:
             claim_data_dir(data_dir, node_id)
         self.node = Node(NodeConfig(
@@ -103,6 +104,8 @@ class EmbeddedNode:
                 close = getattr(storage.log, "close", None)
                 if close is not None:
                     close()
+            if data_dir is not None:
+                release_data_dir(data_dir)
             raise
 
     # -- membership and leadership --------------------------------------------------------
@@ -195,6 +198,8 @@ class EmbeddedNode:
             except (RaftError, TimeoutError):
                 pass  # best effort: stopping matters more
         self.node.stop()
+        if self.data_dir is not None:
+            release_data_dir(self.data_dir)
 
     def most_up_to_date_voter(self) -> str | None:
         """On the leader, the active voter (itself aside) with the highest match index:

@@ -1,6 +1,7 @@
 """The on-disk layout of a node's data directory, shared by the node and the offline tools.
 
     DATA_DIR/node_id                  the owning node's id (a guard against mix-ups)
+    DATA_DIR/LOCK                     fcntl-locked by the process running the node
     DATA_DIR/peers.json               raft addresses learned at runtime
     DATA_DIR/groups/<group>/log       the group's Raft log (LmdbLogStore)
     DATA_DIR/groups/<group>/state     the group's state machine (LmdbStateStore)
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 
 NODE_ID_FILE = "node_id"
+LOCK_FILE = "LOCK"
 DEFAULT_GROUP = "default"
 # The placement metastore's group (its state store is a MetaStore, not a KV store).
 META_GROUP = "meta"

@@ -88,7 +88,14 @@ def test_a_table_compare_and_set_refuses_a_wrong_prev_value_as_kv_does(
     assert _status(kv) == _status(table) == 404  # the final value: deleted, not v3
     kv, table = _both(cluster, node, "PUT", key, "?prev_absent=true", b"v4")
     assert _status(kv) == _status(table) == 200
-    kv, table = _both(cluster, node, "GET", key, "?stale=true")
+    # A stale read on a follower may lag the write by a moment (seen under load).
+    deadline = time.monotonic() + 10
+    while True:
+        kv, table = _both(cluster, node, "GET", key, "?stale=true")
+        if (_status(table) == 200 and table[1] == b"v4" and kv[1] == b"v4"
+                or time.monotonic() > deadline):
+            break
+        time.sleep(0.05)
     assert _status(table) == 200 and table[1] == b"v4" and kv[1] == b"v4"
 
 

@@ -222,6 +222,12 @@ def test_a_table_backup_under_load_saves_every_partition_and_restores_into_a_new
     # Restoring into a table that exists is refused.
     res = _cli("snapshot", "restore", str(out), "--table", "copy", endpoints=ends)
     assert res.returncode == 1 and "Traceback" not in res.stderr
+    # --replicas 0 is refused as `table create` refuses it (it used to mean "the
+    # backup's count", silently).
+    res = _cli("snapshot", "restore", str(out), "--table", "copy0", "--replicas", "0",
+               endpoints=ends)
+    assert res.returncode == 1 and "replicas must be" in res.stderr, res.stderr
+    assert "copy0" not in {t["name"] for t in admin.list_tables()}
 
     # Damage: a flipped byte in one partition's file, then a missing manifest.
     part = out / "p0002.snap"

@@ -289,6 +289,23 @@ def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart
             admin.request("POST" if path == "/v1/tables" else "PUT", path, body)
         assert e.value.status == 400 and "unknown field" in e.value.body["error"], path
     assert "typo" not in {t["name"] for t in admin.list_tables()}
+    # So are an unknown query parameter and an unknown batch field (found from outside:
+    # a batch "id" was dropped silently, though a client may think it idempotent).
+    for method, path, body in (
+            ("POST", "/v1/batch?foo=1", b'{"ops": [["q", "1"]]}'),
+            ("POST", "/v1/batch", b'{"ops": [["q", "1"]], "id": "my-batch-1"}'),
+            ("POST", "/v1/tables/mem3/batch?foo=1", b'{"ops": [["q", "1"]]}'),
+            ("POST", "/v1/tables/mem3/txn?foo=1",
+             b'{"success": [{"put": {"key": "q", "value": "1"}}]}'),
+            ("POST", "/v1/leases?foo=1", b'{"ttl": 10}'),
+            ("POST", "/v1/tables?foo=1", b'{"name": "q", "partitions": 1, "replicas": 3}')):
+        with pytest.raises(ClientError) as e:
+            admin.request(method, path, body)
+        err = e.value.body["error"]
+        assert e.value.status == 400 and ("foo" in err or "unknown field 'id'" in err), \
+            (path, e.value.body)
+    assert admin.get("q") is None and admin.get("q", table="mem3") is None
+    assert "q" not in {t["name"] for t in admin.list_tables()}
     with pytest.raises(ClientError) as e:
         admin.set_replicas("mem3", 2)
     assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]

@@ -28,7 +28,7 @@ import pytest
 from raftkv import cli
 from raftkv import kv as kv_module
 from raftkv.node.driver import DEFAULT_REQUEST_TIMEOUT
-from raftkv.node.stores import claim_data_dir
+from raftkv.node.stores import claim_data_dir, release_data_dir
 from raftkv.server import serve
 from raftkv.server.auth import Role
 from raftkv.testing.procs import ProcCluster, free_ports
@@ -210,6 +210,7 @@ def test_a_node_that_cannot_start_exits_with_one_line(tmp_path: Path) -> None:
     one-line error and status 1, as a failure before HTTP does."""
     data = tmp_path / "n2"
     claim_data_dir(str(data), "n1")
+    release_data_dir(str(data))  # n1's directory, no longer in use
     raft, http_port = free_ports(2)
     (tmp_path / "secret").write_text("s3cret")
     res = subprocess.run(

@@ -29,3 +29,69 @@ def test_an_id_missing_from_peers_is_refused_without_join(tmp_path: Path) -> Non
     assert "Traceback" not in res.stderr
     assert not data.exists() or not os.listdir(data)  # nothing written
 
+
+
+def test_a_second_serve_on_a_running_nodes_directory_is_refused(tmp_path: Path) -> None:
+    """Found from outside: a second ``raftkv serve`` on a running node's data directory
+    (same id, other ports) used to open its LMDB files too, answer reads from them, and
+    could damage the running node's stores. Now it exits with a clear error before it
+    opens a file, and the running node keeps serving."""
+    from raftkv.testing.procs import ProcCluster
+
+    with ProcCluster(str(tmp_path / "c"), size=3) as c:
+        c.start()
+        c.wait_leader()
+        n2 = c.nodes["n2"]
+        ports = free_ports(2, [n.raft_port for n in c.nodes.values()]
+                           + [n.http_port for n in c.nodes.values()])
+        res = subprocess.run(
+            [sys.executable, "-m", "raftkv.cli", "serve", "--id", "n2",
+             "--data-dir", n2.data_dir, "--raft-addr", f"127.0.0.1:{ports[0]}",
+             "--http-addr", f"127.0.0.1:{ports[1]}",
+             "--peers", ",".join(f"{i}={n.raft_addr if i != 'n2' else f'127.0.0.1:{ports[0]}'}"
+                                 for i, n in c.nodes.items()),
+             "--secret-file", c.secret_file],
+            check=False, capture_output=True, text=True, timeout=60)
+        assert res.returncode != 0
+        assert "is in use by another process" in res.stderr, res.stderr
+        assert f"(pid {n2.proc.pid})" in res.stderr if n2.proc else True
+        assert "Traceback" not in res.stderr
+        client = c.client()
+        client.put("after", "still-served")
+        assert client.get("after", stale=False) == b"still-served"
+        assert n2.alive
+        # A SIGKILLed node's lock goes with it: restarted, it takes its directory again.
+        c.kill("n2")
+        c.start("n2")
+        c.wait_until(lambda: c.client(["n2"]).get("after", stale=True) == b"still-served")
+
+
+def test_an_embedded_node_holds_its_directory_until_closed(tmp_path: Path) -> None:
+    """The same lock for an embedded node: another process is refused while it runs, and
+    may open the directory once it is closed (the lock is per process, so reopening in
+    the same process works at once)."""
+    from raftkv.kv import RaftKV
+
+    port = free_ports(1)[0]
+    data = str(tmp_path / "n1")
+    probe = ("import sys\nfrom raftkv.kv import RaftKV\n"
+             "from raftkv.storage.errors import StorageError\n"
+             "try:\n"
+             f"    RaftKV('n1', '127.0.0.1:{port + 0}', {{'n1': '127.0.0.1:{port}'}}, "
+             f"'s', data_dir={data!r}).close()\n"
+             "except StorageError as e:\n    print(e); sys.exit(3)\n")
+    kv = RaftKV("n1", f"127.0.0.1:{port}", {"n1": f"127.0.0.1:{port}"}, "s", data_dir=data)
+    try:
+        kv.put("k", "v")
+        res = subprocess.run([sys.executable, "-c", probe], check=False,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 3, res.stdout + res.stderr
+        assert "is in use by another process" in res.stdout
+    finally:
+        kv.close()
+    kv = RaftKV("n1", f"127.0.0.1:{port}", {"n1": f"127.0.0.1:{port}"}, "s", data_dir=data)
+    assert kv.get("k") == b"v"
+    kv.close()
+    res = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr

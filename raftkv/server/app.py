@@ -266,6 +266,7 @@ class Api:
                                parse_txn(await json_body(request)))
 
     async def batch(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         ops = decode_batch_body(await request.read(), request.content_type)
         require_leader(self.kv.node, self.kv.group)
         index = await wait(self.kv.batch_async(ops))

@@ -43,7 +43,14 @@ from aiohttp import web
 from raftkv.core import NotLeader, Role
 from raftkv.node.driver import Node
 from raftkv.server.lease_clocks import TICK_SECONDS, LeaseClocks, read_leases
-from raftkv.server.requests import error, json_body, require_leader, wait
+from raftkv.server.requests import (
+    check_fields,
+    check_query,
+    error,
+    json_body,
+    require_leader,
+    wait,
+)
 from raftkv.storage.commands import (
     CommandError,
     encode_lease_grant,
@@ -218,10 +225,9 @@ class LeasesApi:
         return check_lease_id(int(raw))
 
     async def grant(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         body = await json_body(request)
-        unknown = sorted(set(body) - {"ttl", "id"})
-        if unknown:
-            raise CommandError(f"unknown field {unknown[0]!r} (fields: ttl, id)")
+        check_fields(body, ("ttl", "id"))
         ttl = check_ttl(body.get("ttl"))
         lease = check_lease_id(body["id"]) if "id" in body else secrets.randbelow(1 << 62) + 1
         require_leader(self.node, self.group)
@@ -232,6 +238,7 @@ class LeasesApi:
         return web.json_response({"id": lease, "ttl": ttl, "index": index})
 
     async def keepalive(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         lease = self._id(request)
         try:
             ttl = await self.keeper.keepalive(lease)
@@ -240,6 +247,7 @@ class LeasesApi:
         return web.json_response({"id": lease, "ttl": ttl})
 
     async def revoke(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         lease = self._id(request)
         require_leader(self.node, self.group)
         index, deleted = await wait(self.node.propose(self.group, encode_lease_revoke(lease)))
@@ -249,12 +257,14 @@ class LeasesApi:
         return web.json_response({"id": lease, "deleted": len(deleted), "index": index})
 
     async def list(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         ttls = await wait(self.node.read_kv(self.group, read_leases))
         return web.json_response({"leases": [
             {"id": lease, "ttl": ttl, **self._remaining(lease)}
             for lease, ttl in sorted(ttls.items())]})
 
     async def info(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         lease = self._id(request)
 
         def look(s: KVStateStore) -> tuple[int | None, list[bytes]]:

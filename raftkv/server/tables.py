@@ -133,6 +133,7 @@ from raftkv.server.range_ops import (
 )
 from raftkv.server.requests import (
     Starting,
+    check_fields,
     check_query,
     decode_batch_body,
     error,
@@ -366,11 +367,9 @@ class TablesApi:
 
     # -- admin ----------------------------------------------------------------------------
     async def create(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         body = await json_body(request)
-        unknown = _unknown_fields(body, ("name", "partitions", "replicas", "storage",
-                                         "allow_unsafe"))
-        if unknown:
-            return error(400, unknown)
+        check_fields(body, ("name", "partitions", "replicas", "storage", "allow_unsafe"))
         name = body.get("name")
         parts: Any = body.get("partitions")
         replicas: Any = body.get("replicas")
@@ -406,6 +405,7 @@ class TablesApi:
         return web.json_response(out, status=201)
 
     async def list(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         self._meta_leader()
         res = await self._run(lambda: self.p.meta.range(TABLES_PREFIX).result(ADMIN_TIMEOUT))
         tables = []
@@ -417,6 +417,7 @@ class TablesApi:
         return web.json_response({"tables": tables})
 
     async def drop(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         name = self._name(request)
         self._meta_leader()
         try:
@@ -426,11 +427,10 @@ class TablesApi:
         return web.json_response({"dropped": name, "revision": rev})
 
     async def set_replicas(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         name = self._name(request)
         body = await json_body(request)
-        unknown = _unknown_fields(body, ("replicas", "allow_unsafe"))
-        if unknown:
-            return error(400, unknown)
+        check_fields(body, ("replicas", "allow_unsafe"))
         replicas = body.get("replicas")
         if type(replicas) is not int or replicas < 1:
             return error(400, f'"replicas" must be an integer >= 1, got {replicas!r}')
@@ -538,6 +538,7 @@ class TablesApi:
 
     # -- topology -------------------------------------------------------------------------
     async def add_node(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         body = await json_body(request)
         node, addr, http = body.get("id"), body.get("raft_addr"), body.get("http_addr")
         try:
@@ -628,6 +629,7 @@ class TablesApi:
     async def nodes(self, request: web.Request) -> web.Response:
         """Each placement node's liveness (``raftkv.placement.liveness``), as this node's
         metastore replica has it, with the seconds it has been in its state."""
+        check_query(request, ())
         rows = await self._run(self.p.mgr.cluster_nodes)
         now = time.time()
         for r in rows:
@@ -638,6 +640,7 @@ class TablesApi:
     async def drain(self, request: web.Request) -> web.Response:
         """Decommission a node (``PlacementManager.drain``): 404 for a node the topology
         does not name, 400 for its last node; progress in ``GET /v1/cluster/nodes``."""
+        check_query(request, ())
         node = request.match_info["id"]
         try:
             check_node_id(node)
@@ -653,6 +656,7 @@ class TablesApi:
         return web.json_response({"draining": node, "topology": rest})
 
     async def get_settings(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         self._meta_leader()
         s = await self._run(self.p.mgr.settings)
         return web.json_response(json.loads(s.encode()))
@@ -661,6 +665,7 @@ class TablesApi:
         """``{"scale_down_timeout"?, "scale_up_timeout"?, "catch_up_timeout"?}`` in seconds
         (0 <= t <= a week; ``scale_down_timeout: 0`` turns automatic removal of dead nodes
         off), ``"metastore_voters"?`` (3 or 5), ``"max_moves"?`` (0: no limit)."""
+        check_query(request, ())
         body = await json_body(request)
         try:
             ClusterSettings().update(body)  # validated before anything is sent
@@ -671,6 +676,7 @@ class TablesApi:
         return web.json_response(json.loads(s.encode()))
 
     async def remove_node(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         node = request.match_info["id"]
         self._meta_leader()
         absent: list[str] = []
@@ -886,6 +892,7 @@ class TablesApi:
     async def table_txn(self, request: web.Request) -> web.Response:
         """A transaction inside one partition of a table (``txn_ops``): every key it names
         must belong to one partition, which serves it here or through a host."""
+        check_query(request, ())
         name = self._name(request)
         desc = self.p.mgr.table(name) or await self._desc(name)
         self._same_generation(request, name)
@@ -909,6 +916,7 @@ class TablesApi:
         """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
         partition, all partitions concurrently. Not atomic across partitions (each is its
         own Raft group): on a failure the answer lists what was applied where."""
+        check_query(request, ())
         name = self._name(request)
         desc = self.p.mgr.table(name) or await self._desc(name)
         ops = decode_batch_body(await request.read(), request.content_type)
@@ -992,6 +1000,7 @@ class TablesApi:
         Every key must belong to the partition, so a loader that split its rows with a
         different partition function fails loudly instead of writing rows where no read
         will find them."""
+        check_query(request, ())
         name, count, p, gid = await self._partition(request)
         body = await request.read()
         batch_id, ops = decode_partition_batch(body)
@@ -1158,15 +1167,6 @@ def _check_replicas(replicas: object, storage: object, body: dict[str, Any]) -> 
     if risk is not None and storage == MEMORY and not allow:
         raise ValueError(risk)
     return risk
-
-
-def _unknown_fields(body: dict[str, Any], known: tuple[str, ...]) -> str:
-    """The error for a field the request does not take, or "": a misspelt ``"storgae":
-    "memory"`` must not create a persistent table without a word (found from outside)."""
-    extra = sorted(set(body) - set(known))
-    if not extra:
-        return ""
-    return f"unknown field {extra[0]!r} (accepted: {', '.join(known)})"
 
 
 def _desc_json(d: TableDescriptor) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from raftkv.node.driver import Node
 from raftkv.server.kv_ops import meta_json
-from raftkv.server.requests import require_leader, wait
+from raftkv.server.requests import check_fields, require_leader, wait
 from raftkv.storage.commands import CommandError, encode_txn
 from raftkv.storage.revisions import KeyMeta
 from raftkv.storage.txn import CmpOp, Kind, Target, Txn, TxnResult, check_txn
@@ -72,10 +72,7 @@ def _obj(x: object, what: str) -> dict[str, Any]:
 
 def parse_txn(body: dict[str, Any]) -> Txn:
     """The ``Txn`` of a request body; ``CommandError`` (400) for anything malformed."""
-    unknown = sorted(set(body) - {"compare", "success", "failure"})
-    if unknown:
-        raise CommandError(f"unknown field {unknown[0]!r} in a transaction (fields: "
-                           f"compare, success, failure)")
+    check_fields(body, ("compare", "success", "failure"), "a transaction")
     compares = []
     for i, c in enumerate(_list(body, "compare")):
         c = _obj(c, f"compare {i}")
@@ -113,11 +110,7 @@ def parse_txn(body: dict[str, Any]) -> Txn:
 def _only(doc: dict[str, Any], fields: tuple[str, ...], what: str) -> None:
     """400 for a field outside ``fields``: an etcd field raftkv does not have (a
     ``range_end``) must not turn into a single-key operation silently."""
-    unknown = sorted(set(doc) - set(fields))
-    if unknown:
-        raise CommandError(f"{what}: unknown field {unknown[0]!r} (fields: "
-                           f"{', '.join(fields)}; a transaction's operations are on single "
-                           f"keys)")
+    check_fields(doc, fields, what, "; a transaction's operations are on single keys")
 
 
 def _list(body: dict[str, Any], field: str) -> list[Any]:
