@@ -291,10 +291,14 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
         return 0
     elif args.cmd == "snapshot":
         parent = os.path.dirname(os.path.abspath(args.file))
-        if os.path.isdir(args.file) or not os.path.isdir(parent):
+        if os.path.lexists(args.file) or not os.path.isdir(parent):
+            # An existing file is never replaced: it may be the only copy of an older
+            # backup, or a table backup's manifest (found from outside).
             print(f"error: cannot write a backup to {args.file}: "
                   + ("it is a directory" if os.path.isdir(args.file)
-                     else f"{parent} is not a directory"), file=sys.stderr)
+                     else "it exists; remove it or choose another name"
+                     if os.path.lexists(args.file) else f"{parent} is not a directory"),
+                  file=sys.stderr)
             return 1
         size = client.snapshot_save(args.file)
         from raftkv.backup import BackupError, verify
@@ -485,8 +489,6 @@ def _range_command(args: argparse.Namespace, client: Client) -> int:
     # os.fsencode: a key given in bytes that are not UTF-8 reaches argv as surrogates
     prefix, start, end = (None if a is None else os.fsencode(a) for a in
                           (args.prefix, getattr(args, "start", None), getattr(args, "end", None)))
-    if prefix is None and start is None and end is None:
-        prefix = b""  # `raftkv scan`: every key
     limit = getattr(args, "limit", None)
     if limit is not None and limit < 1:
         raise UsageError(f"raftkv {args.cmd}: error: --limit must be at least 1")

@@ -435,9 +435,13 @@ class Client:
         ``{"revision", "kvs": [(key, value | None)], "count", "more", "continue"}`` with
         keys and values as bytes (with ``meta``, ``(key, value | None, {"create_revision",
         "mod_revision", "version"})``), or ``{"revision", "count"}`` with ``count_only``.
-        ``after``: the previous page's ``continue``."""
+        ``after``: the previous page's ``continue``; no prefix, start or end: every key
+        (as ``raftkv scan`` without a range)."""
         def raw(v: bytes | str) -> bytes:
             return v.encode() if isinstance(v, str) else v
+
+        if prefix is None and start is None and end is None:
+            prefix = b""
 
         q: list[str] = []
         for name, v in (("prefix", prefix), ("start", start), ("end", end)):
