@@ -191,6 +191,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [render_table([r for r in rows if "group" in r], STATUS_COLUMNS)]
     lines += [f"{r['node']}: {r.get('error') or r.get('note')}" for r in rows
               if "group" not in r]
+    # A leader of a quiet group keeps a dead follower's last progress (and may call it
+    # active while quiesced): say when that follower's node did not answer this status.
+    silent = {r["node"] for r in rows if "error" in r}
     for r in rows:
         if r.get("role") == "leader" and r["peers"]:
             lines.append(f"replication from leader {r['node']} ({r['group']}):")
@@ -198,7 +201,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 kind = r["members"].get(peer, "?")
                 lag = r["last"] - p["match"]
                 lines.append(f"  {peer:<8} {kind:<13} match={p['match']:<8} lag={lag:<8} "
-                             f"{p['state']}{'' if p['active'] else ' (inactive)'}")
+                             f"{p['state']}{'' if p['active'] else ' (inactive)'}"
+                             f"{' (its node did not answer)' if peer in silent else ''}")
     return "\n".join(lines)
 
 

@@ -164,5 +164,9 @@ def test_status_with_a_member_down_shows_it_and_exits_1(cluster: ProcCluster,
             n for n in cluster.nodes if n != victim)
         text = raftkv("--endpoints", cluster.nodes[via].endpoint, "cluster", "status")
         assert text.returncode == 1 and f"{victim}: unreachable" in text.stdout
+        # The leader's replication rows no longer present the dead follower as healthy
+        # without a word (found from outside: "match=N lag=0 replicate").
+        assert any(line.strip().startswith(victim) and "its node did not answer" in line
+                   for line in text.stdout.splitlines()), text.stdout
     finally:
         cluster.start(victim)
