@@ -164,6 +164,8 @@ def _check_end(f: IO[bytes], n: int, digest: str) -> None:
 def _header(body: bytes) -> BackupInfo:
     try:
         doc = msgpack.unpackb(body, max_str_len=_MAX_HEADER)
+        if not isinstance(doc, dict):
+            raise TypeError(f"a {type(doc).__name__}, not a map")
         generation = doc.get("table_generation")
         return BackupInfo(str(doc["group"]), int(doc["index"]), int(doc["term"]),
                           [str(v) for v in doc["voters"]], [str(v) for v in doc["learners"]],
@@ -217,7 +219,8 @@ def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupI
     """Make a new cluster's data directories from a backup (module docstring).
     ``members``: node id -> raft address, in the order of ``data_dirs``. Every directory
     must be new or empty; nothing is written unless the file verifies."""
-    from raftkv.node.stores import claim_data_dir, open_group_storage, release_data_dir
+    from raftkv.node.stores import claim_data_dir, open_group_storage
+    from raftkv.storage.dir_lock import release_data_dir
 
     if not members or len(members) != len(data_dirs):
         raise BackupError("give one --data-dir per member, in the order of --members")
@@ -294,10 +297,11 @@ def save_table(client: Client, table: str, directory: str) -> dict[str, Any]:
                               f"{partition_group(table, p)}")
         if info.table_generation != generation:
             raise BackupError(
-                f"table {table} was dropped and created again during the save: partition "
-                f"{p} is of generation {info.table_generation}, the table was of generation "
-                f"{generation} when the save began; {directory} is not a backup (it has no "
-                "manifest): remove it and save again")
+                f"partition {p} is of table generation {info.table_generation}, the table "
+                f"was of generation {generation} when the save began (the table was dropped "
+                "and created again during the save, or a node of an older release that "
+                f"records none answered); {directory} is not a backup (it has no manifest): "
+                "remove it and save again")
         files.append({"partition": p, "file": name, "bytes": size, "index": info.index,
                       "keys": info.count, "revisions_digest": info.digest})
     manifest = {"format": _TABLE_FORMAT, "table": table, "generation": generation,
@@ -339,6 +343,8 @@ def _manifest(directory: str) -> dict[str, Any]:
                 or not 1 <= count <= MAX_PARTITIONS):
             raise BackupError(f"{path} names no table or no partition count "
                               f"(1..{MAX_PARTITIONS})")
+        if doc.get("generation") is not None and type(doc["generation"]) is not int:
+            raise BackupError(f"{path}: generation must be an integer")
         if type(replicas) is not int or replicas < 1 or doc["storage"] not in STORAGE_KINDS:
             raise BackupError(f"{path}: replicas must be a positive integer and storage one "
                               f"of {', '.join(STORAGE_KINDS)}")
@@ -375,6 +381,10 @@ def verify_table(directory: str) -> dict[str, Any]:
         want = (partition_group(table, p), int(e["index"]), int(e["keys"]),
                 str(e["revisions_digest"]))
         got = (info.group, info.index, info.count, info.digest)
+        if doc.get("generation") is not None and info.table_generation != doc["generation"]:
+            raise BackupError(f"partition {p} ({e['file']}) is of table generation "
+                              f"{info.table_generation}, the manifest's is "
+                              f"{doc['generation']}: files of two tables")
         if got != want:
             raise BackupError(f"partition {p} ({e['file']}) holds group {got[0]} at index "
                               f"{got[1]} with {got[2]} keys, digest {got[3]}; the manifest "

@@ -554,7 +554,8 @@ class Client:
                       partition: int | None = None) -> int:
         """Stream a backup of the default group (``GET /v1/snapshot``, ``raftkv.backup``),
         or of one table partition, from its leader into ``path`` (written to
-        ``path.part`` first, then renamed); the bytes written."""
+        ``path.part`` first, then linked to ``path``, which must not exist:
+        ``FileExistsError``); the bytes written."""
         url = ("/v1/snapshot" if table is None else
                f"/v1/tables/{quote(table, safe='')}/partitions/{int(partition or 0)}/snapshot")
         target = None
@@ -572,7 +573,10 @@ class Client:
                             n += len(chunk)
                         f.flush()
                         os.fsync(f.fileno())  # durable before its name says it is whole
-                    os.replace(path + ".part", path)
+                    # A link, not a rename: it fails if path exists, so no backup is ever
+                    # replaced, even one written while this one streamed.
+                    os.link(path + ".part", path)
+                    os.unlink(path + ".part")
                     return n
                 info = _json(r.read(), r.getheader("Content-Type", ""))
                 hint = info.get("leader")

@@ -9,6 +9,7 @@ the way a PySyncObj ``SyncObj`` does.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -22,14 +23,17 @@ from raftkv.core import ConfChangeOp, LeaderStepping, RaftError
 from raftkv.futures import then
 from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import RequestTimeout
-from raftkv.node.stores import claim_data_dir, open_group_storage, release_data_dir
+from raftkv.node.stores import claim_data_dir, open_group_storage
 from raftkv.node.user_state import UserStateStore
 from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.statemachine import ReplicatedObject
+from raftkv.storage.dir_lock import release_data_dir
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 from raftkv.storage.state_store import StateStore
 from raftkv.tls import TlsConfig
 from raftkv.transport.tcp import parse_addr
+
+log = logging.getLogger(__name__)
 
 # What ``--peers id=host:port,...`` can name.
 _NODE_ID = re.compile(r"[^\s,=]{1,128}")
@@ -85,28 +89,46 @@ class EmbeddedNode:
         self.data_dir = data_dir
         if data_dir is not None:
             claim_data_dir(data_dir, node_id)
-        self.node = Node(NodeConfig(
-            node_id=node_id, raft_addr=raft_addr,
-            secret=secret.encode() if isinstance(secret, str) else secret,
-            peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
-            request_timeout=request_timeout, data_dir=data_dir, faults=faults,
-            peer_tls=peer_tls,
-        ), metrics)
-        self.node.admin_handler = admin(self)
-        storage = open_group_storage(data_dir, group, durable, compaction, state)
         try:
+            self.node = Node(NodeConfig(
+                node_id=node_id, raft_addr=raft_addr,
+                secret=secret.encode() if isinstance(secret, str) else secret,
+                peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
+                request_timeout=request_timeout, data_dir=data_dir, faults=faults,
+                peer_tls=peer_tls,
+            ), metrics)
+        except BaseException:
+            self._release_data_dir()
+            raise
+        self.node.admin_handler = admin(self)
+        storage = None
+        try:
+            storage = open_group_storage(data_dir, group, durable, compaction, state)
             self.node.add_group(group, storage, None if join else sorted(peers))
             self.node.start()
         except BaseException:
             self.node.stop()  # closes the hosted stores, so a retry can reopen them
-            if group not in self.node.groups:
+            if storage is not None and group not in self.node.groups:
                 storage.state.close()
                 close = getattr(storage.log, "close", None)
                 if close is not None:
                     close()
-            if data_dir is not None:
-                release_data_dir(data_dir)
+            self._release_data_dir()
             raise
+
+    def _release_data_dir(self) -> None:
+        """Let another process have the data directory (``claim_data_dir``), unless the
+        loop is still running with its stores open: ``Node.stop`` gives up on a loop
+        that does not stop within its timeout, and leaves them so."""
+        if self.data_dir is None:
+            return
+        node = getattr(self, "node", None)
+        loop = node._thread if node is not None else None
+        if loop is not None and loop.is_alive():
+            log.error("node %s: its loop is still running; %s stays locked", self.node_id,
+                      self.data_dir)
+            return
+        release_data_dir(self.data_dir)
 
     # -- membership and leadership --------------------------------------------------------
     def add_learner(self, node_id: str, raft_addr: str) -> int:
@@ -198,8 +220,7 @@ class EmbeddedNode:
             except (RaftError, TimeoutError):
                 pass  # best effort: stopping matters more
         self.node.stop()
-        if self.data_dir is not None:
-            release_data_dir(self.data_dir)
+        self._release_data_dir()
 
     def most_up_to_date_voter(self) -> str | None:
         """On the leader, the active voter (itself aside) with the highest match index:
@@ -251,8 +272,18 @@ class ReplicatedNode(EmbeddedNode):
                  peers: dict[str, str], secret: bytes | str, **kwargs: Any) -> None:
         data_dir = kwargs.get("data_dir")
         path = group_paths(data_dir, kwargs.get("group", DEFAULT_GROUP))[1] if data_dir else None
-        super().__init__(node_id, raft_addr, peers, secret,
-                         state=UserStateStore(obj, path, volatile=path is None), **kwargs)
+        if data_dir is not None:
+            # Before the state store reads (and tidies) its checkpoint files: a second
+            # process on a running node's directory must not touch them. The base class
+            # claims it again, which in one process is a no-op.
+            claim_data_dir(data_dir, node_id)
+        try:
+            store = UserStateStore(obj, path, volatile=path is None)
+        except BaseException:
+            if data_dir is not None:
+                release_data_dir(data_dir)
+            raise
+        super().__init__(node_id, raft_addr, peers, secret, state=store, **kwargs)
         self.obj = obj
         obj._attach(self._propose)
 

@@ -112,6 +112,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NoReturn
 
 import lmdb
+from raftkv.storage.dir_lock import lock_data_dir, release_data_dir
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import (
     DEFAULT_GROUP,
@@ -392,6 +393,13 @@ def _open_survivor(stack: ExitStack, node_id: str, data_dir: str, group: str) ->
         log_path = shared
     _require_env(log_path, f"the Raft log of {node_id} ({log_path})")
     _require_env(state_path, f"the state store of {node_id} ({state_path})")
+    # The node's own lock, held for the whole reset, so that no node starts on the
+    # directory while the tool writes it; then LMDB's, for a node of an older release.
+    try:
+        lock_data_dir(data_dir)
+    except StorageError as e:
+        raise UnsafeResetError(f"{e} (the reset must run on stopped nodes)") from None
+    stack.callback(release_data_dir, data_dir)
     _check_not_in_use(log_path, f"the Raft log of {node_id} ({log_path})")
     _check_not_in_use(state_path, f"the state store of {node_id} ({state_path})")
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -133,6 +134,9 @@ def test_bad_backup_files_are_refused_and_nothing_is_written(tmp_path: Path) -> 
         "short.snap": (good[:-30], "damaged"),
         "cut.snap": (good[:len(good) // 2], "truncated"),
         "tail.snap": (good + b"x", "after its end"),
+        # A well-framed file whose header is not a map (was an AttributeError traceback).
+        "listhead.snap": (b"".join(frames([1, 2], s.snapshot_chunks(chunk_bytes=512))),  # type: ignore[arg-type]
+                          "header is malformed"),
     }
     for name, (data, why) in cases.items():
         (tmp_path / name).write_bytes(data)
@@ -321,3 +325,11 @@ def test_a_table_dropped_and_created_again_mid_save_fails_the_save(
     assert "partition 2" in str(e.value)
     assert not (out / "manifest.json").exists()
     assert admin.describe_table("gen")["generation"] > first
+    # A backup stitched from two generations' files is refused by verify_table too.
+    from raftkv.backup import verify_table
+    save_table(admin, "gen", str(tmp_path / "good2"))
+    stitched = tmp_path / "stitched"
+    shutil.copytree(tmp_path / "good", stitched)
+    shutil.copy(tmp_path / "good2" / "p0001.snap", stitched / "p0001.snap")
+    with pytest.raises(BackupError, match="files of two tables"):
+        verify_table(str(stitched))

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from raftkv.storage.dir_lock import release_data_dir
 
 from raftkv import cli
 from raftkv import kv as kv_module
 from raftkv.node.driver import DEFAULT_REQUEST_TIMEOUT
-from raftkv.node.stores import claim_data_dir, release_data_dir
+from raftkv.node.stores import claim_data_dir
 from raftkv.server import serve
 from raftkv.server.auth import Role
 from raftkv.testing.procs import ProcCluster, free_ports

@@ -2,85 +2,43 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import shutil
 
 from raftkv.node.group_storage import GroupStorage
 from raftkv.recovery.compaction import CompactionPolicy
+from raftkv.storage.dir_lock import lock_data_dir, release_data_dir
 from raftkv.storage.durable_fs import makedirs_durable, write_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.identity import new_incarnation
-from raftkv.storage.layout import LOCK_FILE, NODE_ID_FILE, group_paths, read_node_id
+from raftkv.storage.layout import NODE_ID_FILE, group_paths, read_node_id
 from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.log_store import MemoryLogStore
 from raftkv.storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateStore, StateStore
 
-# Data directories this process holds (real path -> the lock file's descriptor): fcntl
-# record locks belong to the process and vanish when it closes any descriptor of the
-# file, so the descriptor is kept, and the file not opened again, while it is held.
-_held: dict[str, int] = {}
-
 
 def claim_data_dir(data_dir: str, node_id: str) -> None:
     """Create ``data_dir`` for ``node_id``, or check it already belongs to it: starting
     n2 on n1's files would make one node's votes and log appear under another's name.
-    Then hold it for this process until ``release_data_dir`` (``_lock``): two processes
-    on one directory would both append to its log and vote with its identity."""
+    Then hold it for this process until ``release_data_dir`` (``lock_data_dir``): two
+    processes on one directory would both append to its log and vote with its identity.
+    A refused claim holds nothing."""
     makedirs_durable(data_dir)
-    _lock(data_dir)
-    owner = read_node_id(data_dir)
-    if owner is not None:
-        if owner != node_id:
-            raise StorageError(f"{data_dir} holds node {owner!r}'s data, not {node_id!r}'s")
-        return
-    # Durably (data, then name): after a power loss an empty or missing node_id would
-    # let any node claim this directory, and its votes and log with it (issue 22).
-    write_durable(os.path.join(data_dir, NODE_ID_FILE), (node_id + "\n").encode())
-
-
-def _lock(data_dir: str) -> None:
-    """An exclusive fcntl lock on ``data_dir/LOCK``, held until ``release_data_dir`` or
-    the end of the process (a SIGKILL included: the kernel drops it), so a second ``raftkv serve`` or embedded
-    node on a running node's directory is refused before it opens a file there. LMDB
-    alone does not refuse it: its environments are meant to be shared between
-    processes, so both would write the same log and state stores as the same node, and
-    the running one can be left with damaged stores (found from outside: a duplicate
-    ``serve`` on a live node's directory). The lock is per process, as fcntl's are, so
-    a node stopped and opened again in the same process (tests, an embedding app)
-    takes it again at once."""
-    path = os.path.realpath(data_dir)
-    if path in _held:
-        return
-    lock_path = os.path.join(path, LOCK_FILE)
+    lock_data_dir(data_dir)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise StorageError(f"cannot open {lock_path}: {e.strerror}") from None
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        if e.errno in (errno.EACCES, errno.EAGAIN):
-            raise StorageError(
-                f"{data_dir} is in use by another process"
-                f"{f' (pid {holder})' if holder.isdigit() else ''}: a node is already "
-                "running on it; stop it first") from None
-        raise StorageError(f"cannot lock {lock_path}: {e.strerror}") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the message above only
-    _held[path] = fd
-
-
-def release_data_dir(data_dir: str) -> None:
-    """Let go of ``data_dir`` (``claim_data_dir``) once its node has stopped, so another
-    process may run it."""
-    fd = _held.pop(os.path.realpath(data_dir), None)
-    if fd is not None:
-        os.close(fd)  # drops the lock
+        owner = read_node_id(data_dir)
+        if owner is not None:
+            if owner != node_id:
+                raise StorageError(f"{data_dir} holds node {owner!r}'s data, not "
+                                   f"{node_id!r}'s")
+            return
+        # Durably (data, then name): after a power loss an empty or missing node_id would
+        # let any node claim this directory, and its votes and log with it (issue 22).
+        write_durable(os.path.join(data_dir, NODE_ID_FILE), (node_id + "\n").encode())
+    except BaseException:
+        release_data_dir(data_dir)
+        raise
 
 
 def _adopt_own_log(shared_log: LogEnv, group: str, log_path: str) -> None:

@@ -83,6 +83,7 @@ from raftkv.server.range_ops import parse_range, serve_range
 from raftkv.server.requests import (
     PARSER_LINE_LIMIT,
     Starting,
+    check_fields,
     check_query,
     decode_batch_body,
     error,
@@ -296,7 +297,9 @@ class Api:
         return await asyncio.get_running_loop().run_in_executor(None, fn)
 
     async def add_learner(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         body = await json_body(request)
+        check_fields(body, ("id", "raft_addr"))
         node, addr = str_field(body, "id"), str_field(body, "raft_addr")
         try:
             parse_addr(addr)
@@ -309,11 +312,13 @@ class Api:
         return web.json_response({"index": index, "id": node, "kind": "pre-follower"})
 
     async def promote(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         node = request.match_info["id"]
         index = await self._admin(lambda: self.kv.promote(node))
         return web.json_response({"index": index, "id": node, "kind": "voter"})
 
     async def remove(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         node = request.match_info["id"]
         via = await self._admin(lambda: self.kv.remove(node))
         if via is not None:  # the leader removed itself: its successor completes it
@@ -321,7 +326,10 @@ class Api:
         return web.json_response({"removed": node})
 
     async def transfer(self, request: web.Request) -> web.Response:
-        to = str_field(await json_body(request), "to")
+        check_query(request, ())
+        body = await json_body(request)
+        check_fields(body, ("to",))
+        to = str_field(body, "to")
         node, gid = self.kv.node, self.kv.group
         voters = await wait(node.call(lambda: set(node.groups[gid].raft.conf.voters)))
         if to not in voters:

@@ -540,6 +540,7 @@ class TablesApi:
     async def add_node(self, request: web.Request) -> web.Response:
         check_query(request, ())
         body = await json_body(request)
+        check_fields(body, ("id", "raft_addr", "http_addr"))
         node, addr, http = body.get("id"), body.get("raft_addr"), body.get("http_addr")
         try:
             check_node_id(node)

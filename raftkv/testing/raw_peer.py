@@ -4,7 +4,7 @@ misbehaving peer or an attacker on the network.
 ``RawPeer`` is a ``raftkv.transport.blocking.PeerLink`` (the blocking dialer the admin
 tool uses too): it dials, passes the cluster-secret handshake with whatever secret and
 id it is given, and keys the connection's frames as a node does. The test then sends
-frames it builds: well tagged (``frame``), or bytes of its own making (``send``).
+messages, well tagged (``send_items``), or bytes of its own making (``send``).
 ``recv_frames`` decodes what the node sends back, checking its tags. Blocking sockets,
 no poller: the test is the peer.
 """

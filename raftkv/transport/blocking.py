@@ -41,7 +41,6 @@ from raftkv.transport.frames import (
     FrameError,
     FrameMac,
     Outgoing,
-    encode_frame,
     pack,
 )
 from raftkv.transport.tcp import parse_addr
@@ -112,11 +111,6 @@ class PeerLink:
             raise
 
     # -- sending --------------------------------------------------------------------------
-    def frame(self, items: object) -> bytes:
-        """``items`` as the next frame, tagged if the link tags (it takes the next
-        sequence number: send it, or the node refuses what follows)."""
-        return encode_frame(items, self.mac)
-
     def send_items(self, items: list[Any]) -> None:
         """``items`` as one message: one frame, or parts if larger than ``max_frame``."""
         out = Outgoing(pack(items), self.max_frame)

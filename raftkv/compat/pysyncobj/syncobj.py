@@ -96,9 +96,11 @@ from raftkv.core.membership import ConfChange
 from raftkv.embedded import EmbeddedNode
 from raftkv.node.driver import log_snapshot_failed
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout
+from raftkv.node.stores import claim_data_dir
 from raftkv.node.user_state import SnapshotFailed, UserStateStore
 from raftkv.statemachine import decode_value, encode_value
 from raftkv.storage.commands import MAX_COMMAND_BYTES
+from raftkv.storage.dir_lock import release_data_dir
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 
 __all__ = [
@@ -586,17 +588,27 @@ class _Engine:
                 time.sleep(self.conf.bindRetryTime)
             return False
         s = self.settings
-        path = None
+        path = data_dir = None
         if s.data_dir is not None and not self.readonly:
-            path = group_paths(s.data_dir, self.group)[1]
+            data_dir = s.data_dir
+            path = group_paths(data_dir, self.group)[1]
         kw: dict[str, float] = {}
         if s.checkpoint_entries is not None:
             kw["checkpoint_entries"] = s.checkpoint_entries
         if s.checkpoint_seconds is not None:
             kw["checkpoint_seconds"] = s.checkpoint_seconds
+        if data_dir is not None:
+            # Before the store reads (and tidies) its checkpoint files: another process
+            # running this node must keep them (EmbeddedNode claims it again: a no-op).
+            claim_data_dir(data_dir, self.id)
         # In memory (no journalFile, or a read-only node): the log is in memory too.
-        store = UserStateStore(self.machine, path, volatile=path is None,
-                               **kw)  # type: ignore[arg-type]
+        try:
+            store = UserStateStore(self.machine, path, volatile=path is None,
+                                   **kw)  # type: ignore[arg-type]
+        except BaseException:
+            if data_dir is not None:
+                release_data_dir(data_dir)
+            raise
         try:
             self.embedded = EmbeddedNode(
                 self.id, self.bind, self.peers, s.secret,

@@ -1,0 +1,123 @@
+"""One process per data directory (``raftkv.storage.dir_lock``), with real processes:
+what another process sees while this one holds a directory, and that a refused claim,
+a fork, and a directory replaced under a hold all leave the lock where it belongs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from raftkv.storage.dir_lock import lock_data_dir, release_data_dir
+from raftkv.storage.errors import StorageError
+
+from raftkv.node.stores import claim_data_dir
+
+_PROBE = """
+import sys
+from raftkv.storage.dir_lock import lock_data_dir
+from raftkv.storage.errors import StorageError
+try:
+    lock_data_dir(sys.argv[1])
+except StorageError as e:
+    print(e)
+    sys.exit(3)
+print("locked")
+"""
+
+
+def _other_process_locks(d: str) -> bool:
+    res = subprocess.run([sys.executable, "-c", _PROBE, d], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode in (0, 3), res.stderr
+    if res.returncode == 3:
+        assert "is in use by another process (pid " in res.stdout, res.stdout
+    return res.returncode == 0
+
+
+def test_a_held_directory_is_refused_to_another_process_until_released(
+        tmp_path: Path) -> None:
+    d = str(tmp_path / "n1")
+    claim_data_dir(d, "n1")
+    try:
+        assert not _other_process_locks(d)
+        claim_data_dir(d, "n1")  # again in this process: fine
+        assert not _other_process_locks(d)
+    finally:
+        release_data_dir(d)
+    assert _other_process_locks(d)
+
+
+def test_a_refused_claim_holds_nothing(tmp_path: Path) -> None:
+    """Found in review: a claim refused for another node's directory kept the lock, so
+    the right node could not start elsewhere."""
+    d = str(tmp_path / "n1")
+    claim_data_dir(d, "n1")
+    release_data_dir(d)
+    with pytest.raises(StorageError, match="holds node 'n1''s data, not 'n2''s"):
+        claim_data_dir(d, "n2")
+    assert _other_process_locks(d)
+
+
+def test_a_forked_child_does_not_inherit_the_hold(tmp_path: Path) -> None:
+    """fcntl locks are not inherited: a child that thought it held the directory could
+    run a second node on it."""
+    d = str(tmp_path / "n1")
+    claim_data_dir(d, "n1")
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: it must be refused
+            try:
+                lock_data_dir(d)
+                os._exit(0)
+            except StorageError:
+                os._exit(3)
+            except BaseException:  # noqa: BLE001 - a forked child must exit, never return into pytest
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+    finally:
+        release_data_dir(d)
+
+
+def test_a_directory_made_again_under_a_hold_is_locked_afresh(tmp_path: Path) -> None:
+    """A node abandoned in-process, its directory wiped and made again: the old hold is
+    on a file that is gone, so the new directory is locked again."""
+    d = str(tmp_path / "n1")
+    claim_data_dir(d, "n1")
+    try:
+        shutil.rmtree(d)
+        claim_data_dir(d, "n1")
+        assert not _other_process_locks(d)
+    finally:
+        release_data_dir(d)
+    assert _other_process_locks(d)
+
+
+def test_unsafe_reset_refuses_a_directory_another_process_holds(tmp_path: Path) -> None:
+    """The offline reset holds each survivor's directory while it reads and writes it; a
+    directory another process holds (a node starting, or still running) is refused."""
+    from raftkv.kv import RaftKV
+    from raftkv.testing.procs import free_ports
+
+    d = str(tmp_path / "n1")
+    port = free_ports(1)[0]
+    kv = RaftKV("n1", f"127.0.0.1:{port}", {"n1": f"127.0.0.1:{port}"}, "s", data_dir=d)
+    kv.put("k", "v")
+    kv.close()
+    claim_data_dir(d, "n1")
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "raftkv.cli", "recover", "unsafe-reset", "--data-dir", d,
+             "--members", "n1"], capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        release_data_dir(d)
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    assert "is in use by another process" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run(
+        [sys.executable, "-m", "raftkv.cli", "recover", "unsafe-reset", "--data-dir", d,
+         "--members", "n1"], capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, (res.stdout, res.stderr)  # released: the dry run reads it
