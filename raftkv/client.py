@@ -133,7 +133,11 @@ class Client:
         cacert = cacert or os.environ.get("RAFTKV_CACERT") or None
         cert = cert or os.environ.get("RAFTKV_CERT") or None
         key = key or os.environ.get("RAFTKV_KEY") or None
-        scheme = "https" if cacert else "http"
+        # A bare host:port is HTTPS when a CA is given or any endpoint is https://: one
+        # cluster serves one scheme, and a token must never go in clear to a node of a
+        # cluster the caller reaches over TLS (found from outside: the Spark jobs did).
+        tls = cacert is not None or any(e.startswith("https://") for e in endpoints)
+        scheme = "https" if tls else "http"
         self.endpoints = [e if "://" in e else f"{scheme}://{e}" for e in endpoints]
         for e in self.endpoints:
             if urlsplit(e).scheme not in ("http", "https"):

@@ -305,6 +305,73 @@ def test_the_cli_refuses_bad_input_or_an_unknown_table_without_starting_spark(
         assert lines[0].startswith("error: ") and why in lines[0], (args, r.stderr)
 
 
+def test_job_failures_are_one_line_and_write_nothing(cluster: ProcCluster,
+                                                     tmp_path: Path) -> None:
+    """Found from outside: a malformed CSV line was loaded with empty values, and a
+    token without the write role ended in a ~140-line traceback. Both now fail the job
+    with one ``error:`` line, and nothing reaches the table."""
+    admin = _table(cluster, "cli_failures", 2)
+    bad_csv = tmp_path / "bad.csv"
+    bad_csv.write_text('id,name\nu1,a\nu2\n"u3,b\n')
+    good_csv = tmp_path / "good.csv"
+    good_csv.write_text("id,name\nu1,a\nu2,b\n")
+    cli = [sys.executable, "-m", "raftkv.cli", "--endpoints", ",".join(_eps(cluster))]
+    for token, path, why in ((Role.WRITE, bad_csv, "Malformed"),
+                             (Role.READ, good_csv, "403")):
+        r = subprocess.run(cli + ["--token-file", cluster.token_file(token), "spark", "load",
+                                  "--table", "cli_failures", "--key", "id",
+                                  "--input", str(path)],
+                           check=False, capture_output=True, text=True, timeout=300)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+        assert r.returncode == 1 and len(errors) == 1 and why in errors[0], r.stderr[-3000:]
+        assert "Traceback (most recent call last)" not in r.stdout
+    assert list(admin.scan(table="cli_failures")) == []
+    admin.close()
+
+
+def test_an_https_endpoint_is_never_downgraded_to_http(tmp_path: Path) -> None:
+    """Found from outside: ``spark load --endpoints https://...`` without a CA file spoke
+    plain HTTP and sent the bearer token in clear. The first bytes the listener gets are
+    now a TLS handshake, never an HTTP request."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    got: list[bytes] = []
+
+    def accept() -> None:
+        listener.settimeout(60)
+        try:
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.settimeout(5)
+                    try:
+                        got.append(conn.recv(64))
+                    except OSError:
+                        pass
+        except OSError:
+            return
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    token = tmp_path / "token"
+    token.write_text("a-secret-token-of-32-characters!\n")
+    csv_in = tmp_path / "in.csv"
+    csv_in.write_text("id,name\n1,a\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAFTKV_CACERT", "RAFTKV_TOKEN")}
+    r = subprocess.run(
+        [sys.executable, "-m", "raftkv.cli", "--endpoints", f"https://127.0.0.1:{port}",
+         "--token-file", str(token), "--timeout", "3", "spark", "load", "--table", "t",
+         "--key", "id", "--input", str(csv_in)],
+        check=False, capture_output=True, text=True, timeout=120, env=env)
+    listener.close()
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert got, "the client never connected"
+    assert all(g[:1] == b"\x16" for g in got if g), got  # TLS records, not "GET ..."
+    assert not any(b"Authorization" in g or b"GET" in g for g in got), got
+
+
 def test_the_mismatch_summary_says_how_to_name_the_keys() -> None:
     from raftkv.spark.verify import Mismatch, VerifyReport
 

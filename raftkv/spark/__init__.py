@@ -83,10 +83,13 @@ def _input_format(path: str) -> str:
 
 def read_input(spark: SparkSession, path: str) -> Any:
     """A DataFrame from a ``.parquet`` file or directory, or a ``.csv`` with a header (all
-    columns read as strings, so nothing is reinterpreted on the way in)."""
+    columns read as strings, so nothing is reinterpreted on the way in). A malformed CSV
+    line (too few or too many fields, an unterminated quote) fails the job, in the read
+    stage before any write: Spark's default would load it with nulls, stored as empty
+    values (found from outside)."""
     if _input_format(path) == "parquet":
         return spark.read.parquet(path)
-    return spark.read.option("header", "true").csv(path)
+    return spark.read.option("header", "true").option("mode", "FAILFAST").csv(path)
 
 
 def input_columns(path: str) -> list[str] | None:

@@ -30,6 +30,7 @@ write stage), 3 verify found mismatches.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from raftkv.spark import (
@@ -86,7 +87,7 @@ def add_arguments(spark: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
     """``token``: the bearer token to send (None: none)."""
-    eps = [e.split("://", 1)[-1] for e in endpoints.split(",") if e]
+    eps = [e for e in endpoints.split(",") if e]  # schemes kept: https must stay https
     chosen = [c for c in args.value_cols.split(",") if c] if args.value_cols else None
     try:
         require_extra("raftkv spark")
@@ -107,7 +108,9 @@ def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
         print(f"error: cannot start Spark ({args.master}): {e}", file=sys.stderr)
         return 1
     try:
-        spark.sparkContext.setLogLevel("ERROR")
+        # A failed task is reported in one line (task_failure); Spark's own ERROR lines
+        # would repeat it as Java and Python stack traces.
+        spark.sparkContext.setLogLevel("FATAL")
         df = read_input(spark, args.input)
         cols = chosen if chosen is not None else [c for c in df.columns if c != args.key]
         if args.action == "load":
@@ -120,5 +123,19 @@ def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
     except SparkJobError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Exception as e:  # noqa: BLE001 - a task failed for good: one line, not a trace
+        print(f"error: the Spark job failed: {task_failure(e)}", file=sys.stderr)
+        return 1
     finally:
         spark.stop()
+
+
+def task_failure(e: BaseException) -> str:
+    """The Python exception that failed a Spark task, as one line (``raftkv.client.
+    ClientError: HTTP 403 ...``), out of the Java exception's text that carries the
+    task's whole traceback; else the exception's first line."""
+    lines = [re.sub(r"^(Caused by: |: )", "", line.strip()) for line in str(e).splitlines()]
+    for line in reversed(lines):  # the innermost cause is printed last
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Unavailable): ", line):
+            return line
+    return next((line for line in lines if line), type(e).__name__)
