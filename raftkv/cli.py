@@ -871,7 +871,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) >= 2 and argv[0] == "recover" and argv[1] == "unsafe-reset":
         from raftkv.recovery.unsafe_reset import main as unsafe_reset
 
-        return unsafe_reset(argv[2:])
+        try:
+            return unsafe_reset(argv[2:])
+        except BrokenPipeError:  # `... | head`: its work is done (or refused) already
+            return _reader_gone()
     tls_first = _leading_tls_options(argv)
     if len(argv) > tls_first and argv[tls_first] == "admin":
         # So does the admin tool (and syncobj_admin's syntax); the global TLS options,
