@@ -94,7 +94,7 @@ from aiohttp import web
 
 from raftkv.core import NotLeader, Role
 from raftkv.kv import RaftKV
-from raftkv.node.errors import NodeStopped, RemoteError, UnknownGroup
+from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of, partitions_of
 from raftkv.placement.catalog import (
     ADDRESS_PREFIX,
@@ -271,9 +271,13 @@ class Placement:
         return result
 
     def meta_members(self) -> set[str]:
+        """The metastore's voters and learners, as this node's replica has them (none
+        when it hosts no replica)."""
         def look() -> set[str]:
-            conf = self.node.groups[self.meta.group].raft.conf
-            return set(conf.voters) | set(conf.learners)
+            g = self.node.groups.get(self.meta.group)
+            if g is None:
+                return set()
+            return set(g.raft.conf.voters) | set(g.raft.conf.learners)
         result: set[str] = self.node.call(look).result(5)
         return result
 
@@ -629,8 +633,23 @@ class TablesApi:
 
     async def nodes(self, request: web.Request) -> web.Response:
         """Each placement node's liveness (``raftkv.placement.liveness``), as this node's
-        metastore replica has it, with the seconds it has been in its state."""
+        metastore replica has it once it has applied everything committed before the
+        request, with the seconds it has been in its state."""
         check_query(request, ())
+        if self.p.id not in await self._run(self.p.meta_members):
+            # Drained or removed (its replica stopped with the configuration that dropped
+            # it), or not added yet: its view is frozen or empty, not the cluster's (found
+            # from outside: a drained node answered a frozen view, then 200 and no nodes).
+            return error(503, f"{self.p.id} is not a member of the metastore (drained, "
+                              "removed, or not added yet): ask another node")
+        # A linearizable read first, so this replica has applied everything committed
+        # before the request: a node removed without hearing it (a drained one often
+        # is) cannot complete it, and fails instead of answering its frozen view.
+        try:
+            await self._run(lambda: self.p.meta.get(TOPOLOGY_KEY).result(ADMIN_TIMEOUT))
+        except (RequestTimeout, TimeoutError):
+            return error(503, f"{self.p.id}'s metastore replica cannot catch up with the "
+                              "cluster (was this node drained or removed?): ask another node")
         rows = await self._run(self.p.mgr.cluster_nodes)
         now = time.time()
         for r in rows:

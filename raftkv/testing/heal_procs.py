@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from raftkv.client import Client, ClientError
+from raftkv.client import Client, ClientError, OutcomeUnknown
 from raftkv.testing.linearizability import CheckResult, Operation, check_history
 from raftkv.testing.placement_chaos import acknowledged_lost
 from raftkv.testing.procs import ProcCluster
@@ -296,6 +296,16 @@ class HealRun:
         self.cluster.wait_until(lambda: gone() and self.healed(), timeout,
                                 f"{node} drained and the rest fully replicated")
         took = time.monotonic() - t0
+        # The drained node no longer answers for the cluster (found from outside: it
+        # served its frozen view, then, restarted, 200 and no nodes at all).
+        own = self.cluster.client([node])
+        try:
+            own.request("GET", "/v1/cluster/nodes", once=True)
+            raise AssertionError(f"drained {node} still answers /v1/cluster/nodes")
+        except (ClientError, OutcomeUnknown) as e:  # a single attempt's 503
+            assert "503" in str(e) and "drained or removed" in str(e), e
+        finally:
+            own.close()
         self.cluster.stop(node)
         return took
 
