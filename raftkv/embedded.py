@@ -279,11 +279,11 @@ class ReplicatedNode(EmbeddedNode):
             claim_data_dir(data_dir, node_id)
         try:
             store = UserStateStore(obj, path, volatile=path is None)
+            super().__init__(node_id, raft_addr, peers, secret, state=store, **kwargs)
         except BaseException:
             if data_dir is not None:
-                release_data_dir(data_dir)
+                release_data_dir(data_dir)  # again if the base class did: a no-op
             raise
-        super().__init__(node_id, raft_addr, peers, secret, state=store, **kwargs)
         self.obj = obj
         obj._attach(self._propose)
 

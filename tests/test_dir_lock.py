@@ -121,3 +121,16 @@ def test_unsafe_reset_refuses_a_directory_another_process_holds(tmp_path: Path) 
         [sys.executable, "-m", "raftkv.cli", "recover", "unsafe-reset", "--data-dir", d,
          "--members", "n1"], capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 2, (res.stdout, res.stderr)  # released: the dry run reads it
+
+
+def test_a_replicated_node_refused_at_construction_holds_nothing(tmp_path: Path) -> None:
+    """A ``ReplicatedNode`` claims its directory before its state store reads the
+    checkpoint files; refused afterwards (an id missing from peers), it lets go."""
+    from raftkv.embedded import ReplicatedNode
+    from raftkv.statemachine import ReplicatedObject
+
+    d = str(tmp_path / "n1")
+    with pytest.raises(ValueError, match="not in peers"):
+        ReplicatedNode(ReplicatedObject(), "n9", "127.0.0.1:1", {"n1": "127.0.0.1:1"}, "s",
+                       data_dir=d)
+    assert _other_process_locks(d)
