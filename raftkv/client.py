@@ -33,7 +33,8 @@ TLS: ``https://`` endpoints are verified against ``cacert`` (a PEM CA file; defa
 ``$RAFTKV_CACERT``, else the system's CAs), host name included; ``cert`` and ``key``
 (default ``$RAFTKV_CERT``, ``$RAFTKV_KEY``) are presented to a server that asks for a
 client certificate (``raftkv serve --client-cert-auth``). An endpoint without a scheme
-is ``https://`` when a CA file is given, else ``http://``. The names are etcdctl's
+is ``https://`` when a CA file is given or another endpoint is ``https://`` (one cluster,
+one scheme: a token never goes in clear to a cluster reached over TLS), else ``http://``. The names are etcdctl's
 (``--cacert``, ``--cert``, ``--key``), so the Spark jobs and the CLI pick them up from
 the environment too.
 
