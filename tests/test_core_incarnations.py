@@ -343,3 +343,34 @@ def test_an_incarnation_recorded_by_a_dropped_entry_is_not_retired(snapshot: boo
     assert "n3" in c.raft("n1").conf.voters  # caught up and promoted again
     assert c.raft("n1").conf.incarnation_of("n3") == new
     assert c.nodes["n3"].state() == c.nodes["n1"].state()
+
+
+def test_a_leader_whose_counted_voters_are_gone_steps_down_so_the_live_majority_can_commit() -> None:
+    """Found from outside (tests/test_frames.py, 1 run in 12 under load): at birth n1 is
+    elected with n2's vote only, so its first entry records n1 and n2; n3 is recorded on
+    contact, and that record counts once committed (``_counted_matches``). n2 stops
+    before the record commits. n1 and n3 are a live majority, but n3's acknowledgements
+    count for nothing until its record commits, which needs n2: without more, n1 leads
+    for ever and commits nothing, since it hears from n3 and so passes Raft's
+    check-quorum (§6.2). Check-quorum counts only the voters whose acknowledgements
+    count, so n1 steps down; the next leader counts n3 from its first entry, since n3
+    granted its campaign as the incarnation recorded."""
+    c = cluster()
+    c.cut("n1", "n3")
+    c.elect("n1")
+    assert changes(c, "n1")[0].op == ConfChangeOp.RECORD
+    assert c.raft("n1").conf.incarnation_of("n3") is None  # n1 has not heard n3 yet
+    c.isolate("n2")
+    c.blocked -= {("n1", "n3"), ("n3", "n1")}
+    c.tick(["n1"], n=2)  # n1 hears n3, records it on contact, and replicates the RECORD
+    assert c.raft("n1").conf.incarnation_of("n3") == inc(c, "n3")
+    index = c.raft(c.leader() or "n1").propose(cmd(1))
+    for _ in range(200):
+        c.tick(["n1", "n3"])
+        leader = c.leader()
+        if leader and c.raft(leader).log.committed >= index:
+            break
+    leader = c.leader()
+    assert leader in ("n1", "n3")
+    assert c.raft(leader).log.committed >= index
+    assert c.raft("n1").log.committed == c.raft("n3").log.committed

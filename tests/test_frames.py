@@ -21,7 +21,9 @@ from test_embedded import SECRET, peers
 from test_transport import _spin
 
 import raftkv.node.runtime
+from raftkv.core import NotLeader
 from raftkv.kv import RaftKV
+from raftkv.node.errors import RequestTimeout
 from raftkv.testing.procs import free_ports
 from raftkv.transport.frames import (
     FIRST,
@@ -209,18 +211,37 @@ def test_a_follower_catches_up_by_an_image_larger_than_a_frame(
     policy = CompactionPolicy(max_entries=20, keep=5)
 
     def start(n: str) -> RaftKV:
+        # A generous request timeout: on a loaded CI machine two nodes in one process can
+        # stall for seconds, and this test is about the image, not about latency.
         return RaftKV(n, ps[n], ps, SECRET, data_dir=str(tmp_path / n), durable=False,
-                      compaction=policy)
+                      compaction=policy, request_timeout=20.0)
 
     kvs = {n: start(n) for n in ps}
     try:
+        # Every node must name the same leader before one is stopped: a view from one node
+        # alone can be a term behind, and stopping the real leader would leave the writes
+        # below to a new election.
+        deadline = time.monotonic() + 20
+        while len({kv.wait_for_leader() for kv in kvs.values()}) != 1:
+            assert time.monotonic() < deadline, "the nodes do not agree on a leader"
+            time.sleep(0.05)
         lead = kvs["n1"].wait_for_leader()
         victim = next(n for n in ps if n != lead)
         kvs[victim].close()
         live = kvs[lead]
         value = b"v" * 200
         for i in range(0, 4000, 50):  # about 1 MB of state: 16 parts or more
-            live.batch([(f"key{j:05d}", value) for j in range(i, i + 50)])
+            # Puts may be sent again, and leadership can move while the victim is down:
+            # a leader elected without a voter, which it recorded on contact, steps down
+            # if the victim was needed to commit that record (test_core_incarnations).
+            ops = [(f"key{j:05d}", value) for j in range(i, i + 50)]
+            for attempt in range(3):
+                try:
+                    live.batch(ops)
+                    break
+                except (NotLeader, RequestTimeout):
+                    if attempt == 2:
+                        raise
         deadline = time.monotonic() + 20
         while live.status()["groups"]["default"]["first_index"] <= 20:
             assert time.monotonic() < deadline, "the leader did not compact its log"

@@ -193,7 +193,12 @@ Every message carries its sender's incarnation (``Message.inc``). The rules:
   group's first records counts toward a commit index at or beyond that entry, so every
   quorum that used it holds its record; one recorded on contact (RECORD, READMIT)
   counts once that record is committed, or a deposed leader that never knew an
-  earlier incarnation could record a wiped node and commit with it.
+  earlier incarnation could record a wiped node and commit with it, or from the
+  current leader's first entry if it granted that leader's campaign as the
+  incarnation recorded (the same evidence as an election entry's record). Check-quorum
+  counts only voters whose acknowledgements count: a leader elected without a voter
+  that it then recorded on contact, whose record needs a voter that has since gone,
+  steps down, and the next election counts the voters that grant it.
 - **Commit by heartbeat.** A heartbeat's commit is bounded by the leader's match for
   the follower; the heartbeat names the incarnation that match describes (``to_inc``),
   and a follower that is another incarnation commits nothing from it.
@@ -489,6 +494,11 @@ class Raft:
         # Candidate: the incarnations of the voters that granted this campaign (its
         # pre-vote or vote), for the no-op to record.
         self._grants: dict[str, int] = {}
+        # Leader: the incarnations of the voters that granted its campaign (itself
+        # included), and the index of its term's first entry: their acknowledgements
+        # count toward a commit index at or beyond it (``_counting_from``).
+        self._elected: dict[str, int] = {}
+        self._elected_at = 0
         # Newborn and unrecorded (see "Incarnations"): the voters whose vote requests,
         # since this start, showed no record of this node (or a committed record of it
         # as it is), and whether one showed another incarnation of it.
@@ -879,6 +889,7 @@ class Raft:
         self.votes = {}
         self._survivor, self._electorate = None, frozenset()
         self._unrecorded = {}
+        self._elected = {}
         self.prs = {}
         self.read_only = ReadOnly()
         self.pending_reads = []
@@ -918,6 +929,9 @@ class Raft:
         self._transfer_timeouts = {}
         self.role = Role.LEADER
         last = self.log.last_index()
+        self._elected = {v: inc for v, inc in grants.items() if inc}
+        self._elected[self.id] = self._inc
+        self._elected_at = last + 1
         # Sorted: set order varies between processes, and a seed must replay exactly.
         for nid in sorted(self.conf.members()):
             self.prs[nid] = self._new_progress(nid, last + 1)
@@ -1435,9 +1449,18 @@ class Raft:
                 self._bcast_heartbeat(self.read_only.last_seq())
 
     def _quorum_active(self) -> bool:
+        """Check-quorum (§6.2): whether a quorum of voters answered within the last
+        election timeout. With identities, only voters whose acknowledgements count
+        (``_counting_from``): a leader that hears a live majority of which too few count
+        could otherwise lead for ever and commit nothing (a voter recorded on contact
+        counts once its record commits, which may need a voter that is gone). Stepping
+        down is always safe, and the next election's first entry records every voter
+        that granted it, so they count."""
+        counting = bool(self._inc and self._incs)
         active = set()
         for nid, pr in self.prs.items():
-            if nid == self.id or pr.recent_active:
+            if nid == self.id or (pr.recent_active and (
+                    not counting or self._counting_from(nid) is not None)):
                 active.add(nid)
             if nid != self.id:
                 pr.recent_active = False
@@ -1528,12 +1551,9 @@ class Raft:
         only lower the index, so a few rounds settle it."""
         counted: dict[str, int] = {}
         began: dict[str, int] = {}
-        lone = len(self.conf.voters) == 1
         for v, m in match.items():
-            if v not in self._incs:
-                continue
-            index, first = self._record_began(v)
-            if index <= self.log.committed or first or lone or self._elected_record(index):
+            index = self._counting_from(v)
+            if index is not None:
                 counted[v], began[v] = m, index
         while True:
             c = committed_index(self.conf.voters, counted)
@@ -1542,6 +1562,27 @@ class Raft:
                 return counted
             for v in late:
                 del counted[v]
+
+    def _counting_from(self, nid: str) -> int | None:
+        """From which index ``nid``'s acknowledgements count (toward a commit index at or
+        beyond it), or None while they count for nothing: it is unrecorded, or recorded
+        on contact by a record not yet committed and it did not grant this leader's
+        campaign. A voter that granted it, as the incarnation recorded, counts from this
+        term's first entry, by the argument that makes an election entry's records
+        count: its vote passed the identity rules, and every quorum that commits at or
+        beyond that entry holds its record, which lies below it. Without this, a voter
+        recorded on contact whose record cannot commit (the voter that would commit it
+        is gone) could never count, whoever leads."""
+        rec = self._incs.get(nid)
+        if rec is None:
+            return None
+        index, first = self._record_began(nid)
+        if (index <= self.log.committed or first or len(self.conf.voters) == 1
+                or self._elected_record(index)):
+            return index
+        if self._elected.get(nid) == rec:
+            return self._elected_at
+        return None
 
     def _settle_identities(self) -> None:
         """Propose a RECORD (or a READMIT) for a member heard from as an incarnation the
