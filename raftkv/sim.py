@@ -4,6 +4,8 @@
         [--state-store | --kv-api] [--no-quiesce] [--jobs N] [-v]
     python -m raftkv.sim --seeds 0:500 --nodes 2 \
         --faults drop,dup,delay,partition,crash,membership,compact,idle,survive
+    python -m raftkv.sim --seeds 0:500 \
+        --faults drop,dup,delay,partition,crash,membership,compact,idle,lost
 
 ``--kv-api`` runs the nodes on the real storage path too, with clients that speak the
 KV API: puts and deletes answered with their revision, gets with metadata, compare-and-set

@@ -46,6 +46,10 @@ its messages are blocked to this node) catches up with the truth with probabilit
 with probability ``liveness_false_down`` per tick a live peer is wrongly reported down
 (a flapping connection). The reports reach the core as ``peer_down``/``peer_up``.
 
+- ``lost`` (opt in): the settle phase below keeps one voter of the newest leader's
+  configuration down for good (not after a wipe, not with ``survive``), and the others
+  must still serve and converge: Raft's promise of progress to any live majority.
+
 The run ends with a settle phase: faults stop, partitions heal, crashed nodes restart,
 and the group must serve clients again (they keep calling for a quarter of it,
 and at least one operation must complete) and converge. Without the first demand a
@@ -110,7 +114,8 @@ ALL_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compa
 # Faults a run takes only when asked (``--faults``): adding one to ALL_FAULTS would change
 # the schedule of every seed that ever found a bug. ``survive``: a voter of a two-voter
 # configuration loses its state and the other one runs a survivor election.
-OPT_IN_FAULTS = ("survive",)
+# ``lost``: the settle phase keeps one voter down for good, and the others must serve.
+OPT_IN_FAULTS = ("survive", "lost")
 SURVIVE_FAULTS = ("drop", "dup", "delay", "partition", "crash", "membership", "compact",
                   "idle", "survive")
 
@@ -221,6 +226,8 @@ class Simulation:
         self.votes: dict[tuple[str, int], tuple[int, str]] = {}
         self.founders: list[str] = []
         self.wiped: set[str] = set()
+        self.wipes = 0
+        self.lost: str | None = None  # ``lost``: the voter the settle phase leaves down
         # ``survive``: (a, b) while b, lost, is in a's configuration; and per term of a
         # survivor election, (a, the members whose grants it needs, as counted here).
         self.lost: tuple[str, str] | None = None
@@ -528,6 +535,7 @@ class Simulation:
             bootstrap(store, self.founders)
         self.nodes[nid].replace_storage(store)
         self.wiped.add(nid)
+        self.wipes += 1
         self._log(f"wipe {nid}: incarnation {store.identity().incarnation}")
 
     def _fault_idle(self) -> None:
@@ -732,13 +740,33 @@ class Simulation:
         # Clients sleeping through an idle period wake at its end, as scheduled.
         self.settle_calls_until = max(self.now, self.quiet_until) + self.cfg.settle_ms // 4
         self.blocked.clear()
+        self.lost = self._choose_lost()
         for nid, node in sorted(self.nodes.items()):
-            if not node.alive:
+            if nid == self.lost:
+                if node.alive:
+                    node.crash()
+                self._log(f"settle: {nid} is lost for good")
+            elif not node.alive:
                 node.restart()
                 self.down_view[nid] = set()
                 self._rebuild_chain(node)
                 self._touch(nid)
         self._log("settle: faults off, partitions healed, all nodes restarted")
+
+    def _choose_lost(self) -> str | None:
+        """``lost``: a voter of the newest leader's configuration that stays down through
+        the settle phase. Raft promises progress to any live majority (§5.2, §6.2), so
+        the others must still elect, commit and serve: a leader that hears a live
+        majority yet commits nothing fails this (it led for ever once, the voter it
+        needed to count another being gone). Not after a wipe (a wiped voter not yet
+        readmitted plus a lost one are two of three) nor with ``survive``'s two voters."""
+        if "lost" not in self.faults or self.wipes or "survive" in self.faults:
+            return None
+        leader = self._leader()
+        conf = self.nodes[leader].raft.conf if leader else self.nodes["n1"].raft.conf
+        if len(conf.voters) < 3:
+            return None
+        return self.rng.choice(sorted(conf.voters))
 
     # ================================================================= clients ========
     def _on_client(self, c: int) -> None:
@@ -1160,7 +1188,7 @@ class Simulation:
         if self.settled_ops == 0:
             self._violation("liveness: no client operation completed after the faults stopped")
         lr = self.nodes[leader].raft
-        members = sorted(lr.conf.members())
+        members = sorted(lr.conf.members() - {self.lost})
         for nid in members:
             node = self.nodes[nid]
             if node.last_applied != lr.log.committed:
