@@ -179,6 +179,29 @@ def test_a_dead_metastore_voter_is_replaced_and_a_second_loss_costs_nothing(
     _check(cluster, data)
 
 
+def test_failures_add_up_a_node_declared_dead_no_longer_counts_in_the_majority(
+    cluster: Cluster,
+) -> None:
+    """A dead node stays in the topology until an operator removes it; it must not count
+    in the majority the leader needs to hear before it declares anyone dead, or healing
+    stops once failures add up (found from outside: three founders and three spares,
+    two founders dead and healed, a third node SIGKILLed stayed suspect for good, the
+    leader hearing 3 of 6). Here: n3 dead, then a second founder; the leader hears 2 of
+    4, but 2 of the 3 not yet dead, so the second is declared dead too and every
+    partition moves onto the two nodes left."""
+    data = _table_on_all(cluster, scale_down=2.0, scale_up=1.0)
+    cluster.kill("n3")
+    wait_for(lambda: _meta_conf(cluster) == (["n1", "n2", "n4"], ["n3"]), 30,
+             "n4 promoted in n3's place")
+    cluster.wait_converged(TABLE, ["n1", "n2", "n4"], 3, timeout=30)
+    victim = "n1" if cluster.meta_leader() != "n1" else "n2"
+    survivor = next(n for n in ("n1", "n2") if n != victim)
+    cluster.kill(victim)
+    wait_for(lambda: _state(cluster, survivor, victim) == "dead", 30, f"{victim} dead")
+    cluster.wait_converged(TABLE, sorted([survivor, "n4"]), 2, timeout=60)
+    _check(cluster, data)
+
+
 def test_drain_moves_everything_off_a_node_then_it_leaves_the_metastore(
     cluster: Cluster,
 ) -> None:

@@ -44,7 +44,10 @@ nothing about the current one.
 Guard rails
 -----------
 - Nothing is declared dead while the leader hears from fewer than a majority of the
-  topology: it is then more likely to be the one cut off.
+  topology's nodes not already declared dead: it is then more likely to be the one cut
+  off. Counting the dead in that majority would stop the healing once failures add up
+  (with three founders and three spares, two founders declared dead and healed, a third
+  node SIGKILLed stayed ``suspect`` for good: the leader heard 3 of 6).
 - The data nodes are never empty: if every node were dead, the topology stands.
 - ``scale_down_timeout = 0`` turns automatic removal off: no node is declared dead, and
   the dead ones return to the data nodes.
@@ -303,7 +306,8 @@ class Liveness(ManagerBase):
             return
         settings = self._settings()
         dead = set(self._nodes(DEAD_KEY))
-        may_declare = sum(heard.values()) >= len(topo) // 2 + 1
+        counted = [n for n in topo if n not in dead]
+        may_declare = sum(heard[n] for n in counted) >= len(counted) // 2 + 1
         for n in sorted(topo):
             rec = self._liveness_record(n)
             state = self._decide(n, rec, heard[n], n in dead, settings, may_declare, now)
