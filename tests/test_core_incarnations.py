@@ -62,7 +62,12 @@ def test_at_birth_a_newborn_voter_waits_to_hear_that_enough_voters_never_recorde
     assert c.leader() is None  # n2 and n3 have each heard from n1 only
     c.raft("n2").campaign()
     c.stabilize()  # n3 has now heard from n1 and n2, and n1 from n2
-    assert c.leader() == "n2"
+    # n3 would grant n2, but a candidate's own vote obeys the same rule, and n2 has not
+    # heard from n3: it needs n1's grant too, and n1 has not heard from n3 either.
+    assert c.leader() is None
+    c.raft("n3").campaign()
+    c.stabilize()  # n3 has heard from both, and so have n1 and n2 now
+    assert c.leader() == "n3"
 
 
 def test_five_voters_two_laggards_at_birth_and_a_wiped_one_elect_nobody() -> None:
@@ -345,32 +350,110 @@ def test_an_incarnation_recorded_by_a_dropped_entry_is_not_retired(snapshot: boo
     assert c.nodes["n3"].state() == c.nodes["n1"].state()
 
 
-def test_a_leader_whose_counted_voters_are_gone_steps_down_so_the_live_majority_can_commit() -> None:
-    """Found from outside (tests/test_frames.py, 1 run in 12 under load): at birth n1 is
-    elected with n2's vote only, so its first entry records n1 and n2; n3 is recorded on
-    contact, and that record counts once committed (``_counted_matches``). n2 stops
-    before the record commits. n1 and n3 are a live majority, but n3's acknowledgements
-    count for nothing until its record commits, which needs n2: without more, n1 leads
-    for ever and commits nothing, since it hears from n3 and so passes Raft's
-    check-quorum (§6.2). Check-quorum counts only the voters whose acknowledgements
-    count, so n1 steps down; the next leader counts n3 from its first entry, since n3
-    granted its campaign as the incarnation recorded."""
+
+def _all_founders_heard_from_each_other() -> Cluster:
+    """A new group whose founders have each seen the others' vote requests (a real
+    cluster's first-tick pre-votes): each campaigns with every answer to it dropped."""
     c = cluster()
+    for nid in N3:
+        deaf = {(other, nid) for other in N3}
+        c.blocked |= deaf
+        c.raft(nid).campaign()
+        c.stabilize()
+        c.blocked -= deaf
+    return c
+
+
+def _stale_n1_records_a_wiped_n3() -> tuple[Cluster, dict[int, int], int]:
+    """n1 is born leader of term 2 with n2's grant only (n3's link to n1 is cut), so it
+    records n1 and n2. n1 is isolated and not ticked: a stale leader that does not know
+    it. n2 leads term 3 with n3's grant and commits with n3. n3 is wiped; only n1 and n3
+    reach each other, and n1 hears the new incarnation and appends an on-contact RECORD
+    of it (uncommitted), which n3 takes: n3's own configuration now records it as it
+    is. Returns the cluster, the terms of what n2 committed, and n2's term."""
+    c = _all_founders_heard_from_each_other()
     c.cut("n1", "n3")
     c.elect("n1")
-    assert changes(c, "n1")[0].op == ConfChangeOp.RECORD
-    assert c.raft("n1").conf.incarnation_of("n3") is None  # n1 has not heard n3 yet
+    assert c.raft("n1").conf.incarnation_of("n3") is None
+    c.isolate("n1")
+    c.raft("n2").campaign()
+    c.stabilize()
+    assert c.raft("n2").role == Role.LEADER
+    for i in range(6):
+        c.propose("n2", cmd(100 + i))
+    n2 = c.raft("n2")
+    theirs = {i: n2.log.term(i) for i in range(1, n2.log.committed + 1)}
+    c.wipe("n3")
+    c.heal()
+    c.isolate("n2")
+    c.tick(["n1"], n=2)
+    assert c.raft("n3").conf.incarnation_of("n3") == inc(c, "n3")
+    return c, theirs, n2.term
+
+
+def _leaders_and_conflicts(c: Cluster, theirs: dict[int, int], rounds: int) -> dict[int, set[str]]:
+    leaders: dict[int, set[str]] = {}
+    for _ in range(rounds):
+        c.tick(["n1", "n3"])
+        for n in ("n1", "n3"):
+            r = c.raft(n)
+            if r.role == Role.LEADER:
+                leaders.setdefault(r.term, set()).add(n)
+            for i, term in theirs.items():
+                assert i > r.log.committed or r.log.term(i) == term, (
+                    f"{n} committed index {i} as term {r.log.term(i)}, n2 as {term}")
+    return leaders
+
+
+def test_a_wiped_voter_recorded_only_by_a_stale_leader_does_not_vote_again() -> None:
+    """Found in review: n3, wiped, forgot that it voted for n2 in term 3. Recorded as
+    itself only by the stale n1's uncommitted RECORD, it took that for a record that
+    counts and skipped the newborn vote rule: n1 restarted and n3 elected itself in
+    term 3 with n1's grant, a second leader of n2's term, with an (index, term) entry
+    unlike n2's (Log Matching broken). A record of itself counts for a node's own votes
+    only once committed, and a candidate's own vote obeys the rule it applies to
+    others'."""
+    c, theirs, term = _stale_n1_records_a_wiped_n3()
+    c.nodes["n1"].crash()
+    c.nodes["n1"].restart()
+    leaders = _leaders_and_conflicts(c, theirs, 300)
+    assert term not in leaders, f"a second leader of term {term}: {leaders[term]}"
+    assert not leaders  # n3 cannot prove it never counted: n2 holds its old record
+
+
+def test_a_stale_leader_and_a_wiped_voter_it_recorded_commit_nothing() -> None:
+    """The same schedule with n1 left running (it steps down by check-quorum, since the
+    wiped n3's answers count for nothing): n1 and n3 commit nothing, for only n2 can
+    tell that n3's earlier incarnation counted. A review's counterexample to counting a
+    granter of the current leader's campaign from its first entry (reverted)."""
+    c, theirs, term = _stale_n1_records_a_wiped_n3()
+    leaders = _leaders_and_conflicts(c, theirs, 300)
+    assert all(c.raft(n).log.committed <= 2 for n in ("n1", "n3"))
+    assert term not in leaders or leaders[term] == set()
+
+
+def test_a_voter_recorded_on_contact_counts_once_its_record_commits_which_may_wait() -> None:
+    """What "Incarnations" does not cover, as a scenario (found from outside, in a test
+    that stopped a follower right after the first election): n1 is elected with n2's
+    grant only, so its first entry records n1 and n2; n3 is recorded on contact, and
+    counts once that record commits. n2 stops before it does: n1 and n3 are a live
+    majority but commit nothing, since from where they stand the schedule is the one of
+    the test above, where counting n3 loses a committed entry. Once n2 is back, all
+    commit."""
+    c = _all_founders_heard_from_each_other()
+    c.cut("n1", "n3")
+    c.elect("n1")
     c.isolate("n2")
     c.blocked -= {("n1", "n3"), ("n3", "n1")}
-    c.tick(["n1"], n=2)  # n1 hears n3, records it on contact, and replicates the RECORD
+    c.tick(["n1"], n=2)  # n1 hears n3 and replicates its RECORD, which cannot commit
     assert c.raft("n1").conf.incarnation_of("n3") == inc(c, "n3")
-    index = c.raft(c.leader() or "n1").propose(cmd(1))
-    for _ in range(200):
-        c.tick(["n1", "n3"])
+    index = c.raft("n1").propose(cmd(1))
+    c.tick(["n1", "n3"], n=100)
+    assert all(c.raft(n).log.committed < index for n in ("n1", "n3"))
+    c.heal()
+    for _ in range(100):
+        c.tick()
         leader = c.leader()
-        if leader and c.raft(leader).log.committed >= index:
+        if leader and all(c.raft(n).log.committed >= index for n in N3):
             break
-    leader = c.leader()
-    assert leader in ("n1", "n3")
-    assert c.raft(leader).log.committed >= index
-    assert c.raft("n1").log.committed == c.raft("n3").log.committed
+    assert all(c.raft(n).log.committed >= index for n in N3)

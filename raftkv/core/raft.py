@@ -193,12 +193,7 @@ Every message carries its sender's incarnation (``Message.inc``). The rules:
   group's first records counts toward a commit index at or beyond that entry, so every
   quorum that used it holds its record; one recorded on contact (RECORD, READMIT)
   counts once that record is committed, or a deposed leader that never knew an
-  earlier incarnation could record a wiped node and commit with it, or from the
-  current leader's first entry if it granted that leader's campaign as the
-  incarnation recorded (the same evidence as an election entry's record). Check-quorum
-  counts only voters whose acknowledgements count: a leader elected without a voter
-  that it then recorded on contact, whose record needs a voter that has since gone,
-  steps down, and the next election counts the voters that grant it.
+  earlier incarnation could record a wiped node and commit with it.
 - **Commit by heartbeat.** A heartbeat's commit is bounded by the leader's match for
   the follower; the heartbeat names the incarnation that match describes (``to_inc``),
   and a follower that is another incarnation commits nothing from it.
@@ -207,19 +202,29 @@ Every message carries its sender's incarnation (``Message.inc``). The rules:
   its log (``to_inc_ok``). A node refuses when it is not that incarnation (the
   candidate counts on state it lost) and refuses a candidate that is not the
   incarnation it records. A node whose storage was created empty (``Config.newborn``)
-  and that its configuration does not record cannot tell a group's birth from its own
-  loss of state: it votes only when it can prove that no earlier incarnation of it
-  ever counted (``_newborn_may_vote`` gives the two proofs and why they hold). A
-  candidate at the group's birth is no such proof: a laggard that never received
-  anything looks the same, and two such laggards with a wiped voter are three of five
-  (simulator seed 92). So a new group is born once enough founders have seen each
-  other: a newborn founder announces itself with a pre-vote at its first tick.
+  and that its configuration does not record by a record that counts (committed, or
+  among a group's first records) cannot tell a group's birth from its own loss of
+  state: it votes only when it can prove that no earlier incarnation of it ever counted
+  (``_newborn_may_vote`` gives the two proofs and why they hold). That holds for its
+  vote for itself as a candidate too (``_may_vote_for_self``): a wiped node recorded as
+  itself only by a stale leader's uncommitted RECORD once elected itself, with that
+  leader's grant, in a term it had voted in before the wipe (two leaders of one term;
+  found in review). A candidate at the group's birth is no such proof: a laggard that
+  never received anything looks the same, and two such laggards with a wiped voter are
+  three of five (simulator seed 92). So a new group is born once enough founders have
+  seen each other: a newborn founder announces itself with a pre-vote at its first
+  tick.
 
 What this does not cover, and why: a voter that was never recorded (logs written
 before incarnations, which the first leader records) is counted as before. A group of
 three is born only once all three founders have run (each must see that the other two
 hold no record of it); five need four. If the first leader dies before its records
-commit, a voter it recorded but that never received them may wait for that leader. A deposed leader whose configuration
+commit, a voter it recorded but that never received them may wait for that leader.
+Likewise a voter recorded on contact counts once its record commits: if the voters
+that could commit it are gone (the first leader was elected without that voter, and
+the voter that elected it stopped), the ones left commit nothing until one returns,
+for from where they stand that is also the schedule in which a stale leader records a
+wiped node (tests/test_core_incarnations.py). A deposed leader whose configuration
 predates a member's record can record the member's new incarnation. A leader's match
 for a follower that was wiped while down counts until the new incarnation first
 answers, which matters only for an entry not yet committed when the follower went
@@ -494,11 +499,6 @@ class Raft:
         # Candidate: the incarnations of the voters that granted this campaign (its
         # pre-vote or vote), for the no-op to record.
         self._grants: dict[str, int] = {}
-        # Leader: the incarnations of the voters that granted its campaign (itself
-        # included), and the index of its term's first entry: their acknowledgements
-        # count toward a commit index at or beyond it (``_counting_from``).
-        self._elected: dict[str, int] = {}
-        self._elected_at = 0
         # Newborn and unrecorded (see "Incarnations"): the voters whose vote requests,
         # since this start, showed no record of this node (or a committed record of it
         # as it is), and whether one showed another incarnation of it.
@@ -889,7 +889,6 @@ class Raft:
         self.votes = {}
         self._survivor, self._electorate = None, frozenset()
         self._unrecorded = {}
-        self._elected = {}
         self.prs = {}
         self.read_only = ReadOnly()
         self.pending_reads = []
@@ -929,9 +928,6 @@ class Raft:
         self._transfer_timeouts = {}
         self.role = Role.LEADER
         last = self.log.last_index()
-        self._elected = {v: inc for v, inc in grants.items() if inc}
-        self._elected[self.id] = self._inc
-        self._elected_at = last + 1
         # Sorted: set order varies between processes, and a seed must replay exactly.
         for nid in sorted(self.conf.members()):
             self.prs[nid] = self._new_progress(nid, last + 1)
@@ -1006,7 +1002,7 @@ class Raft:
         else:
             self._become_candidate()
             vote_type, term = MT.VOTE, self.term
-        if self._poll(self.id, True) is True:
+        if self._poll(self.id, self._may_vote_for_self()) is True:
             self._won(kind)
             return
         ctx = _CAMPAIGN_TRANSFER if kind == CampaignKind.TRANSFER else None
@@ -1167,7 +1163,8 @@ class Raft:
     def _identity_allows_vote(self, m: Message) -> bool:
         """The vote rules of "Incarnations": never vote as an incarnation the candidate
         does not know us by, never for a candidate that is not the incarnation we know,
-        and, newborn and not yet recorded, only as ``_newborn_may_vote`` allows."""
+        and, newborn and not yet recorded by a record that counts, only as
+        ``_newborn_may_vote`` allows."""
         if not self._inc:
             return True
         if m.to_inc and m.to_inc != self._inc:
@@ -1175,9 +1172,32 @@ class Raft:
         known = self._incs.get(m.frm)
         if known is not None and m.inc != known:
             return False  # the candidate lost the state this group counted on
-        if self.cfg.newborn and self._incs.get(self.id) != self._inc:
+        if self.cfg.newborn and not self._counted_as_self():
             return self._newborn_may_vote(m)
         return True
+
+    def _counted_as_self(self) -> bool:
+        """Whether the configuration records us as we are by a record that counts:
+        committed, or among a group's first records. A stale leader's uncommitted
+        on-contact RECORD of a wiped node is no such record: taking it for one let the
+        wiped node vote again, for itself or another, in a term it had voted in before
+        the wipe (two leaders of one term, found in review; tests/test_core_incarnations)."""
+        return self._incs.get(self.id) == self._inc and self._countable(self.id)
+
+    def _may_vote_for_self(self) -> bool:
+        """A candidate's own vote obeys the rules it applies to others' requests: newborn
+        and not counted as itself, it counts its vote only as ``_newborn_may_vote``'s
+        second proof allows (its electorate's other votes must elect it otherwise). A
+        lone voter's vote is the group's only one."""
+        if not self._inc or not self.cfg.newborn or self.conf.voters == {self.id}:
+            return True
+        if self._counted_as_self():
+            return True
+        if self._known_gone:
+            return False
+        others = self.conf.voters - {self.id}
+        n = len(self.conf.voters)
+        return len(self._unaware & others) > n - majority(n)
 
     def _newborn_may_vote(self, m: Message) -> bool:
         """A node whose storage was created empty, and which its configuration does not
@@ -1449,18 +1469,9 @@ class Raft:
                 self._bcast_heartbeat(self.read_only.last_seq())
 
     def _quorum_active(self) -> bool:
-        """Check-quorum (§6.2): whether a quorum of voters answered within the last
-        election timeout. With identities, only voters whose acknowledgements count
-        (``_counting_from``): a leader that hears a live majority of which too few count
-        could otherwise lead for ever and commit nothing (a voter recorded on contact
-        counts once its record commits, which may need a voter that is gone). Stepping
-        down is always safe, and the next election's first entry records every voter
-        that granted it, so they count."""
-        counting = bool(self._inc and self._incs)
         active = set()
         for nid, pr in self.prs.items():
-            if nid == self.id or (pr.recent_active and (
-                    not counting or self._counting_from(nid) is not None)):
+            if nid == self.id or pr.recent_active:
                 active.add(nid)
             if nid != self.id:
                 pr.recent_active = False
@@ -1551,9 +1562,12 @@ class Raft:
         only lower the index, so a few rounds settle it."""
         counted: dict[str, int] = {}
         began: dict[str, int] = {}
+        lone = len(self.conf.voters) == 1
         for v, m in match.items():
-            index = self._counting_from(v)
-            if index is not None:
+            if v not in self._incs:
+                continue
+            index, first = self._record_began(v)
+            if index <= self.log.committed or first or lone or self._elected_record(index):
                 counted[v], began[v] = m, index
         while True:
             c = committed_index(self.conf.voters, counted)
@@ -1562,27 +1576,6 @@ class Raft:
                 return counted
             for v in late:
                 del counted[v]
-
-    def _counting_from(self, nid: str) -> int | None:
-        """From which index ``nid``'s acknowledgements count (toward a commit index at or
-        beyond it), or None while they count for nothing: it is unrecorded, or recorded
-        on contact by a record not yet committed and it did not grant this leader's
-        campaign. A voter that granted it, as the incarnation recorded, counts from this
-        term's first entry, by the argument that makes an election entry's records
-        count: its vote passed the identity rules, and every quorum that commits at or
-        beyond that entry holds its record, which lies below it. Without this, a voter
-        recorded on contact whose record cannot commit (the voter that would commit it
-        is gone) could never count, whoever leads."""
-        rec = self._incs.get(nid)
-        if rec is None:
-            return None
-        index, first = self._record_began(nid)
-        if (index <= self.log.committed or first or len(self.conf.voters) == 1
-                or self._elected_record(index)):
-            return index
-        if self._elected.get(nid) == rec:
-            return self._elected_at
-        return None
 
     def _settle_identities(self) -> None:
         """Propose a RECORD (or a READMIT) for a member heard from as an incarnation the

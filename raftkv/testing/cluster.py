@@ -118,12 +118,12 @@ class Cluster:
         self.nodes[nid].raft.campaign()
         self.stabilize()
         if self.raft(nid).role != Role.LEADER and self.nodes[nid].identities:
-            self._introduce(nid)
+            self.introduce(nid)
             self.nodes[nid].raft.campaign()
             self.stabilize()
         assert self.raft(nid).role == Role.LEADER, f"{nid} failed to become leader"
 
-    def _introduce(self, nid: str) -> None:
+    def introduce(self, nid: str) -> None:
         """A newborn voter grants a vote only once enough others have shown it, in their
         vote requests, that they hold no record of it ("Incarnations" in raftkv.core.raft).
         A real cluster's election timers do that; here every node but ``nid`` campaigns

@@ -227,7 +227,7 @@ class Simulation:
         self.founders: list[str] = []
         self.wiped: set[str] = set()
         self.wipes = 0
-        self.lost: str | None = None  # ``lost``: the voter the settle phase leaves down
+        self.kept_down: str | None = None  # ``lost``: the voter the settle phase leaves down
         # ``survive``: (a, b) while b, lost, is in a's configuration; and per term of a
         # survivor election, (a, the members whose grants it needs, as counted here).
         self.lost: tuple[str, str] | None = None
@@ -740,9 +740,9 @@ class Simulation:
         # Clients sleeping through an idle period wake at its end, as scheduled.
         self.settle_calls_until = max(self.now, self.quiet_until) + self.cfg.settle_ms // 4
         self.blocked.clear()
-        self.lost = self._choose_lost()
+        self.kept_down = self._choose_kept_down()
         for nid, node in sorted(self.nodes.items()):
-            if nid == self.lost:
+            if nid == self.kept_down:
                 if node.alive:
                     node.crash()
                 self._log(f"settle: {nid} is lost for good")
@@ -753,7 +753,7 @@ class Simulation:
                 self._touch(nid)
         self._log("settle: faults off, partitions healed, all nodes restarted")
 
-    def _choose_lost(self) -> str | None:
+    def _choose_kept_down(self) -> str | None:
         """``lost``: a voter of the newest leader's configuration that stays down through
         the settle phase. Raft promises progress to any live majority (§5.2, §6.2), so
         the others must still elect, commit and serve: a leader that hears a live
@@ -1188,7 +1188,7 @@ class Simulation:
         if self.settled_ops == 0:
             self._violation("liveness: no client operation completed after the faults stopped")
         lr = self.nodes[leader].raft
-        members = sorted(lr.conf.members() - {self.lost})
+        members = sorted(lr.conf.members() - {self.kept_down})
         for nid in members:
             node = self.nodes[nid]
             if node.last_applied != lr.log.committed:
