@@ -457,3 +457,37 @@ def test_a_voter_recorded_on_contact_counts_once_its_record_commits_which_may_wa
         if leader and all(c.raft(n).log.committed >= index for n in N3):
             break
     assert all(c.raft(n).log.committed >= index for n in N3)
+
+
+def test_a_founder_heard_only_once_connected_then_lost_leaves_the_others_able_to_elect() -> None:
+    """Found from outside: three founders started; the third was SIGKILLed half a second
+    later, after the others had logged it reachable, and the two left never elected
+    (2 runs in 5). Each founder announces itself with a pre-vote at its first tick, but
+    that tick came before any connection was up, and the third died before its first
+    timed campaign: nobody ever heard it, so no newborn voter could prove it had never
+    counted. A founder now announces itself again when the driver reports a voter
+    reachable (``peer_up``) while its group is not born."""
+    c = cluster()
+    for nid in N3:
+        c.isolate(nid)  # no connection is up yet
+    c.tick(n=1)  # every first-tick announcement is lost
+    for nid in N3:
+        for peer in N3:
+            if peer != nid:
+                c.raft(nid).peer_down(peer)
+    c.heal()
+    for nid in N3:  # the connections come up, and the driver says so
+        for peer in N3:
+            if peer != nid:
+                c.raft(nid).peer_up(peer)
+    c.tick(n=1)  # each founder's announcement lands
+    c.nodes["n3"].crash()
+    for _ in range(200):
+        c.tick(["n1", "n2"])
+        if c.leader() in ("n1", "n2"):
+            break
+    leader = c.leader()
+    assert leader in ("n1", "n2")
+    index = c.propose(leader, cmd(1))
+    c.tick(["n1", "n2"], n=3)
+    assert c.raft(leader).log.committed >= index

@@ -514,8 +514,7 @@ class Raft:
         self._retired: set[tuple[str, int]] = set()
         self.conf: ConfState = self.confs[-1][1]
         self._incs = dict(self.conf.incarnations)
-        newborn_founder = (config.incarnation and config.newborn and self.id in self.conf.voters
-                           and self._incs.get(self.id) != config.incarnation)
+        newborn_founder = self._unborn_founder()
         self._trim_confs()  # applied may start past some of them (Config.applied)
 
         self.term = hard.term
@@ -724,12 +723,26 @@ class Raft:
 
     def peer_up(self, peer: str) -> None:
         """``peer`` is reachable again. A quiet leader wakes so its heartbeats bring the
-        returning follower up to date (it was exempt while unreachable)."""
+        returning follower up to date (it was exempt while unreachable). A newborn
+        founder of a group not yet born announces itself again at its next tick: its
+        first-tick announcement went out before any connection was up, and a founder
+        that died before its first timed campaign would otherwise never have been
+        heard, leaving the other two unable to elect anyone (found from outside)."""
         if peer not in self._unreachable:
             return
         self._unreachable.discard(peer)
         if self.quiesced and self.role == Role.LEADER and peer in self.prs:
             self._unquiesce()
+        if (self._unborn_founder() and peer in self.conf.voters
+                and self.role in (Role.FOLLOWER, Role.PRE_CANDIDATE) and self.lead is None):
+            self.election_elapsed = max(self.election_elapsed,
+                                        self.randomized_election_timeout - 1)
+
+    def _unborn_founder(self) -> bool:
+        """A newborn voter the configuration does not record: a founder whose group has
+        not been born, or a wiped voter (whose announcements cost nothing either)."""
+        return bool(self._inc and self.cfg.newborn and self.id in self.conf.voters
+                    and self._incs.get(self.id) != self._inc)
 
     def step(self, m: Message) -> None:
         if self.quiesced and not self._keeps_quiet(m):
