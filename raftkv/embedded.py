@@ -31,7 +31,7 @@ from raftkv.storage.dir_lock import release_data_dir
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 from raftkv.storage.state_store import StateStore
 from raftkv.tls import TlsConfig
-from raftkv.transport.tcp import parse_addr
+from raftkv.transport.tcp import check_peer_addresses, parse_addr
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ class EmbeddedNode:
         (default: ``raftkv.admin.NodeAdmin``)."""
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
+        check_peer_addresses(peers)
         self.node_id = node_id
         self.group = group
         self.timeout = request_timeout

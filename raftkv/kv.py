@@ -26,6 +26,7 @@ from typing import Any
 
 from raftkv.embedded import EmbeddedNode
 from raftkv.storage.commands import (
+    CommandError,
     check_key,
     check_value,
     encode_batch,
@@ -47,6 +48,14 @@ def _key(key: Key) -> bytes:
 
 def _value(value: Value) -> bytes:
     return check_value(value.encode() if isinstance(value, str) else value)
+
+
+def _batch_op(op: object) -> tuple[bytes, bytes | None]:
+    """One (key, value) pair of a batch, value None for a delete; CommandError if not."""
+    if not isinstance(op, tuple | list) or len(op) != 2:
+        raise CommandError(f"a batch operation is a (key, value) pair, not {op!r:.80}")
+    k, v = op
+    return _key(k), None if v is None else _value(v)
 
 
 def _index(index: int, result: object) -> int:
@@ -81,9 +90,7 @@ class RaftKV(EmbeddedNode):
 
     def batch_async(self, ops: Iterable[tuple[Key, Value | None]]) -> Future[int]:
         """Apply puts (and deletes, value None) atomically as one log entry."""
-        cmd = encode_batch(
-            (_key(k), None if v is None else _value(v)) for k, v in ops
-        )
+        cmd = encode_batch(_batch_op(op) for op in ops)
         return self.node.propose(self.group, cmd, _index)
 
     def put(self, key: Key, value: Value) -> int:

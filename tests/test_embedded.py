@@ -66,6 +66,23 @@ def test_bad_keys_and_values_are_refused_before_proposing(cluster: list[RaftKV])
         cluster[0].put("k" * 600, "x")
     with pytest.raises(CommandError):
         cluster[0].put("k", b"x" * (1 << 20 + 1))
+    # A malformed batch operation is refused as the others are (it was a bare unpacking
+    # error; found from outside), and nothing of the batch is applied.
+    for bad in ([("a",)], [("a", "1"), ("b", "2", "3")], ["ab"], [None]):
+        with pytest.raises(CommandError, match="a batch operation is a"):
+            cluster[0].batch(bad)
+    assert cluster[0].get("a") is None
+
+
+def test_a_peers_map_that_gives_one_address_to_two_ids_is_refused(tmp_path: Path) -> None:
+    """Found from outside: n3 given n2's address by mistake was accepted, and the node
+    never elected, its dials to n3 answered by n2. ``raftkv serve --peers`` refused
+    it already; the embedded API now does too, before it opens a file."""
+    ps = peers()
+    ps["n3"] = ps["n2"]
+    with pytest.raises(ValueError, match="gives the address .* to n2 and n3"):
+        RaftKV("n1", ps["n1"], ps, SECRET, data_dir=str(tmp_path / "n1"))
+    assert not (tmp_path / "n1").exists()
 
 
 def test_a_restarted_node_recovers_from_its_data_dir(tmp_path: Path) -> None:

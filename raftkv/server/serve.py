@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.server.auth import Tokens
 from raftkv.server.node_metrics import PrometheusMetrics
 from raftkv.tls import TlsConfig
-from raftkv.transport.tcp import parse_addr
+from raftkv.transport.tcp import check_peer_addresses, parse_addr
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -65,13 +64,7 @@ def parse_peers(text: str) -> dict[str, str]:
         if node in peers:
             raise ValueError(f"--peers names {node} twice")
         peers[node] = addr
-    shared = [a for a, n in Counter(peers.values()).items() if n > 1]
-    if shared:
-        # Two ids at one address: whichever process binds it answers for both, and each
-        # of the two ids would be counted as a voter: a quorum one node can fake.
-        raise ValueError(f"--peers gives the address {shared[0]} to "
-                         f"{' and '.join(n for n, a in peers.items() if a == shared[0])}: "
-                         "every node needs its own")
+    check_peer_addresses(peers)
     return peers
 
 

@@ -69,7 +69,7 @@ import errno
 import logging
 import socket
 import ssl
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +118,20 @@ def parse_addr(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"bad address {addr!r}: expected host:port")
     return host, int(port)
+
+
+def check_peer_addresses(peers: dict[str, str]) -> None:
+    """ValueError unless every address in ``peers`` parses and no two ids share one:
+    whichever process binds a shared address answers for both ids, each counted as a
+    voter, a quorum one node can fake (and otherwise a node that never elects, its
+    dials answered by the wrong id)."""
+    for addr in peers.values():
+        parse_addr(addr)
+    shared = [a for a, n in Counter(peers.values()).items() if n > 1]
+    if shared:
+        names = " and ".join(n for n, a in peers.items() if a == shared[0])
+        raise ValueError(f"the peers map gives the address {shared[0]} to {names}: "
+                         "every node needs its own")
 
 
 class _State:
