@@ -1185,7 +1185,13 @@ class Raft:
         known = self._incs.get(m.frm)
         if known is not None and m.inc != known:
             return False  # the candidate lost the state this group counted on
-        if self.cfg.newborn and not self._counted_as_self():
+        survivor = type(m.context) is int
+        if self.cfg.newborn and not (self._counted_as_self() or (
+                survivor and self._incs.get(self.id) == self._inc)):
+            # A survivor election's request (an int context) keeps the rule that was
+            # here before: any record of us as we are in our log (placement's survivor
+            # scenarios, simulator seed 102, rely on it; "The lone survivor of two
+            # voters" discusses the learner that lacks one).
             return self._newborn_may_vote(m)
         return True
 
@@ -1193,8 +1199,9 @@ class Raft:
         """Whether the configuration records us as we are by a record that counts:
         committed, or among a group's first records. A stale leader's uncommitted
         on-contact RECORD of a wiped node is no such record: taking it for one let the
-        wiped node vote again, for itself or another, in a term it had voted in before
-        the wipe (two leaders of one term, found in review; tests/test_core_incarnations)."""
+        wiped node vote again, for itself or for that leader, in a term it had voted in
+        before the wipe (two leaders of one term, found in review;
+        tests/test_core_incarnations)."""
         return self._incs.get(self.id) == self._inc and self._countable(self.id)
 
     def _may_vote_for_self(self) -> bool:
