@@ -1211,13 +1211,7 @@ class Raft:
         lone voter's vote is the group's only one."""
         if not self._inc or not self.cfg.newborn or self.conf.voters == {self.id}:
             return True
-        if self._counted_as_self():
-            return True
-        if self._known_gone:
-            return False
-        others = self.conf.voters - {self.id}
-        n = len(self.conf.voters)
-        return len(self._unaware & others) > n - majority(n)
+        return self._counted_as_self() or self._enough_unaware()
 
     def _newborn_may_vote(self, m: Message) -> bool:
         """A node whose storage was created empty, and which its configuration does not
@@ -1236,8 +1230,11 @@ class Raft:
           ``majority(n) - 1`` other voters: it cannot be absent from that many.
 
         The candidate's own request is one of the reports (noted before this check)."""
-        if m.to_inc == self._inc and m.to_inc_ok:
-            return True
+        return (m.to_inc == self._inc and m.to_inc_ok) or self._enough_unaware()
+
+    def _enough_unaware(self) -> bool:
+        """``_newborn_may_vote``'s second proof: more than ``n - majority(n)`` other
+        voters showed no record of us, and none an earlier incarnation of us."""
         if self._known_gone:
             return False
         others = self.conf.voters - {self.id}
