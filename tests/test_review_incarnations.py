@@ -59,7 +59,7 @@ def test_a_deposed_first_leader_cannot_record_a_wiped_voter_and_commit() -> None
     RECORD and a write commit with n1 and the wiped n3, at indexes n2 and the old n3
     committed in term 3. One wiped voter of three: two entries committed at one index."""
     c = Cluster(N3, seed=1, identities=True)
-    c.introduce("n1")  # every founder has run (a candidate's own vote needs it too)
+    c.introduce("n1")  # every founder has run
     c.filters.append(lambda m: not (m.frm == "n3" and m.to == "n1"))
     c.elect("n1")
     c.stabilize()
@@ -95,7 +95,7 @@ def test_a_late_candidate_does_not_record_a_wiped_voter_that_refused_it() -> Non
     from raftkv.core import MessageType as MT
 
     c = Cluster(N3, seed=1, identities=True)
-    c.introduce("n1")  # every founder has run (a candidate's own vote needs it too)
+    c.introduce("n1")  # every founder has run
     c.filters.append(lambda m: not (m.frm == "n3" and m.to == "n1"))
     c.elect("n1")
     c.stabilize()
