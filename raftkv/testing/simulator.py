@@ -757,9 +757,10 @@ class Simulation:
         """``lost``: a voter of the newest leader's configuration that stays down through
         the settle phase. Raft promises progress to any live majority (§5.2, §6.2), so
         the others must still elect, commit and serve: a leader that hears a live
-        majority yet commits nothing fails this (it led for ever once, the voter it
-        needed to count another being gone). Not after a wipe (a wiped voter not yet
-        readmitted plus a lost one are two of three) nor with ``survive``'s two voters."""
+        majority yet commits nothing fails this. Not after a wipe (a wiped voter not yet
+        readmitted plus a lost one are two of three) nor with ``survive``'s two voters.
+        The one wait "Incarnations" documents (a voter recorded on contact whose record
+        needs a voter that is gone) is at a group's birth, long before the settle."""
         if "lost" not in self.faults or self.wipes or "survive" in self.faults:
             return None
         leader = self._leader()
