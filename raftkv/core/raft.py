@@ -229,10 +229,11 @@ tests/test_core_incarnations.py). Requiring a committed record for a newborn nod
 own vote and its grants closes it, but slowed the birth of groups under load enough
 to fail placement tests, and is not done yet. A leader's match for a follower that was
 wiped while down counts until the new incarnation first answers, which matters only
-for an entry not yet committed when the follower went down. Two or more wiped voters of one configuration are beyond any majority protocol,
-as two lost disks are; so is a removed founder started again on empty files with its
-founding arguments: it bootstraps the founding configuration, and a majority of such
-founders would form a group of their own.
+for an entry not yet committed when the follower went down. Two or more wiped voters
+of one configuration are beyond any majority protocol, as two lost disks are; so is a
+removed founder started again on empty files with its founding arguments: it
+bootstraps the founding configuration, and a majority of such founders would form a
+group of their own.
 
 The lone survivor of two voters
 -------------------------------
