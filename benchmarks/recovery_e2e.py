@@ -50,6 +50,9 @@ fresh connection) until one is acknowledged. Times start when the processes are 
 - **pysyncobj**: the whole-cluster row for PySyncObj, at each --keys, capped at
   ``--pso-timeout`` seconds.
 
+raftkv runs as installed: its bytecode is compiled first (``compile_bytecode``; an
+editable install under ``PYTHONDONTWRITEBYTECODE`` would otherwise compile the package in
+every node at every start).
 raftkv's nodes log ``startup: imported X, opened X, elected X, committed X, http X``;
 those phases (median over restarts and nodes) are in the JSON and the table.
 
@@ -76,6 +79,7 @@ from typing import Any
 
 from benchmarks import _recovery_systems as S
 from benchmarks._plot import pyplot
+from benchmarks._recovery_common import compile_bytecode
 from benchmarks.http_vs_etcd import ensure
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -231,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     single = bool(scen & {"leader", "follower"})
     if "etcd" in systems and not ensure("etcd", "etcd-server"):
         systems.remove("etcd")
+    compile_bytecode()
     doc: dict[str, Any] = {"params": vars(args), "cpus": os.cpu_count(), "rows": [],
                            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(args.out)

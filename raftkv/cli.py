@@ -63,12 +63,10 @@ import time
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from raftkv.client import Client, ClientError, Unavailable, resolve_token
 from raftkv.server import serve
-from raftkv.spark.cli import add_arguments as add_spark_arguments
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import DEFAULT_GROUP
 from raftkv.transport.tcp import parse_addr
@@ -609,6 +607,8 @@ def _seconds(text: str, zero: bool = False) -> float:
 
 
 def _version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version("raftkv")
     except metadata.PackageNotFoundError:  # run from a checkout that was never installed
@@ -621,7 +621,22 @@ def _sub(group: Any, name: str, text: str, **kw: Any) -> argparse.ArgumentParser
     return parser
 
 
+SERVE_HELP = "run a node: Raft on --raft-addr, the HTTP API on --http-addr"
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """``raftkv serve`` alone. A node starts through this parser, not ``parser()``: the
+    other commands' parsers (Spark's among them) cost a restarted node CPU before its
+    first answer, and a whole cluster restarted on one machine shares the cores."""
+    p = _Parser(prog="raftkv serve", description=SERVE_HELP)
+    serve.add_arguments(p)
+    p.set_defaults(cmd="serve")
+    return p
+
+
 def parser() -> argparse.ArgumentParser:
+    from raftkv.spark.cli import add_arguments as add_spark_arguments
+
     p = _Parser(prog="raftkv", description="raftkv: a replicated key-value store. Run a "
                 "node (serve), read and write keys, manage the cluster and its tables.")
     p.add_argument("--version", action="version", version=f"raftkv {_version()}")
@@ -646,8 +661,7 @@ def parser() -> argparse.ArgumentParser:
                    help="file holding the bearer token to send (default: $RAFTKV_TOKEN, "
                         "else the file named by $RAFTKV_TOKEN_FILE)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    serve.add_arguments(_sub(sub, "serve", "run a node: Raft on --raft-addr, the HTTP API "
-                                           "on --http-addr"))
+    serve.add_arguments(_sub(sub, "serve", SERVE_HELP))
     table_help = "a table's key (default: the default KV group's)"
     put = _sub(sub, "put", "write a key")
     put.add_argument("key", help="the key (1..511 bytes)")
@@ -883,7 +897,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return admin(argv[:tls_first] + argv[tls_first + 1:])
     try:
-        args = parser().parse_args(argv)
+        args = (serve_parser().parse_args(argv[1:]) if argv[:1] == ["serve"]
+                else parser().parse_args(argv))
         if args.cmd == "serve":
             return serve.run(args)
         if args.cmd == "snapshot" and args.action != "save" and not (

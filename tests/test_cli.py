@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from raftkv.cli import main, parser
+from raftkv.cli import main, parser, serve_parser
 from raftkv.testing.procs import ProcCluster, free_ports
 
 
@@ -74,10 +74,26 @@ def test_a_usage_error_is_one_line_and_exits_1_not_2(
                        (["--timeout", "-1", "get", "k"], "must be more than 0 seconds"),
                        (["cas", "k", "v"],
                         "give exactly one of --prev-value, --prev-absent or --prev-index"),
-                       (["frobnicate"], "invalid choice")):
+                       (["frobnicate"], "invalid choice"),
+                       (["serve", "--id", "n1"], "raftkv serve: error: the following arguments")):
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], (argv, err)
+
+
+def test_serve_parses_its_own_arguments_alone() -> None:
+    """A node starts through ``serve_parser``: the same options and help as ``raftkv serve``
+    in the full parser, without loading the other commands' modules (Spark's), which a
+    whole cluster restarted on one machine would pay for in every process."""
+    full = parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    assert ({a.dest for a in serve_parser()._actions} - {"cmd"}
+            == {a.dest for a in full._actions})
+    res = subprocess.run([sys.executable, "-c", "import sys, raftkv.cli; "
+                          "raftkv.cli.serve_parser().parse_args(['--id', 'n1', '--raft-addr', "
+                          "'a:1', '--http-addr', 'a:2']); print(sorted(m for m in sys.modules "
+                          "if m.startswith('raftkv.spark')))"],
+                         check=True, capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "[]", res.stdout
 
 
 def test_a_refused_connection_fails_on_the_connect_timeout_not_the_request_timeout() -> None:
