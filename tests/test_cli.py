@@ -88,11 +88,11 @@ def test_serve_parses_its_own_arguments_alone() -> None:
     full = parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
     assert ({a.dest for a in serve_parser()._actions} - {"cmd"}
             == {a.dest for a in full._actions})
-    res = subprocess.run([sys.executable, "-c", "import sys, raftkv.cli; "
-                          "raftkv.cli.serve_parser().parse_args(['--id', 'n1', '--raft-addr', "
-                          "'a:1', '--http-addr', 'a:2']); print(sorted(m for m in sys.modules "
-                          "if m.startswith('raftkv.spark')))"],
-                         check=True, capture_output=True, text=True, timeout=60)
+    code = ("import sys, raftkv.cli; raftkv.cli.serve_parser().parse_args(['--id', 'n1', "
+            "'--raft-addr', 'a:1', '--http-addr', 'a:2']); "
+            "print(sorted(m for m in sys.modules if m.startswith('raftkv.spark')))")
+    res = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=60)
     assert res.stdout.strip() == "[]", res.stdout
 
 
