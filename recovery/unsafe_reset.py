@@ -86,10 +86,14 @@ Checks before anything is written
 Every data directory, the group in it, its log and state stores must exist and open
 cleanly. No other process may have them open (LMDB holds a shared lock on ``lock.mdb`` in
 every process that has the environment open, so an exclusive lock attempt tells a running
-node apart from a stopped one). ``members`` must be exactly the survivors' ids. If a
-survivor's state store applied entries beyond X, its log was replaced by a newer snapshot
-image. Nothing on the survivors then says whether S's entries match what it applied, so the
-tool refuses and asks the operator to leave it out. The dry run (``dry_run=True``, and the
+node apart from a stopped one). ``members`` must be exactly the survivors' ids. What a
+survivor knows is committed is its log's commit index or, when higher, its state store's
+applied index (only committed entries are applied; a SIGKILLed node's log usually records
+an older commit index than it applied, since a Ready that only moves the commit index is
+not written). The applied index counts only while the survivor's own log reaches it. A
+state store that applied entries beyond X (so beyond its own log too) installed a snapshot
+image its log never recorded. Nothing on the survivors then says whether S's entries match
+what it applied, so the tool refuses and asks the operator to leave it out. The dry run (``dry_run=True``, and the
 CLI without its confirmation flag) opens the stores the same way and writes nothing. Opening
 a log does truncate a damaged *uncommitted* tail, exactly as the node's own start would.
 
@@ -157,7 +161,7 @@ class SurvivorState:
     last_index: int
     last_term: int
     term: int  # hard-state term
-    commit: int  # hard-state commit: what this survivor knows is committed
+    commit: int  # what it knows is committed: its hard state's, or its applied index
     applied: int  # the state store's applied index
     conf: ConfState  # the configuration its log ends with
     vote_floor: VoteFloor | None
@@ -450,9 +454,16 @@ def _latest_conf(raft_log: LmdbLogStore) -> ConfState:
 def _describe(o: _Open) -> SurvivorState:
     hard, _ = o.log.initial_state()
     last = o.log.last_index()
+    # A state store applies only committed entries, so its applied index is a commit this
+    # survivor knows, and after a SIGKILL usually a later one than its log's hard state
+    # records: a Ready that only moves the commit index is not written to the log, while
+    # the state store checkpoints every second. It counts while the survivor's own log
+    # reaches it; beyond that the state came from an image the log never recorded, which
+    # _reset refuses.
+    commit = max(hard.commit, o.applied) if o.applied <= last else hard.commit
     return SurvivorState(
         node_id=o.node_id, data_dir=o.data_dir, first_index=o.log.first_index(),
-        last_index=last, last_term=o.log.term(last), term=hard.term, commit=hard.commit,
+        last_index=last, last_term=o.log.term(last), term=hard.term, commit=commit,
         applied=o.applied, conf=_latest_conf(o.log), vote_floor=o.log.vote_floor(),
     )
 

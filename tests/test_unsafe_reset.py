@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -607,13 +608,42 @@ def test_a_running_node_is_refused(
                  "--members", "n4,n5", CONFIRM_FLAG]) == 0
 
 
-def test_a_state_store_ahead_of_every_known_commit_is_refused(tmp_path: Path) -> None:
-    """Its image came from a snapshot newer than any survivor's log knows committed:
-    nothing shows whether the chosen log agrees with what it applied."""
-    d4 = write_survivor(tmp_path, "n4", prefix(n=6), HardState(1, None, 5), applied=5)
-    d5 = write_survivor(tmp_path, "n5", prefix(n=6), HardState(1, None, 4), applied=6)
+def test_a_state_store_ahead_of_its_own_log_and_every_known_commit_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Its image came from a snapshot that no survivor's log records: nothing shows
+    whether the chosen log agrees with what it applied."""
+    d4 = write_survivor(tmp_path, "n4", prefix(n=5), HardState(1, None, 5), applied=5)
+    d5 = write_survivor(tmp_path, "n5", prefix(n=5), HardState(1, None, 4), applied=5)
+    state = LmdbStateStore(group_paths(str(d5), "default")[1])
+    state.apply([(6, put(1, 6, "k6", "v6").data)])  # entry 6 reached it in an image
+    state.close()
     with pytest.raises(UnsafeResetError, match="n5's state store has applied entries up to 6"):
         unsafe_reset([str(d4), str(d5)], ["n4", "n5"])
+
+
+def test_an_applied_index_past_the_logs_commit_record_is_a_commit_the_survivor_knows(
+    tmp_path: Path,
+) -> None:
+    """After a SIGKILL a node's log records an older commit index than its state store
+    applied (a Ready that only moves the commit index is not written; the state store
+    checkpoints every second). An outside-in run found every SIGKILLed survivor refused as
+    if it had installed a snapshot. Its applied entries were committed: here n4 applied
+    6@1, so n5's §5.4.1-newer log, whose entry 6 is from term 2, is passed over instead
+    of overwriting a write n4 applied."""
+    d4 = write_survivor(tmp_path, "n4", prefix() + [put(1, 6, "k6", "applied")],
+                        HardState(1, None, 4), applied=6)
+    d5 = write_survivor(tmp_path, "n5", prefix() + [put(2, 6, "k6", "never-committed")],
+                        HardState(2, "n5", 4), applied=4)
+
+    report = unsafe_reset([str(d4), str(d5)], ["n4", "n5"])
+    assert report.chosen == "n4" and report.passed_over == ("n5",)
+    assert report.known_committed == 6
+    assert {s.node_id: s.replaced_from for s in report.survivors} == {"n4": None, "n5": 6}
+
+    g = restart_and_write({"n4": d4, "n5": d5})
+    assert g.get("n4", "k6") == g.get("n5", "k6") == b"applied"
+    g.close_all()
 
 
 def test_survivors_with_no_log_at_all_are_refused(tmp_path: Path) -> None:
@@ -677,7 +707,12 @@ def test_the_metastore_of_real_servers_is_reset_after_two_founders_are_lost(
     so the metastore (and the default group) lost their majority. The dry run refuses and
     writes nothing; the reset opens the metastore's own state store, and the restarted
     survivor serves the catalog again: the table is still listed, the lost nodes can be
-    removed from the topology, and a new table takes writes."""
+    removed from the topology, and a new table takes writes.
+
+    The survivor is SIGKILLed too, after its state stores' once-a-second checkpoints: its
+    logs then record an older commit index than its state stores applied, and an
+    outside-in run found the tool refusing every such survivor as if it had installed a
+    snapshot (for the metastore and the default group alike)."""
     from raftkv.cli import main as raftkv_main
     from raftkv.testing.procs import ProcCluster
 
@@ -689,9 +724,9 @@ def test_the_metastore_of_real_servers_is_reset_after_two_founders_are_lost(
         client.put("k", "v")
         client.close()
         c.wait_caught_up()
-        for nid in ("n1", "n2"):
+        time.sleep(2.5)  # every state store checkpoints (once a second)
+        for nid in ("n1", "n2", "n3"):
             c.kill(nid)
-        c.stop("n3")
         meta_log = os.path.join(c.nodes["n3"].data_dir, "groups", "meta", "log")
         before = LmdbLogStore(meta_log)
         last = before.last_index()
