@@ -80,11 +80,16 @@ Drain
 ``placement.draining`` in one invoke. Its partitions move to the other data nodes (the
 ordinary rebalance; a leader being removed hands its leadership over first); as a voter it
 is unfit, so step 2 and 3 move its metastore vote to a spare. Once no partition names it
-and it hosts none (no holds key of its current incarnation), the leader removes its
-metastore replica and forgets it. Draining a metastore voter when there is no spare
-moves its partitions but leaves its vote (status shows ``"metastore": "voter"``). A
-drained node that keeps running no longer hears the metastore: stop it. The default KV
-group is not touched (``raftkv cluster remove``).
+and it hosts none (no holds key of its current incarnation) or is dead, the leader removes
+its metastore replica and forgets it. A draining node is watched as the topology's nodes
+are, and declared dead the same way: one that dies before it has stopped hosting would
+otherwise hold its drain open for good, shown alive (found from outside). With
+``scale_down_timeout = 0`` nobody is declared dead, so such a drain waits for the node to
+come back. ``remove-node`` is a drain without its replica-count refusal (the node may be
+lost for good), so a removed node leaves the metastore too. Draining a metastore voter
+when there is no spare moves its partitions but leaves its vote (status shows
+``"metastore": "voter"``). A drained node that keeps running no longer hears the
+metastore: stop it. The default KV group is not touched (``raftkv cluster remove``).
 
 The settings live in ``placement.settings`` (``ClusterSettings``): one value for the whole
 cluster, set by ``PUT /v1/cluster/settings`` or ``raftkv cluster settings``.
@@ -293,8 +298,14 @@ class Liveness(ManagerBase):
             self._live_term = g.raft.term
             self._silent_since, self._heard_since = {}, {}
         topo = self._nodes(TOPOLOGY_KEY)
+        draining = set(self._nodes(DRAINING_KEY))
+        # A draining node is out of the topology but watched until it leaves: it may die
+        # before it has stopped hosting its partitions, and only its death, declared as
+        # any node's is, lets its drain finish (found from outside: a node SIGKILLed
+        # during its drain was shown alive, and draining, for good).
+        watched = sorted(set(topo) | draining)
         lease = self.node.lease_seconds()
-        heard = {n: self.node.heard_from(n, lease) for n in topo}
+        heard = {n: self.node.heard_from(n, lease) for n in watched}
         for n, h in heard.items():
             if h:
                 self._silent_since.pop(n, None)
@@ -308,7 +319,7 @@ class Liveness(ManagerBase):
         dead = set(self._nodes(DEAD_KEY))
         counted = [n for n in topo if n not in dead]
         may_declare = sum(heard[n] for n in counted) >= len(counted) // 2 + 1
-        for n in sorted(topo):
+        for n in watched:
             rec = self._liveness_record(n)
             state = self._decide(n, rec, heard[n], n in dead, settings, may_declare, now)
             inc_v = self._kv.get(INCARNATION_PREFIX + n.encode())
@@ -318,12 +329,11 @@ class Liveness(ManagerBase):
                 continue
             self._write_liveness(n, rec, state, inc, dead)
             return  # one write at a time; the next look continues
-        stale = dead - set(topo)  # taken out of the topology while dead
-        # Taken out while alive (remove-node; not a drain, which forgets it itself): no
-        # look keeps its record, which would show "alive" for ever.
+        stale = dead - set(watched)  # left the topology (and drained, if it was) while dead
+        # Taken out of the topology alive and not draining: no look keeps its record,
+        # which would show "alive" for ever.
         gone = {k[len(LIVENESS_PREFIX):].decode(errors="replace")
-                for k in self._kv if k.startswith(LIVENESS_PREFIX)} - set(topo) - dead - set(
-                    self._nodes(DRAINING_KEY))
+                for k in self._kv if k.startswith(LIVENESS_PREFIX)} - set(watched) - dead
         if stale or gone:
             self._write_dead(dead - stale,
                              [Op.remove(liveness_key(n)) for n in sorted(stale | gone)])

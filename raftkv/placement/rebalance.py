@@ -221,6 +221,10 @@ from raftkv.storage.lmdb_log import LogEnv
 
 log = logging.getLogger(__name__)
 
+# Retries of a holds key's delete (``_release_holds``): doubling, capped.
+RELEASE_RETRY_FIRST = 0.1
+RELEASE_RETRY_MAX = 5.0
+
 
 
 class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, Liveness):
@@ -437,15 +441,16 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         result: list[dict[str, Any]] = self.node.call(self._liveness_status).result(timeout)
         return result
 
-    def drain(self, node: str) -> list[str]:
+    def drain(self, node: str, check_replicas: bool = True) -> list[str]:
         """Decommission ``node``: take it out of the placement topology and mark it
         draining, in one invoke. Its partitions move to the other data nodes; the
         metastore leader then demotes it (a metastore voter, once a spare node has been
         promoted in its place) and removes it from the metastore once nothing is placed
-        on it (``raftkv.placement.liveness``). Returns the topology left. ``UnknownNode``
-        if it is in neither the topology nor draining already; ``ValueError`` for the
-        last node, or if fewer live data nodes would be left than a table has replicas
-        (its partitions would silently drop below their replica count)."""
+        on it and it hosts nothing or is dead (``raftkv.placement.liveness``). Returns the
+        topology left. ``UnknownNode`` if it is in neither the topology nor draining
+        already; ``ValueError`` for the last node, or (``check_replicas``, as ``raftkv
+        cluster drain`` asks; ``remove-node`` does not) if fewer live data nodes would be
+        left than a table has replicas (its partitions would drop below their count)."""
         check_node_id(node)
         self._not_on_loop()
         for _ in range(ADMIN_ATTEMPTS):
@@ -466,7 +471,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
             live = [n for n in rest if n not in gone]
             # Only a live node's drain lowers the count (a dead one's replicas are
             # already being placed elsewhere).
-            short = [] if node in gone else sorted(
+            short = [] if node in gone or not check_replicas else sorted(
                 (d.name, d.replicas) for d in list(self._tables.values())
                 if d.replicas > len(live))
             if short:
@@ -692,10 +697,29 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
             # restart writes the key instead of trusting this one (chaos seed 11: a
             # node hosted a partition without a holds key and, restarted, rejoined as
             # the voter it was, empty).
-            self.meta.invoke([Cond.revision(hk).eq(mine.mod_revision)], [Op.remove(hk)])
+            self._release_holds(hk, mine.mod_revision)
             self._kv.pop(hk, None)
         self.metrics["partitions_stopped"] += 1
         log.info("node %s: stopped hosting %s", self.id, part.group)
+
+    def _release_holds(self, hk: bytes, revision: int, attempt: int = 0) -> None:
+        """Delete our holds key ``hk`` as written at ``revision``, again until the
+        metastore has answered (deleted, or the guard failed: a later start rewrote it, or
+        it is gone). The guard makes a late retry harmless. Sent once, the delete was lost
+        when it reached a metastore leader transferring its leadership (the proposal is
+        dropped), and the key of a live node's current incarnation then read as hosting
+        for good: its drain never finished (found from outside)."""
+
+        def done(f: Future[Any]) -> None:
+            if f.exception() is None:
+                return
+            self.metrics["errors.release_holds"] += 1
+            delay = min(RELEASE_RETRY_MAX, RELEASE_RETRY_FIRST * 2 ** attempt)
+            self._timer.after(delay, lambda: self._defer(
+                lambda: self._release_holds(hk, revision, attempt + 1)))
+
+        self._on_loop(self.meta.invoke([Cond.revision(hk).eq(revision)], [Op.remove(hk)]),
+                      done)
 
     def _on_group_applied(self, part: PartitionState, g: Group) -> None:
         """Hook (inside the driver's loop over groups): only queue a reconcile."""

@@ -696,20 +696,24 @@ class TablesApi:
         return web.json_response(json.loads(s.encode()))
 
     async def remove_node(self, request: web.Request) -> web.Response:
+        """Take a node out of the topology: a drain without ``drain``'s replica-count
+        refusal (the node may be lost for good), so the metastore leader also moves its
+        vote and removes its metastore replica once nothing is placed on it (found from
+        outside: a removed node stayed a metastore learner, tracked by the leader, for
+        good). 404 for a node the topology does not name, 400 for its last node."""
         check_query(request, ())
         node = request.match_info["id"]
+        try:
+            check_node_id(node)
+        except ValueError as e:
+            return error(400, str(e))
         self._meta_leader()
-        absent: list[str] = []
-
-        def without(ns: list[str]) -> list[str]:
-            if node not in ns:
-                absent[:] = ns  # checked against the same read the change is guarded by
-            return [n for n in ns if n != node]
-
-        nodes = await self._run(lambda: self.p.change_topology(without))
-        if absent:
-            return error(404, f"{node} is not in the placement topology "
-                              f"({', '.join(absent)})", topology=absent)
+        try:
+            nodes = await self._run(lambda: self.p.mgr.drain(node, check_replicas=False))
+        except UnknownNode as e:
+            return error(404, str(e.args[0]))
+        except ValueError as e:
+            return error(400, str(e))
         return web.json_response({"removed": node, "topology": nodes})
 
     # -- table KV -------------------------------------------------------------------------
