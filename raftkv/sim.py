@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                     "or none (default: all but the opt-in "
                     f"{','.join(OPT_IN_FAULTS)}); with --placement, of "
                     "drop,delay,dup,partition,crash,wipe (default: all) and the opt-in "
-                    "outage,flap (failure detection and re-replication)")
+                    "outage,flap (failure detection and re-replication) and drain "
+                    "(drain and remove-node)")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes")
     ap.add_argument("--state-store", action="store_true",
                     help="run nodes on the real storage path (GroupStorage + MemoryStateStore)")
@@ -133,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.placement:
             from raftkv.testing.placement_sim import ALL_FAULTS as placement_faults
-            from raftkv.testing.placement_sim import LIVENESS_FAULTS
+            from raftkv.testing.placement_sim import DRAIN_FAULTS, LIVENESS_FAULTS
 
             if args.state_store or args.kv_api or not args.quiesce:
                 raise argparse.ArgumentTypeError("--state-store, --kv-api and --no-quiesce are "
                                                  "for the core simulator, not --placement")
-            faults = parse_faults(args.faults, placement_faults, LIVENESS_FAULTS)
+            faults = parse_faults(args.faults, placement_faults,
+                                  LIVENESS_FAULTS + DRAIN_FAULTS)
             return placement_main(args, faults)
         args.faults = parse_faults(args.faults, ALL_FAULTS, OPT_IN_FAULTS)
     except argparse.ArgumentTypeError as e:

@@ -289,6 +289,7 @@ class Liveness(ManagerBase):
 
     def _liveness_tick(self) -> None:
         self._timer.after(LIVENESS_PERIOD, lambda: self._defer(self._liveness_tick))
+        self._sweep_holds()  # every node's own keys, leader or not
         g = self.node.groups.get(self.meta.group)
         if g is None or g.raft.role != Role.LEADER or not self._synced:
             self._live_term = None

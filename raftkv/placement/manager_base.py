@@ -93,6 +93,7 @@ class ManagerBase:
     _tables: dict[str, TableDescriptor]
     _parts: dict[str, PartitionState]
     _hosted: set[str]
+    _releasing: set[bytes]  # our holds keys being deleted (PlacementManager._release_holds)
     _routes: dict[str, Any]
     _dirty: set[str]
     _move_waiters: set[str]  # partitions waiting for a move slot (ChangePeers._move_slot)
@@ -112,6 +113,9 @@ class ManagerBase:
 
     def _start_partition(self, part: PartitionState, desc: TableDescriptor,
                          voters: list[str] | None) -> None:  # rebalance.PlacementManager
+        raise NotImplementedError
+
+    def _sweep_holds(self) -> None:  # rebalance.PlacementManager
         raise NotImplementedError
 
     def _abort_change(self, part: PartitionState, err: Exception) -> None:  # ChangePeers

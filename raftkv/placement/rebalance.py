@@ -267,6 +267,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         self._tables: dict[str, TableDescriptor] = {}
         self._parts: dict[str, PartitionState] = {}
         self._hosted: set[str] = set()
+        self._releasing: set[bytes] = set()  # our holds keys being deleted (_release_holds)
         self._routes: dict[str, Route] = {}
         self._dirty: set[str] = set()
         self._move_waiters: set[str] = set()
@@ -456,36 +457,13 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         for _ in range(ADMIN_ATTEMPTS):
             topo, dr, dead = self.meta.get_many([TOPOLOGY_KEY, DRAINING_KEY, DEAD_KEY]).result(
                 self.admin_timeout)
-            nodes = decode_nodes(topo.value) if topo is not None else []
-            draining = set(decode_nodes(dr.value)) if dr is not None else set()
-            if node not in nodes:
-                if node in draining:
-                    return nodes  # already draining
-                raise UnknownNode(f"{node} is not in the placement topology "
-                                  f"({', '.join(nodes) or 'empty'})")
-            rest = [n for n in nodes if n != node]
-            if not rest:
-                raise ValueError(f"{node} is the last node of the placement topology: "
-                                 "there is nowhere to move its partitions")
-            gone = set(decode_nodes(dead.value)) if dead is not None else set()
-            live = [n for n in rest if n not in gone]
-            # Only a live node's drain lowers the count (a dead one's replicas are
-            # already being placed elsewhere).
-            short = [] if node in gone or not check_replicas else sorted(
-                (d.name, d.replicas) for d in list(self._tables.values())
-                if d.replicas > len(live))
-            if short:
-                name, replicas = short[0]
-                raise ValueError(
-                    f"draining {node} would leave {len(live)} live data node(s) for table "
-                    f"{name}'s {replicas} replicas: add a node first, or lower its replica "
-                    f"count (raftkv table set-replicas)")
-            res = self.meta.invoke(
-                [Cond.revision(k).eq(v.mod_revision if v is not None else 0)
-                 for k, v in ((TOPOLOGY_KEY, topo), (DRAINING_KEY, dr))],
-                [Op.put(TOPOLOGY_KEY, encode_nodes(rest)),
-                 Op.put(DRAINING_KEY, encode_nodes(draining | {node}))]).result(
-                self.admin_timeout)
+            inv = drain_invoke(node, topo, dr, dead, list(self._tables.values()),
+                               check_replicas)
+            rest = [n for n in (decode_nodes(topo.value) if topo is not None else [])
+                    if n != node]
+            if inv is None:
+                return rest  # already draining
+            res = self.meta.invoke(*inv).result(self.admin_timeout)
             if res.succeeded:
                 return rest
         raise RuntimeError("the topology kept changing while draining")
@@ -705,13 +683,16 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
     def _release_holds(self, hk: bytes, revision: int, attempt: int = 0) -> None:
         """Delete our holds key ``hk`` as written at ``revision``, again until the
         metastore has answered (deleted, or the guard failed: a later start rewrote it, or
-        it is gone). The guard makes a late retry harmless. Sent once, the delete was lost
-        when it reached a metastore leader transferring its leadership (the proposal is
-        dropped), and the key of a live node's current incarnation then read as hosting
-        for good: its drain never finished (found from outside)."""
+        it is gone). The guard makes a late retry harmless, and while the key is in
+        ``_releasing`` a start writes it again rather than trusting it. Sent once, the
+        delete was lost when it reached a metastore leader transferring its leadership
+        (the proposal is dropped), and the key of a live node's current incarnation then
+        read as hosting for good: its drain never finished (found from outside)."""
+        self._releasing.add(hk)
 
         def done(f: Future[Any]) -> None:
             if f.exception() is None:
+                self._releasing.discard(hk)
                 return
             self.metrics["errors.release_holds"] += 1
             delay = min(RELEASE_RETRY_MAX, RELEASE_RETRY_FIRST * 2 ** attempt)
@@ -720,6 +701,28 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
 
         self._on_loop(self.meta.invoke([Cond.revision(hk).eq(revision)], [Op.remove(hk)]),
                       done)
+
+    def _sweep_holds(self) -> None:
+        """Release our holds keys of this incarnation for partitions we neither host nor
+        are starting. ``_stop_partition`` releases the key of a group it stops; this
+        catches the key of a start abandoned once the key was written (the node no longer
+        named when the write came back, so the group never started and never stops),
+        which otherwise read as hosting for good: the placement simulator's drains (seed
+        153) waited on one. Every node, every LIVENESS_PERIOD (``_liveness_tick``)."""
+        suffix = b"." + self.id.encode()
+        for k, v in list(self._kv.items()):
+            if (not k.startswith(HOLDS_PREFIX) or not k.endswith(suffix)
+                    or k in self._releasing or v.value.split(b"/")[0] != self.incarnation):
+                continue
+            table, _, index = k[len(HOLDS_PREFIX):-len(suffix)].decode().rpartition(".")
+            if not index.isdigit():
+                continue
+            part = self._parts.get(partition_group(table, int(index)))
+            if (part is None or part.group in self._hosted or part.start_inflight
+                    or part.reduce_inflight):
+                continue
+            log.info("node %s: releasing %s (not hosted)", self.id, k.decode())
+            self._release_holds(k, v.mod_revision)
 
     def _on_group_applied(self, part: PartitionState, g: Group) -> None:
         """Hook (inside the driver's loop over groups): only queue a reconcile."""
@@ -785,6 +788,42 @@ def create_table_invoke(desc: TableDescriptor, topo: VersionedValue | None,
     guards = [Cond.revision(k).eq(v.mod_revision if v else 0)
               for k, v in ((TOPOLOGY_KEY, topo), (DEAD_KEY, dead))]
     return [Cond.not_exists(key), *guards], ops
+
+
+def drain_invoke(node: str, topo: VersionedValue | None, draining: VersionedValue | None,
+                 dead: VersionedValue | None, tables: list[TableDescriptor],
+                 check_replicas: bool = True) -> tuple[list[Condition], list[Op]] | None:
+    """The invoke that drains ``node`` (``PlacementManager.drain``) from the topology,
+    draining and dead keys as read: the topology without it and it added to draining,
+    guarded by both revisions. None if it is draining already; ``UnknownNode`` or
+    ``ValueError`` as ``drain`` says."""
+    nodes = decode_nodes(topo.value) if topo is not None else []
+    now_draining = set(decode_nodes(draining.value)) if draining is not None else set()
+    if node not in nodes:
+        if node in now_draining:
+            return None
+        raise UnknownNode(f"{node} is not in the placement topology "
+                          f"({', '.join(nodes) or 'empty'})")
+    rest = [n for n in nodes if n != node]
+    if not rest:
+        raise ValueError(f"{node} is the last node of the placement topology: "
+                         "there is nowhere to move its partitions")
+    gone = set(decode_nodes(dead.value)) if dead is not None else set()
+    live = [n for n in rest if n not in gone]
+    # Only a live node's drain lowers the count (a dead one's replicas are already being
+    # placed elsewhere).
+    short = [] if node in gone or not check_replicas else sorted(
+        (d.name, d.replicas) for d in tables if d.replicas > len(live))
+    if short:
+        name, replicas = short[0]
+        raise ValueError(
+            f"draining {node} would leave {len(live)} live data node(s) for table "
+            f"{name}'s {replicas} replicas: add a node first, or lower its replica "
+            f"count (raftkv table set-replicas)")
+    return ([Cond.revision(k).eq(v.mod_revision if v is not None else 0)
+             for k, v in ((TOPOLOGY_KEY, topo), (DRAINING_KEY, draining))],
+            [Op.put(TOPOLOGY_KEY, encode_nodes(rest)),
+             Op.put(DRAINING_KEY, encode_nodes(now_draining | {node}))])
 
 
 def set_replicas_invoke(key: bytes, cur: VersionedValue, replicas: int,

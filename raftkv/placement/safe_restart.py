@@ -655,7 +655,7 @@ class SafeRestart(ManagerBase):
                     return
             self._kick(part.group)
 
-        if self._kv.get(key, EMPTY).value == self.incarnation:
+        if self._kv.get(key, EMPTY).value == self.incarnation and key not in self._releasing:
             done_f: Future[Any] = Future()
             done_f.set_result(None)
             done(done_f)

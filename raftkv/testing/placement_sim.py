@@ -90,6 +90,8 @@ from raftkv.placement.assignments import (
     partition_of,
 )
 from raftkv.placement.catalog import (
+    DEAD_KEY,
+    DRAINING_KEY,
     MEMORY,
     SETTINGS_KEY,
     TOPOLOGY_KEY,
@@ -99,9 +101,11 @@ from raftkv.placement.catalog import (
 )
 from raftkv.placement.liveness import ClusterSettings
 from raftkv.placement.meta_commands import InvokeResult, decode_revision
+from raftkv.placement.partition_state import UnknownNode
 from raftkv.placement.rebalance import (
     PlacementManager,
     create_table_invoke,
+    drain_invoke,
     join_metastore_as_learner,
     set_replicas_invoke,
 )
@@ -141,6 +145,13 @@ ALL_FAULTS = NETWORK_FAULTS + NODE_FAULTS
 # dead and its partitions move to the live nodes; one that flaps around the timeout must
 # not keep them moving. The run shortens the timeouts to these.
 LIVENESS_FAULTS = ("outage", "flap")
+# Opt-in (``--faults ...,drain``): ``raftkv cluster drain`` of a node beyond the
+# founders, half the time SIGKILLed during its drain (a persistent table), or
+# ``remove-node`` of one killed first; the node must leave the topology, the
+# metastore and the draining list within DRAIN_SECONDS. Kept apart from
+# LIVENESS_FAULTS so that the seeds kept as regressions replay as they were found.
+DRAIN_FAULTS = ("drain",)
+DRAIN_SECONDS = 60.0
 SCALE_DOWN = 3.0
 SCALE_UP = 2.0
 MAX_MOVES = 2  # per leader; a table has up to 8 partitions here
@@ -953,7 +964,7 @@ class PlacementSim:
         """One node or network fault between the scenario's actions (at most one node
         down or cut off at a time: the scenarios' topologies tolerate one failure)."""
         rng = self.world.fault_rng
-        kinds = [f for f in ("crash", "wipe", "partition") + LIVENESS_FAULTS
+        kinds = [f for f in ("crash", "wipe", "partition") + LIVENESS_FAULTS + DRAIN_FAULTS
                  if f in self.faults]
         if not kinds or rng.random() < 0.4:
             return
@@ -962,6 +973,9 @@ class PlacementSim:
         if not up:
             return
         victim = rng.choice(up)
+        if kind == "drain":
+            self.drain(rng)
+            return
         if kind == "partition":
             self.net.cut.add(victim.id)
             self.log(f"partition {victim.id} away")
@@ -996,14 +1010,104 @@ class PlacementSim:
             # first could leave a minority holding the state.
             self.settle(f"after the {kind} of {victim.id}")
 
-    def _survivable_loss(self, victim: Host) -> bool:
+    def drain(self, rng: random.Random) -> None:
+        """Drain a live node beyond the founders (their restart at the end takes the
+        founding path): with the node SIGKILLed during its drain, or, as ``remove-node``
+        of a node lost for good, killed first and removed without the replica check.
+        Then wait until it has left the topology, the metastore and the draining list,
+        and stop it: a drained node no longer hears the metastore. A later intent that
+        names it again restarts it and admits it again, as ``add-node`` does."""
+        lead = self.meta_leader()
+        if lead is None:
+            return
+        lead_node = self.hosts[lead].node
+        assert lead_node is not None
+        # A metastore voter (a spare promoted after an outage) keeps its vote while no
+        # other spare can take it, and its drain waits for one: not a fault to finish.
+        voters = lead_node.groups[META_GROUP].raft.conf.voters
+        spare = sorted(h.id for h in self.live()
+                       if h.id in self.topology and h.id not in META and h.id not in voters)
+        if not spare:
+            return
+        nid = rng.choice(spare)
+        victim = self.hosts[nid]
+        how = rng.choice(["live", "killed", "removed"])
+        # Lost for good only where every group it is in keeps a majority without it, and
+        # with three replicas: a partition may move onto a 2-member configuration that
+        # names it while it is dead but not yet declared so (nothing acts on suspicion),
+        # and two replicas never survive losing one for good (seed 104).
+        if how != "live" and (self.scenario.storage == MEMORY or self.replicas < 3
+                              or not self._survivable_loss(victim, for_good=True)):
+            how = "live"
+        if how == "removed":
+            victim.crash()
+            self.wait(lambda: nid in self._nodes_at_meta(DEAD_KEY), SETTLE_SECONDS,
+                      f"{nid} declared dead")
+        refused: list[str] = []
+
+        def begin(meta: MetaService, finished: Callable[[bool], None]) -> None:
+            def got(f: Future[Any]) -> None:
+                if f.exception() is not None:
+                    finished(False)
+                    return
+                topo, dr, dead, desc = f.result()
+                tables = [TableDescriptor.decode(desc.value)] if desc is not None else []
+                try:
+                    inv = drain_invoke(nid, topo, dr, dead, tables,
+                                       check_replicas=how != "removed")
+                except (UnknownNode, ValueError) as e:
+                    refused.append(str(e))
+                    finished(True)
+                    return
+                if inv is None:  # an earlier attempt drained it
+                    finished(True)
+                    return
+                meta.invoke(*inv).add_done_callback(
+                    lambda f: finished(f.exception() is None and f.result().succeeded))
+
+            meta.get_many([TOPOLOGY_KEY, DRAINING_KEY, DEAD_KEY, table_key(TABLE)]
+                          ).add_done_callback(got)
+
+        self.admin(f"drain {nid} ({how})", begin)
+        if refused:
+            self.log(f"drain {nid} refused: {refused[0]}")
+            if how == "removed":
+                victim.start()
+            return
+        self.count("drain" if how == "live" else f"drain_{how}")
+        self.topology = [n for n in self.topology if n != nid]
+        if how == "killed":
+            self.sleep(rng.uniform(0.0, 1.5))
+            victim.crash()
+        self.wait(lambda: self._drained(nid), DRAIN_SECONDS, f"{nid}'s drain to finish")
+        self.log(f"{nid} drained")
+        if victim.up:
+            victim.crash()
+        self.admitted.discard(nid)
+
+    def _nodes_at_meta(self, key: bytes) -> list[str]:
+        meta = self._meta_view()
+        return [] if meta is None else self._nodes_at(meta, key)
+
+    def _drained(self, nid: str) -> bool:
+        """Out of the topology and the draining list, and in no metastore configuration
+        its leader knows."""
+        lead = self.meta_leader()
+        if lead is None or nid in self._nodes_at_meta(DRAINING_KEY) \
+                or nid in self._nodes_at_meta(TOPOLOGY_KEY):
+            return False
+        node = self.hosts[lead].node
+        assert node is not None
+        return nid not in node.groups[META_GROUP].raft.conf.members()
+
+    def _survivable_loss(self, victim: Host, for_good: bool = False) -> bool:
         """Whether every partition can lose ``victim``'s state and still make progress:
         where it is involved (in stable, in pending, or a voter of the configuration
         it knows), each of those has at least three members, so a majority remains;
-        or the partition is the lone-holder case the survivor rule covers ("The lone
-        holder of a two-voter configuration" in ``raftkv.placement.safe_restart``:
-        stable and voters are {victim, a} with no learner, a is up, pending is empty or
-        names a).
+        or (unless ``victim`` is lost ``for_good``) the partition is the lone-holder
+        case the survivor rule covers ("The lone holder of a two-voter configuration" in
+        ``raftkv.placement.safe_restart``: stable and voters are {victim, a} with no
+        learner, a is up, pending is empty or names a).
         Anything else is two losses for some group: unsafe-reset territory, not a
         fault to recover from."""
         meta = self._meta_view()
@@ -1021,6 +1125,8 @@ class PlacementSim:
             groups = [m for m in (stable, pending, voters) if victim.id in m]
             if all(len(m) >= 3 for m in groups):
                 continue
+            if for_good:
+                return False
             others = [n for n in stable if n != victim.id]
             # No learner: a survivor election needs the grant of every learner that may
             # have been promoted, and a learner whose incarnation record is not yet
@@ -1172,7 +1278,7 @@ class PlacementSim:
             # Every run bounds its moves tighter than the defaults, so that the slots
             # and the catch-up timeout (change_peers, "Moving data at a bounded rate")
             # are exercised under every fault; the liveness faults shorten the timeouts.
-            live = bool(set(LIVENESS_FAULTS) & set(self.faults))
+            live = bool(set(LIVENESS_FAULTS + DRAIN_FAULTS) & set(self.faults))
             self.set_settings(ClusterSettings(
                 SCALE_DOWN if live else ClusterSettings.scale_down_timeout,
                 SCALE_UP if live else ClusterSettings.scale_up_timeout,
