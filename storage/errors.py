@@ -7,11 +7,27 @@
 - ``IndexMismatch``: a state store was offered an index at or below its checkpointIndex
   (IGNITE-16907). ``checkpoint_index`` tells the driver where to skip to.
 - ``CorruptLog``: the log failed validation below the point where it may be truncated.
+- ``CheckpointDeferred``: a checkpoint could not begin for want of a file descriptor
+  (EMFILE, ENFILE). Nothing was written or synced, so nothing is in doubt: try later.
 """
+
+import errno
 
 
 class StorageError(Exception):
     pass
+
+
+class CheckpointDeferred(StorageError):
+    """See the module docstring. Unlike a failed sync, which leaves the file's state in
+    doubt and so stops the node, this is a resource limit passing by (a connection flood
+    ran the process out of descriptors, and a node's loop died of it: found from
+    outside)."""
+
+
+def out_of_descriptors(e: OSError) -> bool:
+    return e.errno in (errno.EMFILE, errno.ENFILE)
+
 
 
 class Rebuildable:

@@ -46,7 +46,7 @@ import lmdb
 from raftkv.storage.commands import MAX_KEY_BYTES
 from raftkv.storage.digest import Digest, DigestBuilder
 from raftkv.storage.durable_fs import fsync_dir, makedirs_durable
-from raftkv.storage.errors import StorageError
+from raftkv.storage.errors import CheckpointDeferred, StorageError, out_of_descriptors
 from raftkv.storage.lmdb_checkpoint import CheckpointFile, Record
 from raftkv.storage.lmdb_files import check_lmdb_file
 from raftkv.storage.revisions import HEADER_BYTES, KeyMeta, meta_of
@@ -190,6 +190,12 @@ class LmdbBacked(Checkpointing):
         try:
             txnid = pin.id()
             return pin, txnid, self._ckpt.capture(txnid)
+        except OSError as e:  # capture reads the meta pages from the data file
+            pin.abort()
+            if out_of_descriptors(e):
+                raise CheckpointDeferred(f"checkpoint of the {self._what} at {self.path} "
+                                         f"deferred: {e}") from e
+            raise
         except BaseException:
             pin.abort()
             raise
@@ -198,6 +204,9 @@ class LmdbBacked(Checkpointing):
         try:
             self._ckpt.write(txnid, applied, meta)
         except OSError as e:
+            if out_of_descriptors(e):  # the record file did not open: nothing written
+                raise CheckpointDeferred(f"checkpoint record of the {self._what} at "
+                                         f"{self.path} deferred: {e}") from e
             raise StorageError(f"checkpoint record failed in the {self._what} at "
                                f"{self.path}: {e}") from e
 

@@ -6,6 +6,7 @@ restart from the data directory, and a PySyncObj-style ``ReplicatedObject``.
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from raftkv.storage.commands import CommandError
 from raftkv.storage.errors import StorageError
+from raftkv.storage.lmdb_checkpoint import CheckpointFile
 
 import raftkv
 from raftkv.core import NotLeader
@@ -141,6 +143,43 @@ def test_every_replica_checkpoints_what_it_applied_once_the_policy_is_due(
     finally:
         for kv in kvs.values():
             kv.close()
+
+
+def test_a_checkpoint_out_of_file_descriptors_is_deferred_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found from outside: a flood of idle HTTP connections ran a node out of file
+    descriptors, the next checkpoint failed to open its data file (EMFILE), and the
+    driver loop died for good. Nothing had been written or synced, so the checkpoint is
+    deferred instead: the node goes on serving and checkpoints once descriptors are
+    back."""
+    ps = peers(1)
+    kv = RaftKV("n1", ps["n1"], ps, SECRET, data_dir=str(tmp_path / "n1"))
+    failing = [True]
+    real = CheckpointFile.capture
+
+    def capture(self: CheckpointFile, txnid: int) -> bytes:
+        if failing[0]:
+            raise OSError(errno.EMFILE, "Too many open files", self.path)
+        return real(self, txnid)
+
+    monkeypatch.setattr(CheckpointFile, "capture", capture)
+    try:
+        kv.wait_for_leader()
+        for i in range(5):
+            kv.put(f"k{i}", str(i))
+        time.sleep(2.5)  # the one-second policy came due, and deferred, at least once
+        group = kv.status()["groups"]["default"]
+        assert group["checkpoint"] < group["applied"]
+        kv.put("still", "serving")
+        failing[0] = False
+        deadline = time.monotonic() + 15
+        while (g := kv.status()["groups"]["default"])["checkpoint"] < g["applied"]:
+            assert time.monotonic() < deadline, g
+            time.sleep(0.1)
+        assert kv.get("still") == b"serving"
+    finally:
+        kv.close()
 
 
 def test_a_data_dir_belongs_to_one_node(tmp_path: Path) -> None:

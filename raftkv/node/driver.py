@@ -94,6 +94,7 @@ from raftkv.node.runtime import Runtime, ThreadRuntime
 from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.durable_fs import write_durable
+from raftkv.storage.errors import CheckpointDeferred
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import KVStateStore, StateStore
 from raftkv.tls import TlsConfig
@@ -631,7 +632,11 @@ class Node:
         for gid, (g, job) in list(running.items()):
             if job.done():
                 del running[gid]
-                index = job.result()
+                try:
+                    index = job.result()
+                except CheckpointDeferred as e:
+                    log_snapshot_failed(self.id, g, "checkpoint", e)
+                    index = 0  # records nothing; the policy tries again later
                 if self.groups.get(gid) is g:
                     g.state.checkpointed(index)
         fresh, self._unflushed = self._unflushed, {}
@@ -654,11 +659,16 @@ class Node:
         if st.applied_index() == st.checkpoint_index():
             return
         if st.checkpoint_due(now):
-            sync = st.background_checkpoint()
+            try:
+                sync = st.background_checkpoint()
+            except CheckpointDeferred as e:
+                log_snapshot_failed(self.id, g, "checkpoint", e)
+                st.checkpointed(0)  # records nothing; the policy tries again later
+                return
             if sync is None:
                 try:
                     st.checkpoint()
-                except SnapshotFailed as e:  # nothing written, nothing lost: not fatal
+                except (SnapshotFailed, CheckpointDeferred) as e:  # nothing written or lost
                     log_snapshot_failed(self.id, g, "checkpoint", e)
             else:
                 pool = self.runtime.executor("checkpoint", self.id)
@@ -1315,7 +1325,8 @@ def _fail(fut: Future[Any], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
-def log_snapshot_failed(node: str, g: Group, doing: str, e: SnapshotFailed) -> None:
+def log_snapshot_failed(node: str, g: Group, doing: str,
+                        e: SnapshotFailed | CheckpointDeferred) -> None:
     """A state machine could not snapshot its state: nothing was written, the checkpoint
     did not advance, and the log after it is kept. Loud, but not fatal to the loop."""
     log.error("node %s group %s: %s failed, so the log after index %d is kept: %s", node,
