@@ -36,6 +36,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import re
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -163,15 +166,63 @@ def require_leader(node: Node, group: str) -> None:
         raise NotLeader(node.id, None)
 
 
+# A connection must send a whole request head within this, and may stay idle between
+# requests this long (aiohttp's keep-alive timer runs from the connection's start too).
+# aiohttp's own default is an hour: silent or one-header-line-a-second connections held
+# descriptors until a node ran out of them (found from outside).
+IDLE_SECONDS = 30.0
+# Connections beyond this are closed at once: a flood is then a denial of service that
+# ends with it, not a node left without descriptors for its own files.
+MAX_CONNECTIONS = 4096
+# The parser quotes the offending header bytes in its message: an Authorization header
+# with a stray byte put a bearer token in the log and in the answer (found from outside).
+_QUOTED = re.compile(r"""b(['"]).*""", re.DOTALL)
+
+
+def _without_quoted_bytes(text: str) -> str:
+    """The parser's message up to the bytes it quotes (which may hold a credential)."""
+    return _QUOTED.sub("(the offending bytes are not shown)", text)
+
+
+class _EveryMinute:
+    """A warning logged at most once a minute, saying how many were held back: a flood
+    must not flood the log as well."""
+
+    def __init__(self) -> None:
+        self._at = -math.inf
+        self._held = 0
+
+    def warn(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self._at < 60.0:
+            self._held += 1
+            return
+        held, self._held, self._at = self._held, 0, now
+        log.warning("%s%s", text, f" ({held} more in the last minute)" if held else "")
+
+
+_refused = _EveryMinute()
+
+
 class _JsonErrorsProtocol(RequestHandler):
     """aiohttp's connection handler, answering what never reaches the app (a request
-    it cannot parse, or a failure past every middleware) in the API's JSON shape."""
+    it cannot parse, or a failure past every middleware) in the API's JSON shape, and
+    closing a connection beyond ``MAX_CONNECTIONS`` at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert self._manager is not None
+        cap = getattr(self._manager, "max_connections", MAX_CONNECTIONS)
+        if len(self._manager.connections) > cap:
+            _refused.warn(f"more than {cap} HTTP connections open: refusing new ones "
+                          "until some close")
+            self.force_close()
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         if isinstance(exc, HttpProcessingError):
             # The client's bad request: its 400 is the whole story, so one line, no trace.
-            text = " ".join(str(message or exc.message).split())[:300]
+            text = _without_quoted_bytes(" ".join(str(message or exc.message).split()))[:300]
             log.warning("bad HTTP request from %s: %s", request.remote, text)
         else:
             if exc is not None:
@@ -196,9 +247,15 @@ class JsonErrorsRunner(web.AppRunner):
     """``web.AppRunner`` whose connections answer unparsable requests with a JSON error
     (``_JsonErrorsProtocol``) instead of aiohttp's plain text."""
 
+    def __init__(self, app: web.Application, idle_seconds: float | None = None,
+                 max_connections: int | None = None, **kwargs: Any) -> None:
+        super().__init__(app, keepalive_timeout=idle_seconds or IDLE_SECONDS, **kwargs)
+        self._max_connections = max_connections or MAX_CONNECTIONS
+
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = _JsonErrorsServer  # same state, its own __call__
+        server.max_connections = self._max_connections  # type: ignore[attr-defined]
         return server
 
 

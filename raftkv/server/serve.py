@@ -29,7 +29,9 @@ import argparse
 import asyncio
 import logging
 import os
+import resource
 import signal
+import socket
 import ssl
 import sys
 import tempfile
@@ -97,6 +99,22 @@ def read_secret(path: str | None) -> bytes:
     return secret
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True, help="this node's id")
     p.add_argument("--data-dir", help="where the LMDB files live (omit with --memory)")
@@ -118,6 +136,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                    help="the HTTP server's event loop: uvloop (a libuv loop, less CPU per "
                         "request) or Python's own; auto: uvloop when installed")
+    p.add_argument("--http-idle-timeout", type=_positive_seconds, default=None,
+                   metavar="SECONDS",
+                   help="close an HTTP connection that takes longer than this to send a "
+                        "request head, or stays idle this long between requests "
+                        "(default: 30)")
+    p.add_argument("--http-max-connections", type=_positive_int, default=None, metavar="N",
+                   help="close HTTP connections beyond this many at once (default: 4096)")
     p.add_argument("--compact-entries", type=int, default=CompactionPolicy.max_entries,
                    help="compact the Raft log once it holds this many entries")
     p.add_argument("--compact-keep", type=int, default=CompactionPolicy.keep,
@@ -169,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("no --tokens-file: the HTTP API on %s answers anyone who can reach it, "
                     "membership and table changes included (docs/operations.md)",
                     args.http_addr)
+    raise_descriptor_limit()
+    http_sock = bind_http(host, port)  # before the node opens: see bind_http
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry)
     clock = StartupClock(metrics)
@@ -205,9 +232,11 @@ def run(args: argparse.Namespace) -> int:
         log.info("%s on %s; starting the node", "HTTPS" if http_ssl else "HTTP",
                  args.http_addr)
         with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
-            runner.run(serve_http(api.app(), host, port, build, ssl_context=http_ssl,
+            runner.run(serve_http(api.app(), http_sock, build, ssl_context=http_ssl,
                                   on_hangup=tokens.reload if tokens is not None else None,
-                                  on_listening=lambda: clock.mark("http")))
+                                  on_listening=lambda: clock.mark("http"),
+                                  idle_seconds=args.http_idle_timeout,
+                                  max_connections=args.http_max_connections))
     finally:
         kv = opening.abandon()  # still opening when HTTP failed to start: close it too
         if kv is not None and kv.close not in closers:
@@ -217,6 +246,17 @@ def run(args: argparse.Namespace) -> int:
             close()
         log.info("stopped")
     return 0
+
+
+def raise_descriptor_limit() -> None:
+    """Raise the soft limit on open files to the hard one, as Go's runtime does for etcd:
+    every partition holds a few files open, and a soft limit of 1,024 is soon reached."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):  # not allowed here: the soft limit stands
+        pass
 
 
 def process_age() -> float | None:
@@ -374,14 +414,31 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-async def serve_http(app: web.Application, host: str, port: int, start: Callable[[], None],
+def bind_http(host: str, port: int) -> socket.socket:
+    """The HTTP port, bound and listening before the node opens: a port in use fails the
+    start before anything is written or any vote cast (found from outside: a node whose
+    HTTP port was taken joined Raft, elected, wrote its files, and only then exited),
+    and a client that connects while the HTTP stack still loads waits in the backlog."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+        return socket.create_server(addr, family=family, backlog=1024)
+    except OSError as e:
+        raise ValueError(f"--http-addr {host}:{port}: {e.strerror or e}") from None
+
+
+async def serve_http(app: web.Application, sock: socket.socket, start: Callable[[], None],
                      ssl_context: ssl.SSLContext | None = None,
                      on_hangup: Callable[[], None] | None = None,
-                     on_listening: Callable[[], None] | None = None) -> None:
-    """Serve ``app`` on host:port (HTTPS with ``ssl_context``), run ``start`` on a worker
-    thread meanwhile, and return on SIGTERM or SIGINT (once ``start`` returned: it cannot
-    be interrupted). ``start`` raising stops the server and raises here. SIGHUP calls
-    ``on_hangup``; ``on_listening`` once the port is open."""
+                     on_listening: Callable[[], None] | None = None,
+                     idle_seconds: float | None = None,
+                     max_connections: int | None = None) -> None:
+    """Serve ``app`` on the listening ``sock`` (HTTPS with ``ssl_context``), run
+    ``start`` on a worker thread meanwhile, and return on SIGTERM or SIGINT (once
+    ``start`` returned: it cannot be interrupted). ``start`` raising stops the server and
+    raises here. SIGHUP calls ``on_hangup``; ``on_listening`` once it serves.
+    ``idle_seconds`` and ``max_connections`` (``raftkv.server.requests``' defaults when
+    None) bound what idle and concurrent connections may hold."""
     from aiohttp import web
 
     from raftkv.server.requests import JsonErrorsRunner
@@ -392,10 +449,11 @@ async def serve_http(app: web.Application, host: str, port: int, start: Callable
         loop.add_signal_handler(sig, stop.set)
     if on_hangup is not None:
         loop.add_signal_handler(signal.SIGHUP, on_hangup)
-    runner = JsonErrorsRunner(app, access_log=None, handle_signals=False)
+    runner = JsonErrorsRunner(app, access_log=None, handle_signals=False,
+                              idle_seconds=idle_seconds, max_connections=max_connections)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         if on_listening is not None:
             on_listening()
         started = loop.run_in_executor(None, start)
