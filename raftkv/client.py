@@ -63,6 +63,9 @@ from raftkv.placement.assignments import partition_of
 from raftkv.tls import client_context
 
 RETRYABLE = {503, 504}
+# A pooled connection idle longer than this is replaced before use: well inside the
+# server's default --http-idle-timeout (30 s), after which it closes idle connections.
+IDLE_REUSE = 10.0
 ROUTE_TTL = 10.0  # seconds a table's cached partition leaders are trusted
 
 
@@ -154,6 +157,7 @@ class Client:
         self.connect_timeout = connect_timeout
         self._current = 0
         self._conns: dict[str, http.client.HTTPConnection] = {}
+        self._used: dict[str, float] = {}  # endpoint -> when its connection last answered
         self._ids: dict[str, str] = {}  # node id -> endpoint
         # table -> (when fetched, partition count, each partition's leader or None)
         self._routes: dict[str, tuple[float, int, list[str | None]]] = {}
@@ -194,6 +198,10 @@ class Client:
         headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes, str]:
         c = self._conn(endpoint)
+        if c.sock is not None and time.monotonic() - self._used.get(endpoint, 0.0) > IDLE_REUSE:
+            # The server may close it any moment now (--http-idle-timeout): a request sent
+            # as it does would have an unknown outcome though it never arrived.
+            c.close()
         try:
             if c.sock is None:
                 try:
@@ -205,7 +213,9 @@ class Client:
                 c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]
             c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
             r = c.getresponse()
-            return r.status, r.read(), r.getheader("Content-Type", "")
+            out = r.status, r.read(), r.getheader("Content-Type", "")
+            self._used[endpoint] = time.monotonic()
+            return out
         except (OSError, http.client.HTTPException):
             c.close()
             self._conns.pop(endpoint, None)

@@ -140,7 +140,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="SECONDS",
                    help="close an HTTP connection that takes longer than this to send a "
                         "request head, or stays idle this long between requests "
-                        "(default: 30)")
+                        "(default: 30; raftkv's client replaces a connection idle 10 s, so "
+                        "keep it above that)")
     p.add_argument("--http-max-connections", type=_positive_int, default=None, metavar="N",
                    help="close HTTP connections beyond this many at once (default: 4096)")
     p.add_argument("--compact-entries", type=int, default=CompactionPolicy.max_entries,
