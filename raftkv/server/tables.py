@@ -711,7 +711,7 @@ class TablesApi:
         try:
             nodes = await self._run(lambda: self.p.mgr.drain(node, check_replicas=False))
         except UnknownNode as e:
-            return error(404, str(e.args[0]))
+            return error(404, str(e.args[0]), topology=await self._run(self.p.topology))
         except ValueError as e:
             return error(400, str(e))
         return web.json_response({"removed": node, "topology": nodes})
