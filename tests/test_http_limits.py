@@ -136,3 +136,39 @@ def test_an_http_port_in_use_fails_the_start_before_anything_is_written(
     assert res.returncode == 1, res.stderr
     assert f"--http-addr 127.0.0.1:{http}" in res.stderr and "Traceback" not in res.stderr
     assert not data.exists() or not os.listdir(data)
+
+
+def test_a_malformed_percent_escape_is_refused_not_taken_literally(node: ProcCluster) -> None:
+    """Found from outside: ``PUT /v1/kv/x%zz`` stored the key ``x%zz``, the one
+    ``x%25zz`` names."""
+    port = node.nodes["n1"].http_port
+    auth = f"Authorization: Bearer {_token(node)}\r\n"
+    for target in ("/v1/kv/x%zz", "/v1/kv/x%4", "/v1/kv/k?prev_value=%g1"):
+        got = _request(port, (f"PUT {target} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 1"
+                              f"\r\nConnection: close\r\n\r\nv").encode())
+        assert b" 400 " in got.split(b"\r\n")[0] and b"percent-escape" in got, got
+    got = _request(port, (f"GET /v1/kv/x%25zz HTTP/1.1\r\nHost: x\r\n{auth}"
+                          "Connection: close\r\n\r\n").encode())
+    assert b" 404 " in got.split(b"\r\n")[0], got  # nothing was written
+
+
+def test_peer_tls_without_the_peers_ca_is_refused_at_start(tmp_path: Path) -> None:
+    """Found from outside: it started, then every peer dial failed against the system's
+    CAs and the cluster never elected."""
+    from raftkv.certs import issue, make_ca
+
+    ca = make_ca(str(tmp_path / "tls"))
+    cert = issue(ca, str(tmp_path / "tls"), "n1")
+    raft, http = free_ports(2)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cret")
+    res = subprocess.run(
+        [sys.executable, "-m", "raftkv.cli", "serve", "--id", "n1",
+         "--data-dir", str(tmp_path / "n1"), "--raft-addr", f"127.0.0.1:{raft}",
+         "--http-addr", f"127.0.0.1:{http}", "--peers", f"n1=127.0.0.1:{raft}",
+         "--secret-file", str(secret), "--peer-cert-file", cert.cert,
+         "--peer-key-file", cert.key],
+        check=False, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "--peer-cert-file needs --peer-trusted-ca-file" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "n1").exists()

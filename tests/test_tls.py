@@ -232,7 +232,10 @@ def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("args", "says"), [
     (["--cert-file", "c.pem"], "give both --cert-file and --key-file"),
     (["--peer-client-cert-auth"], "--peer-trusted-ca-file and --peer-client-cert-auth need"),
-    (["--peer-cert-file", "c.pem", "--peer-key-file", "k.pem"], "c.pem does not exist"),
+    (["--peer-cert-file", "c.pem", "--peer-key-file", "k.pem", "--peer-trusted-ca-file",
+      "ca.pem"], "ca.pem does not exist"),
+    (["--peer-cert-file", "c.pem", "--peer-key-file", "k.pem"],
+     "--peer-cert-file needs --peer-trusted-ca-file"),
     (["--peers", "n1=127.0.0.1:1,n2=127.0.0.1:5,n3=127.0.0.1:5"],
      "gives the address 127.0.0.1:5 to n2 and n3"),
     (["--peers", "n1=127.0.0.1:1,n2=127.0.0.1:5,n2=127.0.0.1:6"], "names n2 twice"),

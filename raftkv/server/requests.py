@@ -309,7 +309,21 @@ def path_key(request: web.Request, prefix: str) -> bytes:
     raw = request.rel_url.raw_path
     if not raw.startswith(prefix):
         raise web.HTTPNotFound()
-    return check_key(unquote_to_bytes(raw[len(prefix):]))
+    return check_key(_unquote_strictly(raw[len(prefix):], "the key"))
+
+
+# A '%' that does not start two hex digits (unquote keeps such text as it is).
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _unquote_strictly(text: str, what: str) -> bytes:
+    """Percent-decoded bytes; a malformed escape is a 400. Kept as literal text, ``x%zz``
+    named the same key as ``x%25zz`` (found from outside)."""
+    bad = _BAD_ESCAPE.search(text)
+    if bad is not None:
+        raise CommandError(f"{what} has a malformed percent-escape at "
+                           f"{text[bad.start():bad.start() + 3]!r}: write '%' as %25")
+    return unquote_to_bytes(text)
 
 
 def _raw_query(request: web.Request) -> dict[str, bytes]:
@@ -319,10 +333,11 @@ def _raw_query(request: web.Request) -> dict[str, bytes]:
         if not part:
             continue
         name_raw, _, value_raw = part.partition("=")
-        name = unquote_to_bytes(name_raw.replace("+", " ")).decode("utf-8", "replace")
+        name = _unquote_strictly(name_raw.replace("+", " "), "a query parameter's name"
+                                 ).decode("utf-8", "replace")
         if name in out:
             raise CommandError(f"?{name} is given more than once")
-        out[name] = unquote_to_bytes(value_raw.replace("+", " "))
+        out[name] = _unquote_strictly(value_raw.replace("+", " "), f"?{name}")
     return out
 
 

@@ -83,6 +83,12 @@ def tls_config(args: argparse.Namespace, peer: bool) -> TlsConfig | None:
         return None
     if cert is None or key is None:
         raise ValueError(f"give both {flag}cert-file and {flag}key-file")
+    if peer and ca is None:
+        # Nodes verify each other: without the cluster's CA every dial fails against the
+        # system store, and the cluster never elects (found from outside: it started
+        # without a word).
+        raise ValueError("--peer-cert-file needs --peer-trusted-ca-file: the CA that "
+                         "signs the other nodes' certificates")
     if auth and ca is None:
         raise ValueError(f"{flag}client-cert-auth needs {flag}trusted-ca-file")
     return TlsConfig(cert, key, ca, auth)
@@ -90,8 +96,11 @@ def tls_config(args: argparse.Namespace, peer: bool) -> TlsConfig | None:
 
 def read_secret(path: str | None) -> bytes:
     if path is not None:
-        with open(path, "rb") as f:
-            secret = f.read().strip()
+        try:
+            with open(path, "rb") as f:
+                secret = f.read().strip()
+        except OSError as e:
+            raise ValueError(f"--secret-file {path}: {e.strerror or e}") from None
     else:
         secret = os.environ.get("RAFTKV_SECRET", "").encode()
     if not secret:
