@@ -792,7 +792,8 @@ def parser() -> argparse.ArgumentParser:
                                     "hands over first)")),
                          ("transfer", "hand the default group's leadership to a voter"),
                          ("remove-node", ("take a node out of the placement topology (its "
-                                         "table partitions move away)")),
+                                         "table partitions move away, then it leaves the "
+                                         "metastore); for a node lost for good")),
                          ("drain", ("decommission a node: its partitions move away, then "
                                     "it leaves the topology and the metastore (progress: "
                                     "cluster nodes)"))):
