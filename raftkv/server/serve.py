@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
                     "membership and table changes included (docs/operations.md)",
                     args.http_addr)
     raise_descriptor_limit()
-    http_sock = bind_http(host, port)  # before the node opens: see bind_http
+    http_socks = bind_http(host, port)  # before the node opens: see bind_http
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry)
     clock = StartupClock(metrics)
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("%s on %s; starting the node", "HTTPS" if http_ssl else "HTTP",
                  args.http_addr)
         with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
-            runner.run(serve_http(api.app(), http_sock, build, ssl_context=http_ssl,
+            runner.run(serve_http(api.app(), http_socks, build, ssl_context=http_ssl,
                                   on_hangup=tokens.reload if tokens is not None else None,
                                   on_listening=lambda: clock.mark("http"),
                                   idle_seconds=args.http_idle_timeout,
@@ -424,26 +424,39 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return factory
 
 
-def bind_http(host: str, port: int) -> socket.socket:
-    """The HTTP port, bound and listening before the node opens: a port in use fails the
-    start before anything is written or any vote cast (found from outside: a node whose
-    HTTP port was taken joined Raft, elected, wrote its files, and only then exited),
-    and a client that connects while the HTTP stack still loads waits in the backlog."""
+def bind_http(host: str, port: int) -> list[socket.socket]:
+    """The HTTP port on every address ``host`` names (as aiohttp's own sites bind), bound
+    and listening before the node opens: a port in use fails the start before anything is
+    written or any vote cast (found from outside: a node whose HTTP port was taken joined
+    Raft, elected, wrote its files, and only then exited), and a client that connects
+    while the HTTP stack still loads waits in the backlog."""
+    socks: list[socket.socket] = []
     try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                   flags=socket.AI_PASSIVE)[0]
-        return socket.create_server(addr, family=family, backlog=1024)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        # Each address once, in the resolver's order (it may list one several times).
+        for family, addr in dict.fromkeys((i[0], i[4]) for i in infos):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # each family on its own socket, as asyncio does
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(1024)
     except OSError as e:
+        for sock in socks:
+            sock.close()
         raise ValueError(f"--http-addr {host}:{port}: {e.strerror or e}") from None
+    return socks
 
 
-async def serve_http(app: web.Application, sock: socket.socket, start: Callable[[], None],
+async def serve_http(app: web.Application, socks: list[socket.socket],
+                     start: Callable[[], None],
                      ssl_context: ssl.SSLContext | None = None,
                      on_hangup: Callable[[], None] | None = None,
                      on_listening: Callable[[], None] | None = None,
                      idle_seconds: float | None = None,
                      max_connections: int | None = None) -> None:
-    """Serve ``app`` on the listening ``sock`` (HTTPS with ``ssl_context``), run
+    """Serve ``app`` on the listening ``socks`` (HTTPS with ``ssl_context``), run
     ``start`` on a worker thread meanwhile, and return on SIGTERM or SIGINT (once
     ``start`` returned: it cannot be interrupted). ``start`` raising stops the server and
     raises here. SIGHUP calls ``on_hangup``; ``on_listening`` once it serves.
@@ -463,7 +476,8 @@ async def serve_http(app: web.Application, sock: socket.socket, start: Callable[
                               idle_seconds=idle_seconds, max_connections=max_connections)
     await runner.setup()
     try:
-        await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+        for sock in socks:
+            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
         if on_listening is not None:
             on_listening()
         started = loop.run_in_executor(None, start)
