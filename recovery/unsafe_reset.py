@@ -90,10 +90,13 @@ node apart from a stopped one). ``members`` must be exactly the survivors' ids. 
 survivor knows is committed is its log's commit index or, when higher, its state store's
 applied index (only committed entries are applied; a SIGKILLed node's log usually records
 an older commit index than it applied, since a Ready that only moves the commit index is
-not written). The applied index counts only while the survivor's own log reaches it. A
-state store that applied entries beyond X (so beyond its own log too) installed a snapshot
-image its log never recorded. Nothing on the survivors then says whether S's entries match
-what it applied, so the tool refuses and asks the operator to leave it out. The dry run (``dry_run=True``, and the
+not written). The applied index counts only while the survivor's own log reaches it and
+the store's last installed image is one the log recorded (``image_index`` at or below the
+log's snapshot base): otherwise the store may hold a newer leader's history at indexes
+where the log holds a divergent suffix. A state store that applied entries beyond X
+installed a snapshot image its log never recorded. Nothing on the survivors then says
+whether S's entries match what it applied, so the tool refuses and asks the operator to
+leave it out. The dry run (``dry_run=True``, and the
 CLI without its confirmation flag) opens the stores the same way and writes nothing. Opening
 a log does truncate a damaged *uncommitted* tail, exactly as the node's own start would.
 
@@ -375,6 +378,7 @@ class _Open:
     data_dir: str
     log: LmdbLogStore
     applied: int
+    image: int | None  # the state store's last installed image (LmdbBacked.image_index)
 
 
 def _open_survivor(stack: ExitStack, node_id: str, data_dir: str, group: str) -> _Open:
@@ -428,10 +432,10 @@ def _open_survivor(stack: ExitStack, node_id: str, data_dir: str, group: str) ->
             f"cannot open the state store of {node_id} at {state_path}: {_one_line(e)}"
         ) from e
     try:
-        applied = state.applied_index()
+        applied, image = state.applied_index(), state.image_index()
     finally:
         state.close()
-    return _Open(node_id, data_dir, raft_log, applied)
+    return _Open(node_id, data_dir, raft_log, applied, image)
 
 
 def _open_state(group: str, path: str) -> LmdbStateStore | MetaStore:
@@ -457,10 +461,15 @@ def _describe(o: _Open) -> SurvivorState:
     # A state store applies only committed entries, so its applied index is a commit this
     # survivor knows, and after a SIGKILL usually a later one than its log's hard state
     # records: a Ready that only moves the commit index is not written to the log, while
-    # the state store checkpoints every second. It counts while the survivor's own log
-    # reaches it; beyond that the state came from an image the log never recorded, which
-    # _reset refuses.
-    commit = max(hard.commit, o.applied) if o.applied <= last else hard.commit
+    # the state store checkpoints every second. It says which entries of *this* log were
+    # committed only if they are what the store applied: the store's last image must be
+    # one the log recorded (at or below its snapshot base). An image installed just before
+    # a crash, its snapshot not yet in the log, came from a newer leader, and the log may
+    # still hold a divergent suffix at those indexes (found by a review: the reset then
+    # committed it over the image's history). Such a store, or one too old to say, counts
+    # only its log's commit record, and _reset refuses it if it applied beyond that.
+    recorded = o.image is not None and o.image <= o.log.first_index() - 1
+    commit = max(hard.commit, o.applied) if recorded and o.applied <= last else hard.commit
     return SurvivorState(
         node_id=o.node_id, data_dir=o.data_dir, first_index=o.log.first_index(),
         last_index=last, last_term=o.log.term(last), term=hard.term, commit=commit,

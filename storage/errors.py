@@ -7,8 +7,10 @@
 - ``IndexMismatch``: a state store was offered an index at or below its checkpointIndex
   (IGNITE-16907). ``checkpoint_index`` tells the driver where to skip to.
 - ``CorruptLog``: the log failed validation below the point where it may be truncated.
-- ``CheckpointDeferred``: a checkpoint could not begin for want of a file descriptor
-  (EMFILE, ENFILE). Nothing was written or synced, so nothing is in doubt: try later.
+- ``CheckpointDeferred``: a checkpoint could not open a file for want of a descriptor
+  (EMFILE, ENFILE): the data file, before any sync, or the record file, before anything
+  is written to it. No checkpoint was recorded and no sync failed, so nothing is in doubt:
+  try later.
 """
 
 import errno

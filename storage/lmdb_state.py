@@ -78,6 +78,11 @@ _APPLIED = b"applied"
 _FORMAT = b"format"
 _OUTCOMES = b"outcomes"  # index -> whether that conditional entry wrote (StateStore.outcome)
 _OUTCOMES_FROM = b"outcomes_from"
+# The index of the last snapshot image installed (0: none), in the same transaction as
+# the image: a crash before the log records that snapshot leaves the store ahead of its
+# log with no other trace, and an offline tool must tell that apart from applies past the
+# log's commit record (``LmdbBacked.image_index``). Absent in stores made before it.
+IMAGE_INDEX = b"image_index"
 _FORMAT_V1 = b"raftkv-state-v1"  # values without revisions: refused (see _open_dbs)
 _FORMAT_V2 = b"raftkv-state-v2"  # rows: revisions, then the value (raftkv.storage.revisions)
 
@@ -137,6 +142,14 @@ class LmdbBacked(Checkpointing):
 
     _env: lmdb.Environment
     _closed: bool
+    _meta: lmdb._Database
+
+    def image_index(self) -> int | None:
+        """The index of the last snapshot image installed (0: never), or None for a
+        store made before it was recorded (see ``IMAGE_INDEX``)."""
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(IMAGE_INDEX)
+        return None if raw is None else int.from_bytes(raw, "big")
     path: str
     _what = "LMDB state store"
 
@@ -388,6 +401,7 @@ class LmdbStateStore(LmdbBacked):
                 txn.put(_FORMAT, _FORMAT_V2, db=meta)
                 txn.put(_APPLIED, _index_bytes(0), db=meta)
                 txn.put(_OUTCOMES_FROM, _index_bytes(1), db=meta)
+                txn.put(IMAGE_INDEX, _index_bytes(0), db=meta)
                 return data, meta, outcomes, 0
             if names not in ({_DATA, _META}, {_DATA, _META, _OUTCOMES}):
                 shown = ", ".join(repr(n) for n in sorted(names)[:5])
@@ -588,6 +602,7 @@ class LmdbStateStore(LmdbBacked):
                 if not loader.verified:  # rows() raises unless verified; belt and braces
                     raise StorageError("snapshot stream was not verified")
                 txn.put(_APPLIED, _index_bytes(loader.applied), db=self._meta)
+                txn.put(IMAGE_INDEX, _index_bytes(loader.applied), db=self._meta)
             self._env.sync(True)  # the snapshot's index is the new checkpointIndex
             self._record_now(loader.applied)
         except lmdb.Error as e:

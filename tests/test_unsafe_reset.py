@@ -646,6 +646,32 @@ def test_an_applied_index_past_the_logs_commit_record_is_a_commit_the_survivor_k
     g.close_all()
 
 
+def test_an_image_installed_just_before_a_crash_is_not_taken_for_this_logs_commits(
+    tmp_path: Path,
+) -> None:
+    """Found by a review of the applied-index rule: a node installs a newer leader's image
+    into its state store first and records the snapshot in its log second (by design). A
+    crash in between leaves a store that applied 8 and a log that still holds its own
+    uncommitted term-2 suffix at 6..8. Counting 8 as committed in that log chose it and
+    committed the divergent entries by fiat over the image's history (the replicas then
+    disagreed at index 6). The store records the index of the image it installed
+    (``image_index``), above the log's snapshot base here, so its applied index says
+    nothing about this log: refused, as before the rule."""
+    history = prefix() + [put(3, i, f"k{i}", "committed-3") for i in (6, 7, 8)]
+    src = LmdbStateStore(str(tmp_path / "leader-state"))
+    src.apply([(e.index, e.data if e.type == EntryType.NORMAL else b"") for e in history])
+    image = list(src.snapshot_chunks())
+    src.close()
+    divergent = prefix() + [put(2, i, f"k{i}", "uncommitted-2") for i in (6, 7, 8)]
+    d4 = write_survivor(tmp_path, "n4", divergent, HardState(3, None, 5), applied=5)
+    state = LmdbStateStore(group_paths(str(d4), "default")[1])
+    assert state.install_snapshot(image) == 8
+    state.close()
+    d5 = write_survivor(tmp_path, "n5", prefix(), HardState(3, None, 5), applied=5)
+    with pytest.raises(UnsafeResetError, match="n4's state store has applied entries up to 8"):
+        unsafe_reset([str(d4), str(d5)], ["n4", "n5"])
+
+
 def test_survivors_with_no_log_at_all_are_refused(tmp_path: Path) -> None:
     d = write_survivor(tmp_path, "n4", [], HardState())
     with pytest.raises(UnsafeResetError, match="nothing to recover"):

@@ -101,7 +101,7 @@ from raftkv.storage.commands import CommandError
 from raftkv.storage.digest import Digest, DigestBuilder
 from raftkv.storage.errors import Compacted, StorageError
 from raftkv.storage.lmdb_files import check_lmdb_file
-from raftkv.storage.lmdb_state import DEFAULT_MAP_SIZE, LmdbBacked, _ReadIterator
+from raftkv.storage.lmdb_state import DEFAULT_MAP_SIZE, IMAGE_INDEX, LmdbBacked, _ReadIterator
 from raftkv.storage.state_store import (
     DEFAULT_CHECKPOINT_ENTRIES,
     DEFAULT_CHECKPOINT_SECONDS,
@@ -298,7 +298,7 @@ class MetaStore(LmdbBacked):
                 self._events = env.open_db(_EVENTS, txn=txn, create=True)
                 self._meta = env.open_db(_META, txn=txn, create=True)
                 txn.put(_FORMAT, _FORMAT_V1, db=self._meta)
-                for name in (_APPLIED, _REVISION, _COMPACTED):
+                for name in (_APPLIED, _REVISION, _COMPACTED, IMAGE_INDEX):
                     txn.put(name, counter_bytes(0), db=self._meta)
                 return 0, 0, 0
             if names != {_DATA, _EVENTS, _META}:
@@ -549,6 +549,7 @@ class MetaStore(LmdbBacked):
                 revision, compacted = checker.finish()
                 meta = self._meta
                 txn.put(_APPLIED, counter_bytes(loader.applied), db=meta)
+                txn.put(IMAGE_INDEX, counter_bytes(loader.applied), db=meta)
                 txn.put(_REVISION, counter_bytes(revision), db=meta)
                 txn.put(_COMPACTED, counter_bytes(compacted), db=meta)
             self._env.sync(True)  # the snapshot's index is the new checkpointIndex

@@ -723,6 +723,11 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
                 continue
             log.info("node %s: releasing %s (not hosted)", self.id, k.decode())
             self._release_holds(k, v.mod_revision)
+            # Out of the cache now, as _stop_partition does: the delete can be answered
+            # before its watch event arrives, and a start meanwhile must write the key
+            # again rather than trust one that is gone (found by a review: the node then
+            # hosted the partition with no holds key, chaos seed 11's hazard).
+            self._kv.pop(k, None)
 
     def _on_group_applied(self, part: PartitionState, g: Group) -> None:
         """Hook (inside the driver's loop over groups): only queue a reconcile."""

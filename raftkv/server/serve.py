@@ -434,8 +434,14 @@ def bind_http(host: str, port: int) -> list[socket.socket]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         # Each address once, in the resolver's order (it may list one several times).
-        for family, addr in dict.fromkeys((i[0], i[4]) for i in infos):
-            sock = socket.socket(family, socket.SOCK_STREAM)
+        addrs = list(dict.fromkeys((i[0], i[4]) for i in infos))
+        for family, addr in addrs:
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:
+                if len(addrs) > 1:  # a family this kernel lacks (no IPv6): the others serve
+                    continue
+                raise
             socks.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:  # each family on its own socket, as asyncio does
@@ -446,6 +452,8 @@ def bind_http(host: str, port: int) -> list[socket.socket]:
         for sock in socks:
             sock.close()
         raise ValueError(f"--http-addr {host}:{port}: {e.strerror or e}") from None
+    if not socks:
+        raise ValueError(f"--http-addr {host}:{port}: no address of it can be served here")
     return socks
 
 
