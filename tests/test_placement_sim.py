@@ -296,6 +296,15 @@ def test_seeds_with_outages_and_flapping_nodes(seed: int) -> None:
 DRAIN_SEEDS = [153, 104, 232, 230, *range(2000, 2003)]
 
 
+# Found by the long run on 8ae3af3 with every opt-in fault (outage, flap and drain):
+# 420, the metastore leader removed a draining node whose start's holds keys were still
+# on their way, and then waited for good on keys the node, out of the metastore, could
+# never release (a removed node is now forgotten whatever keys it left); 430, stuck
+# after a wipe, passes on the code after the review's holds-cache fix (not diagnosed
+# further).
+LONG_DRAIN_SEEDS = [420, 430]
+
+
 @pytest.mark.parametrize("seed", DRAIN_SEEDS)
 def test_seeds_with_drains(seed: int) -> None:
     """``drain`` of a live node, of one SIGKILLed during it, and ``remove-node`` of one
@@ -303,6 +312,17 @@ def test_seeds_with_drains(seed: int) -> None:
     metastore and the draining list within a bound, and the usual checks hold."""
     r = run_placement_seed(seed, faults=ALL_FAULTS + DRAIN_FAULTS)
     assert r.ok, _explain(r)
+
+
+@pytest.mark.parametrize("seed", LONG_DRAIN_SEEDS)
+def test_hash_seeded_with_every_opt_in_fault(seed: int) -> None:
+    """Replayed as the long run found them: PYTHONHASHSEED=0, a process of their own."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    faults = ",".join((*ALL_FAULTS, *LIVENESS_FAULTS, *DRAIN_FAULTS))
+    res = subprocess.run([sys.executable, "-m", "raftkv.sim", "--placement", "--seeds", str(seed),
+                          "--faults", faults],
+                         check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-2000:]
 
 
 @pytest.mark.parametrize("storage", [PERSISTENT, MEMORY])
