@@ -709,17 +709,12 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         named when the write came back, so the group never started and never stops),
         which otherwise read as hosting for good: the placement simulator's drains (seed
         153) waited on one. Every node, every LIVENESS_PERIOD (``_liveness_tick``)."""
-        suffix = b"." + self.id.encode()
-        for k, v in list(self._kv.items()):
-            if (not k.startswith(HOLDS_PREFIX) or not k.endswith(suffix)
-                    or k in self._releasing or v.value.split(b"/")[0] != self.incarnation):
+        for part in self._parts.values():
+            if part.group in self._hosted or part.start_inflight or part.reduce_inflight:
                 continue
-            table, _, index = k[len(HOLDS_PREFIX):-len(suffix)].decode().rpartition(".")
-            if not index.isdigit():
-                continue
-            part = self._parts.get(partition_group(table, int(index)))
-            if (part is None or part.group in self._hosted or part.start_inflight
-                    or part.reduce_inflight):
+            k = holds_key(part.table, part.index, self.id)
+            v = self._kv.get(k)
+            if v is None or k in self._releasing or v.value.split(b"/")[0] != self.incarnation:
                 continue
             log.info("node %s: releasing %s (not hosted)", self.id, k.decode())
             self._release_holds(k, v.mod_revision)
