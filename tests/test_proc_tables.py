@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -351,6 +352,38 @@ def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart
     assert took < 45, took
     logs = "".join(cluster.nodes[n].log_text() for n in ids)
     assert "the lone holder campaigns without it" in logs
+
+
+def test_describe_does_not_wait_for_a_drained_node_still_running(
+    cluster: ProcCluster,
+) -> None:
+    """Found from outside: while a drained node kept running, every ``describe_table`` (the
+    partition-aware client's route lookup) took 3 s on every node, waiting for the
+    drained node's frozen view. Only the metastore's members are asked now."""
+    admin = cluster.client()
+    cluster.add_table_node("n4")
+    admin.create_table(TABLE, 2, 3)
+    cluster.wait_until(lambda: "n4" in {r["id"] for r in admin.cluster_nodes()}, 20,
+                       "n4 listed")
+    admin.drain("n4")
+    cluster.wait_until(lambda: "n4" not in {r["id"] for r in admin.cluster_nodes()}, 60,
+                       "n4 drained")
+    n4 = cluster.nodes["n4"]
+    assert n4.alive  # still running, as an operator may leave it
+
+    def asked() -> float:
+        """Describe requests n4 has received (its own request counter)."""
+        with urllib.request.urlopen(f"{n4.endpoint}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("raftkv_http_requests_total{")
+                   and 'route="/v1/tables/{table}"' in line and 'method="GET"' in line)
+
+    before = asked()
+    for _ in range(3):
+        assert "n4" not in admin.describe_table(TABLE)["nodes_answered"]
+    assert asked() == before
+    admin.close()
 
 
 def test_add_node_never_moves_or_shares_a_nodes_addresses_and_cancels_a_drain(

@@ -468,7 +468,11 @@ class TablesApi:
             return web.json_response(local)
         views = [local]
         addrs = await self._run(self.p.http_addrs)
-        peers = [(n, a) for n, a in addrs.items() if n != self.p.id]
+        # The metastore's members only: a drained or removed node keeps its published
+        # address, and a drained one that still runs cannot answer (its metastore replica
+        # is frozen), so every describe waited out its 3 s timeout (found from outside).
+        members = await self._run(self.p.meta_members) or set(addrs)
+        peers = [(n, a) for n, a in addrs.items() if n != self.p.id and n in members]
         results = await asyncio.gather(*(self._fetch(a, f"/v1/tables/{name}?local=true",
                                                      request) for _, a in peers))
         views += [v for v in results if isinstance(v, dict)]
