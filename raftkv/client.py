@@ -144,8 +144,13 @@ class Client:
         scheme = "https" if tls else "http"
         self.endpoints = [e if "://" in e else f"{scheme}://{e}" for e in endpoints]
         for e in self.endpoints:
-            if urlsplit(e).scheme not in ("http", "https"):
+            u = urlsplit(e)
+            if u.scheme not in ("http", "https"):
                 raise ValueError(f"bad endpoint {e!r}: expected http:// or https://")
+            try:
+                u.port  # noqa: B018 - parsed here so that a bad one names its endpoint
+            except ValueError as err:
+                raise ValueError(f"bad endpoint {e!r}: {err}") from None
         # Made once, up front: a missing CA or key file is a clear error now, and every
         # connection shares one context (and its TLS session cache).
         self.tls_files = (cacert, cert, key)  # for clients of other endpoints (discovery)

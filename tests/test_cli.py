@@ -75,7 +75,9 @@ def test_a_usage_error_is_one_line_and_exits_1_not_2(
                        (["cas", "k", "v"],
                         "give exactly one of --prev-value, --prev-absent or --prev-index"),
                        (["frobnicate"], "invalid choice"),
-                       (["serve", "--id", "n1"], "raftkv serve: error: the following arguments")):
+                       (["serve", "--id", "n1"], "raftkv serve: error: the following arguments"),
+                       (["--endpoints", "http://127.0.0.1:99999", "get", "k"],
+                        "bad endpoint 'http://127.0.0.1:99999': Port out of range")):
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], (argv, err)
