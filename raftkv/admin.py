@@ -148,7 +148,7 @@ class AdminClient:
                 rid = random.getrandbits(62)
                 link.send_items([codec.encode_admin(rid, command, args)])
                 while True:
-                    for frame in link.read_frames("an answer"):
+                    for frame in link.read_frames("answer"):
                         got = _answer(frame, rid, address)
                         if got is not None:
                             return got[0]

@@ -118,7 +118,7 @@ class PeerLink:
             self._sendall(out.next_frame(self.mac))
 
     # -- receiving ------------------------------------------------------------------------
-    def read_frames(self, waiting_for: str = "a frame") -> list[object]:
+    def read_frames(self, waiting_for: str = "frame") -> list[object]:
         """The frames the node sent since the last call, waiting (until ``deadline``)
         for at least one; ``LinkError`` on a bad tag or a bad frame."""
         out, self._early = self._early, []
