@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry
 
 from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.server.auth import Tokens
+from raftkv.server.http_import import import_http_stack
 from raftkv.server.node_metrics import PrometheusMetrics
 from raftkv.tls import TlsConfig
 from raftkv.transport.tcp import check_peer_addresses, parse_addr
@@ -214,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     opening.start()  # the node opens and elects while the HTTP stack is imported
     closers: list[Callable[[], None]] = []  # what build made, to undo in reverse
     try:
+        import_http_stack()
         from raftkv.server.app import Api
         from raftkv.server.tables import Placement
 
