@@ -57,7 +57,9 @@ time (a write may still apply), 500 only for a real fault, always with a message
 
 The node is attached after the server starts (``Api.attach``): ``raftkv serve`` opens
 its HTTP port first, so the probes answer while the log is replayed, and every other
-route answers 503 "starting" until then.
+route answers 503 "starting" until then. The placement manager (tables, the topology,
+``/ready``'s metastore leader) is attached once built, right after: its routes answer
+503 "starting" a little longer, while the default group already serves.
 """
 
 from __future__ import annotations
@@ -191,11 +193,17 @@ class Api:
         ProcessCollector(registry=registry)
         self.http_metrics = HttpMetrics(registry)
 
-    def attach(self, kv: RaftKV, placement: Placement) -> None:
-        """Serve ``kv`` and ``placement``: the node's log is replayed and it runs."""
-        self.tables.attach(placement)
+    def attach(self, kv: RaftKV) -> None:
+        """Serve ``kv``: the node's log is replayed and it runs. The default group's
+        routes serve from here on; the tables' and the metastore's wait for
+        ``attach_placement``, which is built after (its metastore replayed) so that a
+        restarted node's first write does not wait for it."""
         self.leases.attach(kv.node, kv.group)
         self._kv = kv
+
+    def attach_placement(self, placement: Placement) -> None:
+        """Serve the tables and the cluster's topology through ``placement``."""
+        self.tables.attach(placement)
 
     @property
     def kv(self) -> RaftKV:

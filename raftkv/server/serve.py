@@ -5,9 +5,10 @@ written. Then the node opens on a thread of its own (``NodeOpening``: its stores
 default group's replay, its Raft loop, so a restarted group elects and commits at
 once), while this thread imports the HTTP stack: aiohttp and the API are a third of a
 start's CPU, and a whole cluster restarted on one machine waits for the slowest. Then
-the HTTP port opens, so ``/health`` answers and ``/ready`` says "starting" while the
-placement manager is built on a worker thread (the metastore's log replayed), and only
-then is the node attached to the API. A long replay thus never looks like a dead process
+the HTTP port opens, so ``/health`` answers and ``/ready`` says "starting". The open
+node is attached to the API (the default group serves), then the placement manager is
+built on a worker thread (the metastore's log replayed) and attached in turn: a
+restarted node's first write waits for no metastore. A long replay thus never looks like a dead process
 to a liveness probe. The phases (``StartupClock``: imported, opened, elected,
 committed, http, in seconds since the process started) are logged in one line and
 exported as ``raftkv_startup_seconds{phase}``. The node logs its
@@ -226,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
             HTTP serves."""
             kv = opening.result()
             closers.append(kv.close)
+            api.attach(kv)  # the default group serves while the placement is built
             meta_dir = args.data_dir
             if args.memory:
                 tmp = tempfile.TemporaryDirectory(prefix=f"raftkv-meta-{args.id}-")
@@ -238,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             )
             closers.append(placement.stop)
             placement.start()
-            api.attach(kv, placement)
+            api.attach_placement(placement)
             log.info("serving: raft on %s%s", args.raft_addr, " (TLS)" if peer_tls else "")
 
         log.info("%s on %s; starting the node", "HTTPS" if http_ssl else "HTTP",

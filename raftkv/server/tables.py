@@ -295,7 +295,7 @@ class TablesApi:
     @property
     def p(self) -> Placement:
         if self._placement is None:
-            raise Starting("replaying the log")
+            raise Starting("opening the metastore")
         return self._placement
 
     def _meta_leader(self) -> None:
