@@ -13,16 +13,15 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Self
 
 from pysyncobj.monotonic import monotonic
 
 from raftkv.admin import NodeAdmin
 from raftkv.core import ConfChangeOp, LeaderStepping, RaftError
-from raftkv.futures import then
 from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
-from raftkv.node.errors import RequestTimeout
+from raftkv.node.errors import NodeStopped, RequestTimeout
 from raftkv.node.stores import claim_data_dir, open_group_storage
 from raftkv.node.user_state import UserStateStore
 from raftkv.recovery.compaction import CompactionPolicy
@@ -46,6 +45,17 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def secret_bytes(secret: object) -> bytes:
+    """The cluster secret as bytes (``str`` is UTF-8), or ``TypeError``: any other type
+    was taken, and the node's loop then died at its first handshake (found from
+    outside, with an int)."""
+    if isinstance(secret, str):
+        return secret.encode()
+    if isinstance(secret, (bytes, bytearray, memoryview)):
+        return bytes(secret)
+    raise TypeError(f"the cluster secret is bytes or str, not {type(secret).__name__}")
 
 
 class EmbeddedNode:
@@ -81,6 +91,7 @@ class EmbeddedNode:
         that dial in); without it frames are authenticated but not encrypted
         (docs/security.md). ``admin(self)`` answers ``raftkv admin`` on the raft port
         (default: ``raftkv.admin.NodeAdmin``)."""
+        secret = secret_bytes(secret)
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
         check_peer_addresses(peers)
@@ -93,7 +104,7 @@ class EmbeddedNode:
         try:
             self.node = Node(NodeConfig(
                 node_id=node_id, raft_addr=raft_addr,
-                secret=secret.encode() if isinstance(secret, str) else secret,
+                secret=secret,
                 peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
                 request_timeout=request_timeout, data_dir=data_dir, faults=faults,
                 peer_tls=peer_tls,
@@ -258,6 +269,17 @@ class EmbeddedNode:
 
 
 
+def _settle(out: Future[Any], result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve ``out`` unless its caller cancelled it already."""
+    try:
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(result)
+    except InvalidStateError:
+        pass
+
+
 class ReplicatedNode(EmbeddedNode):
     """Hosts one ``ReplicatedObject``: its ``@replicated`` methods propose through this
     node, and the group's committed log is applied to it (``UserStateStore``). With a
@@ -271,6 +293,7 @@ class ReplicatedNode(EmbeddedNode):
 
     def __init__(self, obj: ReplicatedObject, node_id: str, raft_addr: str,
                  peers: dict[str, str], secret: bytes | str, **kwargs: Any) -> None:
+        secret = secret_bytes(secret)  # before the state store reads its files
         data_dir = kwargs.get("data_dir")
         path = group_paths(data_dir, kwargs.get("group", DEFAULT_GROUP))[1] if data_dir else None
         if data_dir is not None:
@@ -286,10 +309,41 @@ class ReplicatedNode(EmbeddedNode):
                 release_data_dir(data_dir)  # again if the base class did: a no-op
             raise
         self.obj = obj
+        self.store = store
         obj._attach(self._propose)
 
     def _propose(self, data: bytes) -> Future[Any]:
-        return then(self.node.propose(self.group, data), lambda r: r[1])
+        """The call's result, once this replica has applied its entry too: a call made on
+        a follower is answered by the leader, with the leader's result, before the
+        follower's own replica may have applied it, and the caller then read a state
+        without its own write (found from outside; PySyncObj answers a call on the node
+        that made it only once that node has applied it)."""
+        out: Future[Any] = Future()
+
+        def answered(f: Future[Any]) -> None:
+            if f.cancelled():
+                out.cancel()
+                return
+            if (exc := f.exception()) is not None:
+                _settle(out, exc=exc)
+                return
+            index, result = f.result()
+            if self.store.applied >= index:  # the leader's own call: applied here already
+                _settle(out, result)
+                return
+
+            def applied(ok: bool) -> None:
+                if ok:
+                    _settle(out, result)
+                else:
+                    _settle(out, exc=NodeStopped(
+                        f"node {self.node.id} stopped before applying the call made on it"))
+
+            registered = self.node.call(lambda: self.store.when_applied(index, applied))
+            registered.add_done_callback(lambda r: applied(False) if r.exception() else None)
+
+        self.node.propose(self.group, data).add_done_callback(answered)
+        return out
 
     def close(self, handover: bool = True) -> None:
         self.obj._detach()

@@ -26,8 +26,10 @@ msgpack array ``[method name, [args...], {kwargs...}]``, and handed to the ``pro
 callable the node attached (``obj._attach(propose)``). Once Raft has committed the entry,
 every replica, the caller's included, runs ``obj.apply(index, command)``. That decodes the
 command and runs the real method. Every replica thus runs the same methods, with the same
-arguments, in the same (log) order. The caller gets back the return value computed by its
-own replica's apply, through the ``concurrent.futures.Future`` that ``propose`` returned.
+arguments, in the same (log) order. The caller gets back the method's return value, through
+the ``concurrent.futures.Future`` that ``propose`` returned, once its own replica has
+applied the entry: a read on that replica right after the call sees the call's effect, as
+after a PySyncObj call.
 
 Call options (PySyncObj's reserved keyword arguments; a replicated method cannot have
 parameters with these names):
@@ -70,11 +72,12 @@ Rules for replicated methods:
 - **Nesting.** A replicated method that calls another replicated method of the same object
   runs it directly: it is already being applied, on every replica.
 - **Reads are local.** A plain method such as ``get()`` reads this replica's state, which
-  may lag the leader's.
+  may lag the leader's (but never this replica's own completed calls).
 
 Results from the leader: a call made on a follower is forwarded to the leader, which
 applies it first and answers with its result (``encode_result``/``decode_result``, used
-by ``raftkv.node.user_state.UserStateStore``). The result travels with the codec the
+by ``raftkv.node.user_state.UserStateStore``); the follower hands it to its caller once
+it has applied the entry too (``ReplicatedNode``). The result travels with the codec the
 arguments use, so a follower's call returns what the same call on the leader returns,
 type for type: a tuple stays a tuple, a set a set. An exception the method raised
 travels as its class's module and qualified name, its ``args`` and its attributes (a

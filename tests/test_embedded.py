@@ -319,3 +319,22 @@ def test_a_callback_may_make_synchronous_calls_and_bad_timeouts_are_refused(
         assert obj.get() == 102  # none of them was proposed
     finally:
         node.close()
+
+
+@pytest.mark.parametrize("secret", [12345, None, 1.5, ["s"]])
+def test_a_secret_that_is_not_bytes_or_text_is_refused_before_anything_starts(
+    tmp_path: Path, secret: object,
+) -> None:
+    """Found from outside: an int was accepted, and the node's loop died with a
+    TypeError at its first handshake, leaving a node that refused every call."""
+    (port,) = free_ports(1)
+    peers = {"n1": f"127.0.0.1:{port}"}
+    for make in (lambda: RaftKV("n1", peers["n1"], peers, secret, data_dir=str(tmp_path / "kv")),  # type: ignore[arg-type]
+                 lambda: raftkv.ReplicatedNode(Counter(), "n1", peers["n1"], peers, secret,  # type: ignore[arg-type]
+                                               data_dir=str(tmp_path / "obj"))):
+        with pytest.raises(TypeError, match="cluster secret is bytes or str"):
+            make()
+    assert not (tmp_path / "kv").exists() and not (tmp_path / "obj").exists()
+    # The port was never bound: a node with a good secret starts on it.
+    with RaftKV("n1", peers["n1"], peers, "text secret", data_dir=str(tmp_path / "ok")) as kv:
+        kv.wait_for_leader()

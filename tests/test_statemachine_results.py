@@ -10,7 +10,7 @@ naming it otherwise. The end-to-end test runs three ``ReplicatedNode``s on real 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +213,46 @@ def test_a_followers_call_returns_what_the_leaders_returns(
     # Applied all the same, on every replica: the result could not travel, the call did.
     nodes[lead].node.read("default", lambda s: None).result(timeout=5)
     assert leader.items.count("opaque") == 2
+
+
+def test_a_followers_call_returns_only_once_its_own_replica_applied_it(
+    boxes: tuple[dict[str, Box], dict[str, ReplicatedNode]],
+) -> None:
+    """Found from outside: the leader's answer reached a follower's caller before the
+    follower applied the entry, so the caller's own replica did not yet show its write
+    (160 calls in 300). PySyncObj answers a call on the node that made it once that node
+    has applied it, so a local read right after sees it."""
+    objs, nodes = boxes
+    lead = nodes["n1"].wait_for_leader()
+    follower = objs[next(n for n in objs if n != lead)]
+    for i in range(200):
+        count = follower.put(i)[0]
+        assert len(follower.items) >= count, f"call {i}: result {count}, replica {follower.items}"
+
+
+def test_when_applied_waits_for_the_index_in_order_and_fails_when_the_store_closes() -> None:
+    """The store's side of the wait: released by the apply that reaches the index (at
+    once if applied), and with False when the store closes first, so the caller gets
+    NodeStopped instead of waiting out its timeout."""
+    from raftkv.node.user_state import UserStateStore
+
+    store = UserStateStore(Box())
+    seen: list[tuple[str, bool]] = []
+
+    def note(name: str) -> Callable[[bool], None]:
+        return lambda ok: seen.append((name, ok))
+
+    store.when_applied(0, note("zero"))  # applied already: at once
+    store.when_applied(2, note("two"))
+    store.when_applied(1, note("one"))
+    store.when_applied(5, note("five"))
+    assert seen == [("zero", True)]
+    cmd = msgpack.packb(["put", [1], {}])
+    store.apply([(1, cmd)])
+    assert seen[1:] == [("one", True)]
+    store.apply([(2, cmd), (3, cmd)])
+    assert seen[2:] == [("two", True)]
+    store.close()
+    assert seen[3:] == [("five", False)]
+    store.when_applied(9, note("late"))  # closed: at once
+    assert seen[4:] == [("late", False)]

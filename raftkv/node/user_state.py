@@ -74,6 +74,8 @@ applied, snapshotted and restored on that thread.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import struct
@@ -169,6 +171,10 @@ class UserStateStore(Checkpointing):
         self._applied = self._checkpoint = 0
         self._failed_at = 0  # the applied index of the last checkpoint whose snapshot failed
         self._closed = False
+        # when_applied's callbacks, a heap of (index, arrival, fn): the arrival number
+        # keeps equal indexes from comparing the functions.
+        self._waiting: list[tuple[int, int, Callable[[bool], None]]] = []
+        self._arrivals = itertools.count()
         self.checkpoints = 0  # checkpoints that wrote something (for tests)
         if self.path is not None:
             self._open(self.path)
@@ -180,6 +186,26 @@ class UserStateStore(Checkpointing):
     def _live(self) -> None:
         if self._closed:
             raise StorageError("user state store is closed")
+
+    @property
+    def applied(self) -> int:
+        """The index of the last entry applied to the object (or restored into it)."""
+        return self._applied
+
+    def when_applied(self, index: int, fn: Callable[[bool], None]) -> None:
+        """Call ``fn(True)`` once this replica has applied ``index`` (at once if it has),
+        or ``fn(False)`` if the store closes first. A call forwarded to the leader comes
+        back with the leader's result before this replica has applied the entry; its
+        caller waits here so that it reads its own write on this replica, as PySyncObj's
+        (and etcd's) callers do. On the driver thread, like everything here."""
+        if self._applied >= index or self._closed:
+            fn(not self._closed)
+            return
+        heapq.heappush(self._waiting, (index, next(self._arrivals), fn))
+
+    def _release(self) -> None:
+        while self._waiting and self._waiting[0][0] <= self._applied:
+            heapq.heappop(self._waiting)[2](True)
 
     # -- the checkpoint file -----------------------------------------------------------------
     def _open(self, path: str) -> None:
@@ -273,6 +299,8 @@ class UserStateStore(Checkpointing):
                     log.warning("state machine apply at index %d raised %r", index, e)
                     results.append(e)
             self._applied = index
+        if self._waiting:
+            self._release()
         return results
 
     @staticmethod
@@ -383,6 +411,8 @@ class UserStateStore(Checkpointing):
             ) from e
         self._applied = self._checkpoint = loader.applied
         self._policy.reset()
+        if self._waiting:
+            self._release()
         return loader.applied
 
     def _rollback(self, old: bytes, cause: Exception) -> None:
@@ -399,6 +429,9 @@ class UserStateStore(Checkpointing):
 
     def close(self) -> None:
         self._closed = True
+        waiting, self._waiting = self._waiting, []
+        for _, _, fn in waiting:
+            fn(False)
 
 
 def _parse_checkpoint(raw: bytes, file: str) -> tuple[int, bytes]:
