@@ -46,7 +46,10 @@ What a program gets
   name-mangled ones included (the README's ``self.__counter``). Attributes set *before*
   calling the base ``__init__`` are configuration and are not snapshotted, as in
   PySyncObj. An attribute that is not plain data fails the checkpoint loudly, naming
-  it, and the log is kept: nothing is dropped.
+  it, and the log is kept: nothing is dropped. A restore sets the snapshot's attributes
+  over the state the constructor made (less those a replicated method deleted since), as
+  PySyncObj sets a dump's: an attribute that a new version's ``__init__`` adds keeps its
+  initial value after a restart from an older checkpoint.
 - ``SyncObjConsumer`` and ``consumers=[...]``: every node must pass the same consumers in
   the same order (a snapshot of another length is refused at restore).
 - ``addNodeToCluster(node, callback=)`` adds the node as a raftkv learner (PRE_FOLLOWER)
@@ -93,7 +96,10 @@ What is different underneath
   (``get()``) from the program's threads see a state that may lag, as in PySyncObj.
 - The node starts when the outermost ``__init__`` returns (not inside
   ``SyncObj.__init__``), so a subclass's ``self.__counter = 0`` after ``super().__init__()``
-  never overwrites the restored state.
+  never overwrites the restored state. An asynchronous call made before then (in the
+  constructor) waits and is proposed when the node starts, as PySyncObj's queue holds it
+  until a leader is known; a sync call there raises ``SyncObjException`` with
+  ``MISSING_LEADER`` at once, since it would wait for the constructor it is made in.
 - ``destroy()`` is synchronous: a leader hands leadership to its most up-to-date voter,
   then the node stops and its files close.
 - With ``commandsWaitLeader`` (the default), a command waits for a leader until the

@@ -71,7 +71,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import Any, cast
 
 from pysyncobj.monotonic import monotonic
 
@@ -124,7 +124,7 @@ _HOUSEKEEPING_TICKS = 5  # the loop's housekeeping runs every this many ticks
 
 # Command kinds (first element of every entry). Written into the log: never renumber.
 _CALL, _VERSION, _MEMBERSHIP, _RESULT = 0, 1, 2, 3
-_SNAPSHOT_FORMAT = 1
+_SNAPSHOT_FORMAT = 2  # 1: without the attributes deleted since the constructor
 
 
 class _RAFT_STATE:
@@ -349,6 +349,24 @@ class _Machine:
         self.enabled_version = 0
         self.last_index = 0  # of the last replicated call applied (in snapshots too)
         self.applying: int | None = None  # the thread inside a replicated method
+        # The objects' state as their constructors left it (``restore`` starts from it),
+        # and the names in it, per object.
+        self.initial: bytes | None = None
+        self.initial_names: list[frozenset[str]] = [frozenset() for _ in objects]
+
+    def capture_initial(self) -> None:
+        """Note the state the constructors gave the objects, just before the node starts
+        and restores anything into them."""
+        states = self._states()
+        self.initial_names = [frozenset(s) for s in states]
+        try:
+            self.initial = encode_value(states)
+        except TypeError:  # not plain data: no snapshot of it could be taken either
+            self.initial = None
+
+    def _states(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in sorted(vars(obj).items()) if k not in _framework_names(obj)}
+                for obj in self.objects]
 
     def index_of(self, obj: Any) -> int:
         for i, o in enumerate(self.objects):
@@ -438,12 +456,14 @@ class _Machine:
             self.engine.resolve(request, None, FAIL_REASON.SUCCESS)
 
     def snapshot(self) -> bytes:
-        states = []
-        for obj in self.objects:
-            skip = _framework_names(obj)
-            states.append({k: v for k, v in sorted(vars(obj).items()) if k not in skip})
+        """``[2, enabled version, last call's index, [state of each object], [names its
+        constructor made that the state no longer has, per object]]``."""
+        states = self._states()
+        gone = [sorted(names - state.keys())
+                for names, state in zip(self.initial_names, states, strict=True)]
         try:
-            return encode_value([_SNAPSHOT_FORMAT, self.enabled_version, self.last_index, states])
+            return encode_value([_SNAPSHOT_FORMAT, self.enabled_version, self.last_index,
+                                 states, gone])
         except TypeError:
             pass
         for obj, state in zip(self.objects, states, strict=True):  # name the culprit
@@ -456,23 +476,34 @@ class _Machine:
 
     def restore(self, data: bytes) -> None:
         snap = decode_value(data)
-        if (type(snap) is not list or len(snap) != 4 or snap[0] != _SNAPSHOT_FORMAT
-                or type(snap[1]) is not int or type(snap[2]) is not int
-                or type(snap[3]) is not list):
+        if (type(snap) is not list or len(snap) not in (4, 5) or snap[0] not in (1, 2)
+                or len(snap) != snap[0] + 3 or type(snap[1]) is not int
+                or type(snap[2]) is not int or type(snap[3]) is not list):
             raise ValueError("not a raftkv.compat.pysyncobj snapshot")
-        _, enabled, last, states = snap
-        if len(states) != len(self.objects):
+        enabled, last, states = snap[1:4]
+        gone = snap[4] if len(snap) == 5 else [[] for _ in states]
+        if len(states) != len(self.objects) or type(gone) is not list or len(gone) != len(states):
             raise ValueError(
                 f"the snapshot holds the state of {len(states)} objects, this SyncObj has "
                 f"{len(self.objects)} (itself and its consumers): did consumers= change?")
-        if not all(type(s) is dict and all(type(k) is str for k in s) for s in states):
+        if not all(type(s) is dict and all(type(k) is str for k in s) for s in states) or \
+                not all(type(g) is list and all(type(k) is str for k in g) for g in gone):
             raise ValueError("a snapshot's object state is not a map of attributes")
-        for obj, state in zip(self.objects, states, strict=True):
-            skip = _framework_names(obj)
+        # The state is what the constructors made, less what the snapshot says was deleted
+        # since, with the snapshot's attributes over it: what the replica that took it
+        # had, and an attribute a newer version's __init__ adds keeps its value, as
+        # PySyncObj keeps it (it sets the dump's attributes one by one; found from
+        # outside: an upgraded program's new attribute was deleted by the restart).
+        bases = (cast(list[dict[str, Any]], decode_value(self.initial))
+                 if self.initial is not None else [{} for _ in self.objects])
+        for obj, base, state, deleted in zip(self.objects, bases, states, gone, strict=True):
+            framework = _framework_names(obj)
             attrs = vars(obj)
-            for k in [k for k in attrs if k not in skip]:
+            for k in [k for k in attrs if k not in framework]:
                 del attrs[k]
-            attrs.update((k, v) for k, v in state.items() if k not in skip)
+            attrs.update((k, v) for k, v in base.items()
+                         if k not in framework and k not in deleted)
+            attrs.update((k, v) for k, v in state.items() if k not in framework)
         self.enabled_version = enabled
         self.last_index = last
         self.engine.restored(last)
@@ -539,6 +570,10 @@ class _Engine:
         self._requests = itertools.count(random.getrandbits(48))
         self._waiters: dict[int, _Waiter] = {}
         self._inflight = 0
+        # Calls made before the node runs (in the subclass's __init__, or while the bind is
+        # retried): proposed, in order, once it does, as PySyncObj's command queue holds
+        # them until there is a leader. None once the node runs.
+        self._unstarted: list[tuple[bytes, int | None, float | None]] | None = []
         self._events: SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = SimpleQueue()
         self._tick_callbacks: list[Callable[[], Any]] = []
         self._ready = False
@@ -560,6 +595,7 @@ class _Engine:
         if self.started or self.destroyed:
             return
         self.started = True
+        self.machine.capture_initial()
         if self.conf.autoTick:
             self._thread = threading.Thread(
                 target=_tick_thread, args=(self, self.owner), daemon=True,
@@ -624,6 +660,10 @@ class _Engine:
             return False
         g = self.embedded.node.groups[self.group]
         self.embedded.node.call(lambda: self._hook(g)).result(timeout=REQUEST_TIMEOUT)
+        with self._lock:
+            queued, self._unstarted = self._unstarted or [], None
+        for data, request, deadline in queued:
+            self._propose(data, request, deadline)
         return True
 
     def _hook(self, g: Any) -> None:  # loop thread
@@ -676,7 +716,7 @@ class _Engine:
         waiter = None
         if request is not None:
             waiter = _Waiter(callback, Future() if sync else None, member=member)
-        code = self._admit()
+        code = self._admit(sync)
         if code is not None:
             if sync:
                 raise SyncObjException(code)
@@ -704,10 +744,14 @@ class _Engine:
             raise SyncObjException(code)
         return result
 
-    def _admit(self) -> int | None:
-        """Why a command cannot even be proposed now, as a code; None if it can."""
-        if not self.running:
-            return FAIL_REASON.REQUEST_DENIED if self.destroyed else FAIL_REASON.MISSING_LEADER
+    def _admit(self, sync: bool) -> int | None:
+        """Why a command cannot even be proposed now, as a code; None if it can. Before the
+        node runs, an asynchronous call waits for it (with ``commandsWaitLeader``); a sync
+        one cannot, for the node starts only when the constructor that waits returns."""
+        if self.destroyed:
+            return FAIL_REASON.REQUEST_DENIED
+        if self.embedded is None and (sync or not self.conf.commandsWaitLeader):
+            return FAIL_REASON.MISSING_LEADER
         if self._inflight >= self.conf.commandsQueueSize:
             return FAIL_REASON.QUEUE_FULL
         if not self.conf.commandsWaitLeader and self._leader is None:
@@ -715,10 +759,13 @@ class _Engine:
         return None
 
     def _propose(self, data: bytes, request: int | None, deadline: float | None) -> None:
+        with self._lock:
+            if self._unstarted is not None:
+                self._unstarted.append((data, request, deadline))
+                return
+            self._inflight += 1
         emb = self.embedded
         assert emb is not None
-        with self._lock:
-            self._inflight += 1
         fut = emb.node.propose(self.group, data)
         fut.add_done_callback(functools.partial(self._proposed, data, request, deadline))
 
