@@ -756,3 +756,41 @@ def test_a_snapshot_of_the_first_format_still_restores(destroy_later: list[Any])
     assert machine.last_index == 5
     with pytest.raises(ValueError, match="not a raftkv.compat.pysyncobj snapshot"):
         machine.restore(encode_value([1, 0, 5, [{"count": 7}], [[]]]))  # 5 fields in format 1
+
+
+def test_a_call_whose_leader_was_replaced_waits_for_its_entry_here(
+        destroy_later: list[Any]) -> None:
+    """Found from outside: with the leader SIGKILLed, a follower's calls forwarded to it
+    were reported LEADER_CHANGED ("not committed", which a PySyncObj program retries)
+    although they were committed and applied everywhere. An unknown outcome now waits
+    for the entry to reach this replica, whose apply resolves the call; it is
+    UNKNOWN_OUTCOME only if nothing comes in time."""
+    from concurrent.futures import Future
+
+    from raftkv.compat.pysyncobj.syncobj import _fail_reason, _Waiter
+    from raftkv.node.errors import RequestTimeout
+
+    replaced = RequestTimeout("leader n1 was replaced before answering; the outcome is unknown")
+    assert _fail_reason(replaced) == FAIL_REASON.UNKNOWN_OUTCOME
+    (port,) = free_ports(1)
+    node = MyCounter(f"127.0.0.1:{port}", [], conf())
+    destroy_later.append(node)
+    engine = _engine(node)
+    assert engine is not None
+    for applied in (True, False):
+        got = Collect()
+        request = 424242 + applied
+        with engine._lock:
+            engine._waiters[request] = _Waiter(got, None)
+            engine._inflight += 1
+        failed: Future[Any] = Future()
+        failed.set_exception(replaced)
+        engine._proposed(b"", request, None, failed)
+        assert not got.done.is_set() and engine._waiters[request].expires is not None
+        if applied:  # what the apply of the entry, which names the request, does
+            engine.resolve(request, 16, FAIL_REASON.SUCCESS)
+        else:
+            engine._waiters[request].expires = 0.0  # nothing came in time
+        node._onTick(0.0)
+        assert got.wait() == ((16, FAIL_REASON.SUCCESS) if applied
+                              else (None, FAIL_REASON.UNKNOWN_OUTCOME))

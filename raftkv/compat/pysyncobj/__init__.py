@@ -28,11 +28,14 @@ What a program gets
   are PySyncObj's code versioning. ``@replicated_sync`` blocks by default.
 - Failure codes (``FAIL_REASON``), from what the raftkv node reports: no leader known
   -> ``MISSING_LEADER``; the leader changed before committing -> ``NOT_LEADER``; a
-  leadership transfer refused it or the leader we forwarded to was replaced ->
-  ``LEADER_CHANGED``; more than ``commandsQueueSize`` commands in flight -> ``QUEUE_FULL``;
-  a refused membership change, a stopped node -> ``REQUEST_DENIED``; a timeout or a
-  snapshot hides whether it was applied -> ``UNKNOWN_OUTCOME`` (PySyncObj 0.3.17's code
-  7). A sync call raises ``SyncObjException(code)``.
+  leader dropped it unproposed (a leadership transfer) -> ``LEADER_CHANGED``; more than
+  ``commandsQueueSize`` commands in flight -> ``QUEUE_FULL``; a refused membership
+  change, a stopped node -> ``REQUEST_DENIED``. When the leader it was forwarded to is
+  replaced before answering, or no answer comes in time, the call waits for its entry to
+  reach this node (``REQUEST_TIMEOUT``, 5 s, more): applied, it succeeds, as in
+  PySyncObj; otherwise, or if it came inside a snapshot, ``UNKNOWN_OUTCOME`` (PySyncObj
+  0.3.17's code 7). Every code but that one means the call was not applied. A sync call
+  raises ``SyncObjException(code)``.
 - **A replicated method that raises** is applied, and raises, on every replica alike (in
   PySyncObj it stops the replica's apply loop). A sync call re-raises that exception; a
   callback gets ``(the exception, FAIL_REASON.REQUEST_DENIED)``.

@@ -159,8 +159,9 @@ def _fail_reason(exc: BaseException) -> int:
     if isinstance(exc, ProposalDropped):
         return FAIL_REASON.LEADER_CHANGED
     if isinstance(exc, RequestTimeout):
-        if "replaced before answering" in str(exc):
-            return FAIL_REASON.LEADER_CHANGED
+        # The leader we forwarded to was replaced before answering, or nothing came in
+        # time: the entry may have committed. PySyncObj's LEADER_CHANGED says it did not
+        # (found from outside: applied calls reported so, which a program retries).
         return FAIL_REASON.UNKNOWN_OUTCOME
     if isinstance(exc, RemoteError):
         return {
@@ -802,7 +803,14 @@ class _Engine:
             log.debug("a replicated call failed (%s): %r", code, exc)
             return
         with self._lock:
-            w = self._waiters.pop(request, None)
+            w = self._waiters.get(request)
+            if w is not None and code == FAIL_REASON.UNKNOWN_OUTCOME and w.member is None:
+                # If it did commit, its entry reaches this replica, whose apply resolves
+                # the call (the entry names it): as PySyncObj, success is told by the
+                # apply here. Unknown only if nothing comes in a request's time.
+                w.expires = monotonic() + REQUEST_TIMEOUT
+                return
+            self._waiters.pop(request, None)
         if w is not None:
             self._finish(w, None, code)
 
