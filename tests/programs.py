@@ -92,8 +92,8 @@ def until(program: Program, command: str, expect: Any, timeout: float = 20.0) ->
 
 def answer(program: Program, command: str, timeout: float = 20.0) -> Any:
     """The first answer that is not a FAIL_REASON: a command caught by a leader's death
-    fails (LEADER_CHANGED, outcome unknown), as in PySyncObj; the programs here retry
-    only commands that are safe to repeat."""
+    may fail (UNKNOWN_OUTCOME, when its entry does not reach the node in time), as in
+    PySyncObj."""
     deadline = time.monotonic() + timeout
     while True:
         got = program.ask(command)

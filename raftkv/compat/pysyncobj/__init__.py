@@ -35,7 +35,9 @@ What a program gets
   reach this node (``REQUEST_TIMEOUT``, 5 s, more): applied, it succeeds, as in
   PySyncObj; otherwise, or if it came inside a snapshot, ``UNKNOWN_OUTCOME`` (PySyncObj
   0.3.17's code 7). Every code but that one means the call was not applied. A sync call
-  raises ``SyncObjException(code)``.
+  raises ``SyncObjException(code)``. With ``commandsWaitLeader`` (the default) a call
+  that failed ``MISSING_LEADER``, ``NOT_LEADER`` or ``LEADER_CHANGED`` (never applied) is
+  proposed again until its timeout, so those codes reach a program only without it.
 - **A replicated method that raises** is applied, and raises, on every replica alike (in
   PySyncObj it stops the replica's apply loop). A sync call re-raises that exception; a
   callback gets ``(the exception, FAIL_REASON.REQUEST_DENIED)``.

@@ -152,6 +152,14 @@ class SyncObjExceptionWrongVer(SyncObjException):
         self.ver = ver
 
 
+# Codes that say the command was not applied (and never will be): a call waiting for a
+# leader (commandsWaitLeader) proposes it again, after _RETRY_PAUSE unless no leader was
+# known (the node then holds it until one is).
+_NOT_APPLIED = frozenset({FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER,
+                          FAIL_REASON.LEADER_CHANGED})
+_RETRY_PAUSE = 0.05
+
+
 def _fail_reason(exc: BaseException) -> int:
     """PySyncObj's code for why the node could not get a command applied."""
     if isinstance(exc, NotLeader):
@@ -795,9 +803,18 @@ class _Engine:
             self._finish(w, None, FAIL_REASON.UNKNOWN_OUTCOME)
             return
         code = _fail_reason(exc)
-        if (code == FAIL_REASON.MISSING_LEADER and self.conf.commandsWaitLeader
+        if (code in _NOT_APPLIED and self.conf.commandsWaitLeader
                 and self.running and (deadline is None or monotonic() < deadline)):
-            self._propose(data, request, deadline)  # never proposed: safe to try again
+            # Never applied: safe to try again while the call waits for a leader. A
+            # leader that changed gets a moment to be known (found in a test under load:
+            # the first call of a cluster whose birth outlasted the request deadline
+            # failed NOT_LEADER as the leader appeared).
+            if code == FAIL_REASON.MISSING_LEADER:
+                self._propose(data, request, deadline)
+            else:
+                retry = threading.Timer(_RETRY_PAUSE, self._propose, (data, request, deadline))
+                retry.daemon = True
+                retry.start()
             return
         if request is None:
             log.debug("a replicated call failed (%s): %r", code, exc)
