@@ -15,11 +15,14 @@ The cache is only a hint: any node answers correctly, since the server computes 
 partition itself. A 421, an error or a retry drops the table's entry, so the next request
 looks again.
 
-A retried write may apply twice if the first attempt's answer was lost (a 504, or a
-dropped connection): use ``cas`` when that matters. ``cas`` itself is never retried
-after an attempt that may have applied: its answer would be the retry's 412 for a swap
-the first attempt made. It raises ``OutcomeUnknown`` instead; it retries only after a
-refused connection or a 503 that says no leader took the request. Not thread-safe: one
+A write is never sent again after an attempt that may have applied (an answer lost to
+a dropped connection, a 504), as etcd's client does not resend a put: a second copy
+would apply twice (two revisions and two watch events for one put, and a value another
+writer replaced in between would come back; found from outside). ``put``, ``delete``,
+``cas``, ``txn``, ``batch`` and a lease grant raise ``OutcomeUnknown`` instead; they
+retry only after a refused connection or a 503 that says no leader took the request.
+(A ``cas`` retried would also answer 412 for the swap its first attempt made.) A
+partition batch with a ``batch_id`` applies at most once, so it is retried. Not thread-safe: one
 client per thread.
 
 Two timeouts, as etcdctl's ``--dial-timeout`` and ``--command-timeout``: ``timeout``
@@ -51,6 +54,7 @@ import base64
 import http.client
 import json
 import os
+import select
 import ssl
 import time
 from collections.abc import Iterator, Sequence
@@ -203,9 +207,12 @@ class Client:
         headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes, str]:
         c = self._conn(endpoint)
-        if c.sock is not None and time.monotonic() - self._used.get(endpoint, 0.0) > IDLE_REUSE:
-            # The server may close it any moment now (--http-idle-timeout): a request sent
-            # as it does would have an unknown outcome though it never arrived.
+        if c.sock is not None and (time.monotonic() - self._used.get(endpoint, 0.0) > IDLE_REUSE
+                                   or select.select([c.sock], [], [], 0)[0]):
+            # The server may close it any moment now (--http-idle-timeout), or has (it
+            # restarted, or timed the connection out: the socket reads as closed). A
+            # request sent on it would have an unknown outcome though it never arrived,
+            # and a write is not sent twice.
             c.close()
         try:
             if c.sock is None:
@@ -620,8 +627,8 @@ class Client:
         (``ClientError`` 404 if it does not exist, and nothing is written)."""
         v = value.encode() if isinstance(value, str) else value
         path = self._kv(key, table) + (f"?lease={int(lease)}" if lease is not None else "")
-        return int(json.loads(self.request("PUT", path, v, route=self._route(table, key))[1])
-                   ["index"])
+        return int(json.loads(self.request("PUT", path, v, once=True,
+                                           route=self._route(table, key))[1])["index"])
 
     # -- leases (raftkv.server.leases) ---------------------------------------------------
     def lease_grant(self, ttl: int, lease: int | None = None) -> int:
@@ -648,7 +655,7 @@ class Client:
         return list(json.loads(self.request("GET", "/v1/leases")[1])["leases"])
 
     def delete(self, key: bytes | str, table: str | None = None) -> int:
-        return int(json.loads(self.request("DELETE", self._kv(key, table),
+        return int(json.loads(self.request("DELETE", self._kv(key, table), once=True,
                                            route=self._route(table, key))[1])["index"])
 
     def cas(
@@ -696,7 +703,7 @@ class Client:
               v.encode() if isinstance(v, str) else v] for k, v in ops], use_bin_type=True,
         )
         path = "/v1/batch" if table is None else f"/v1/tables/{quote(table, safe='')}/batch"
-        _, data = self.request("POST", path, body,
+        _, data = self.request("POST", path, body, once=True,
                                headers={"Content-Type": "application/x-msgpack"})
         answer = json.loads(data)
         if table is None:
@@ -783,6 +790,7 @@ class Client:
                              use_bin_type=True)
         path = f"/v1/tables/{quote(table, safe='')}/partitions/{partition}/batch"
         _, data = self.request("POST", path, body, route=(table, partition),
+                               once=batch_id is None,
                                headers={"Content-Type": "application/x-msgpack"})
         return dict(json.loads(data))
 

@@ -45,8 +45,9 @@ The HTTP client (``raftkv.client.Client``, what the ``raftkv`` command uses):
   low) is one, raised at once: another node would answer the same.
 - ``Unavailable``: no endpoint answered before the deadline. (``raftkv.storage.errors``
   has an unrelated ``Unavailable``, a log index past the end, which users never see.)
-- ``OutcomeUnknown`` (an ``Unavailable``): a ``cas`` reached a node and got no definite
-  answer; it may or may not have applied. Read the key to find out.
+- ``OutcomeUnknown`` (an ``Unavailable``): a write (``put``, ``delete``, ``cas``,
+  ``txn``, ``batch``) reached a node and got no definite answer; it may or may not have
+  applied, and it is not sent again (it would apply twice). Read the key to find out.
 
 Tools:
 
