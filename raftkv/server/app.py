@@ -359,7 +359,7 @@ class Api:
     # -- observability ----------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         """Liveness (module docstring): is this process worth keeping?"""
-        if self._kv is None:
+        if self._kv is None or not self.tables.attached:  # built a piece at a time
             return web.json_response({"status": "starting", "id": self.node_id,
                                       "leader": None})
         node, gid = self._kv.node, self._kv.group
@@ -379,6 +379,9 @@ class Api:
         node = self._kv.node
         if node.failure is not None:
             return error(503, f"driver loop failed: {node.failure!r}", id=self.node_id,
+                         ready=False)
+        if not self.tables.attached:  # the placement manager is still being built
+            return error(503, "starting: opening the metastore", id=self.node_id,
                          ready=False)
         groups = (self._kv.group, self.tables.p.meta.group)
         leaders = await wait(node.call(lambda: {g: node.groups[g].leader for g in groups}))

@@ -293,6 +293,10 @@ class TablesApi:
         self._placement = placement
 
     @property
+    def attached(self) -> bool:
+        return self._placement is not None
+
+    @property
     def p(self) -> Placement:
         if self._placement is None:
             raise Starting("opening the metastore")
