@@ -36,7 +36,8 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
   ``POST /v1/cluster/transfer`` ``{"to"}`` (admin).
 - ``GET /health`` (no token): liveness. 200 while the node runs, with its id, role and
   leader (``"leader": null`` is not a failure: an election, or a minority partition,
-  passes without a restart); ``"status": "starting"`` while its log is replayed; 503
+  passes without a restart); ``"status": "starting"`` while its log is replayed (and the
+  metastore opened); 503
   only when the driver loop failed, which a restart is the cure for.
 - ``GET /ready`` (no token): readiness. 200 once this node knows a leader of the default
   group and of the metastore; 503 while it is replaying its log or knows no leader of
