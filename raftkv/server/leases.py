@@ -258,6 +258,7 @@ class LeasesApi:
 
     async def list(self, request: web.Request) -> web.Response:
         check_query(request, ())
+        require_leader(self.node, self.group)  # a linearizable read: 503 at once without one
         ttls = await wait(self.node.read_kv(self.group, read_leases))
         return web.json_response({"leases": [
             {"id": lease, "ttl": ttl, **self._remaining(lease)}
@@ -266,6 +267,7 @@ class LeasesApi:
     async def info(self, request: web.Request) -> web.Response:
         check_query(request, ())
         lease = self._id(request)
+        require_leader(self.node, self.group)
 
         def look(s: KVStateStore) -> tuple[int | None, list[bytes]]:
             return read_leases(s).get(lease), lease_keys(s, lease)
