@@ -44,6 +44,7 @@ from raftkv.server.requests import (
     flag,
     path_key,
     query_bytes,
+    quoted,
     require_leader,
     wait,
 )
@@ -98,7 +99,7 @@ async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
         text = raw_index.decode("ascii", "replace")
         if not text.isdigit() or len(text) > 18:
             raise CommandError(f"?prev_index is a mod revision (an integer, 0: the key must "
-                               f"be absent), not {text[:24]!r}")
+                               f"be absent), not {quoted(text)}")
         expected_index = int(text)
     expected = query_bytes(request, "prev_value")
     absent = method == "PUT" and flag(request, "prev_absent")
@@ -123,7 +124,7 @@ async def parse_kv(request: web.Request, prefix: str) -> KvRequest:
     if raw_lease is not None:
         text = raw_lease.decode("ascii", "replace")
         if not text.isdigit() or len(text) > 19:
-            raise CommandError(f"?lease is a lease id (a positive integer), not {text[:24]!r}")
+            raise CommandError(f"?lease is a lease id (a positive integer), not {quoted(text)}")
         if compare:
             raise CommandError("a put to a lease cannot also compare (use a transaction)")
         lease = check_lease_id(int(text))

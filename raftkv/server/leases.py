@@ -48,6 +48,7 @@ from raftkv.server.requests import (
     check_query,
     error,
     json_body,
+    quoted,
     require_leader,
     wait,
 )
@@ -221,7 +222,7 @@ class LeasesApi:
     def _id(request: web.Request) -> int:
         raw = request.match_info["id"]
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
-            raise CommandError(f"a lease id is a positive integer, not {raw[:24]!r}")
+            raise CommandError(f"a lease id is a positive integer, not {quoted(raw)}")
         return check_lease_id(int(raw))
 
     async def grant(self, request: web.Request) -> web.Response:

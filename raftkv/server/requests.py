@@ -76,6 +76,12 @@ class Starting(Exception):
     """The node is still being built (its log replayed); nothing can be served yet."""
 
 
+def quoted(text: str, limit: int = 40) -> str:
+    """``text`` as a repr for an error message, cut at ``limit`` characters with a
+    visible "..." (a cut without one misquoted the request; found from outside)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
+
+
 def error(status: int, message: str, **extra: Any) -> web.Response:
     """The one shape of every error answer: JSON ``{"error": message, ...extra}``."""
     return web.json_response({"error": message, **extra}, status=status)
@@ -436,7 +442,12 @@ def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes 
             check_fields(body, ("ops",), "a batch")
         ops = body.get("ops") if isinstance(body, dict) else None
     if not isinstance(ops, list):
-        raise CommandError("a batch is a list of [key, value] pairs (value null deletes)")
+        # Say which form this content type takes (found from outside: a bare JSON list
+        # was refused with a message that described the bare list).
+        raise CommandError(
+            "a msgpack batch is an array of [key, value|nil] pairs" if content_type ==
+            "application/x-msgpack" else 'a JSON batch is {"ops": [[key, value], ...]} '
+            "(value null deletes; send msgpack as application/x-msgpack for bytes)")
     out = []
     for op in ops:
         if not (isinstance(op, list) and len(op) == 2):

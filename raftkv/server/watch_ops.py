@@ -47,7 +47,7 @@ from aiohttp import web
 
 from raftkv.node.driver import Node
 from raftkv.server.range_ops import key_range
-from raftkv.server.requests import check_query, error, query_bytes, wait
+from raftkv.server.requests import check_query, error, query_bytes, quoted, wait
 from raftkv.storage.commands import (
     Batch,
     Cas,
@@ -93,7 +93,7 @@ def parse_watch(request: web.Request) -> WatchRequest:
         text = raw.decode("ascii", "replace")
         if not text.isdigit() or len(text) > 18 or int(text) < 1:
             raise CommandError(f"?from_revision is a revision (a log index from 1), not "
-                               f"{text[:24]!r}")
+                               f"{quoted(text)}")
         rev = int(text)
     return WatchRequest(start, end, rev)
 
