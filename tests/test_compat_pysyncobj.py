@@ -27,6 +27,7 @@ from raftkv.compat.pysyncobj import (
     SyncObjConf,
     SyncObjConsumer,
     SyncObjException,
+    TCPNode,
     replicated,
     replicated_sync,
 )
@@ -794,3 +795,20 @@ def test_a_call_whose_leader_was_replaced_waits_for_its_entry_here(
         node._onTick(0.0)
         assert got.wait() == ((16, FAIL_REASON.SUCCESS) if applied
                               else (None, FAIL_REASON.UNKNOWN_OUTCOME))
+
+
+def test_tcp_utility_status_names_nodes_as_tcp_nodes(destroy_later: list[Any]) -> None:
+    """As PySyncObj's TcpUtility and as getStatus(): 'self' and 'leader' are TCPNode
+    objects (found from outside: they were the address text, so
+    ``status['leader'].address`` failed)."""
+    from raftkv.compat.pysyncobj.utility import TcpUtility
+
+    (port,) = free_ports(1)
+    addr = f"127.0.0.1:{port}"
+    node = SyncObj(addr, [], conf())
+    destroy_later.append(node)
+    wait_until(node._isLeader, what="a leader")
+    status = TcpUtility(PASSWORD, timeout=10).executeCommand(addr, ["status"])
+    assert isinstance(status["leader"], TCPNode) and isinstance(status["self"], TCPNode)
+    assert status["leader"].address == status["self"].address == addr
+    assert status["leader"] == node.getStatus()["leader"]

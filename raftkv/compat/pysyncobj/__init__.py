@@ -95,8 +95,9 @@ What is different underneath
 - The node runs on raftkv's driver thread whatever ``autoTick`` says. ``autoTick=False``
   means what the program sees: callbacks (``callback=``, ``onReady``,
   ``onStateChanged``, ``onCodeVersionChanged``, onTick callbacks) run inside its
-  ``doTick(timeToWait)`` (or ``_onTick``), never on their own. With ``autoTick`` on they
-  run on a tick thread. Either way they never run on the thread that applies entries,
+  ``doTick(timeToWait)`` (or ``_onTick``), never on their own. A sync call completes
+  without ``doTick`` (PySyncObj's would time out: nothing ticks its node). With
+  ``autoTick`` on they run on a tick thread. Either way they never run on the thread that applies entries,
   so a callback may make sync calls. Replicated methods run on the driver thread; reads
   (``get()``) from the program's threads see a state that may lag, as in PySyncObj.
 - The node starts when the outermost ``__init__`` returns (not inside

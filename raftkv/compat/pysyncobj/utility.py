@@ -67,4 +67,12 @@ class TcpUtility(Utility):
             return str(e)
         except ValueError as e:
             raise UtilityException(str(e)) from None
-        return result if name == "status" else outcome_line(True, name, args)
+        if name == "status" and isinstance(result, dict):
+            # As PySyncObj's: 'self' and 'leader' are TCPNode objects (as getStatus()
+            # gives them), not the address text the admin link carries (found from
+            # outside: status['leader'].address failed).
+            for key in ("self", "leader"):
+                if isinstance(result.get(key), str):
+                    result[key] = TCPNode(result[key])
+            return result
+        return outcome_line(True, name, args)
