@@ -54,7 +54,10 @@ What a program gets
   it, and the log is kept: nothing is dropped. A restore sets the snapshot's attributes
   over the state the constructor made (less those a replicated method deleted since), as
   PySyncObj sets a dump's: an attribute that a new version's ``__init__`` adds keeps its
-  initial value after a restart from an older checkpoint.
+  initial value after a restart from an older checkpoint. (A checkpoint written by raftkv
+  before snapshots named the deleted attributes restores as the whole state, as it did
+  then; a node of that older raftkv cannot read the newer snapshots, so a cluster
+  upgrades every node before one sends another a snapshot.)
 - ``SyncObjConsumer`` and ``consumers=[...]``: every node must pass the same consumers in
   the same order (a snapshot of another length is refused at restore).
 - ``addNodeToCluster(node, callback=)`` adds the node as a raftkv learner (PRE_FOLLOWER)

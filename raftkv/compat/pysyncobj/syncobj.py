@@ -490,7 +490,12 @@ class _Machine:
                 or type(snap[2]) is not int or type(snap[3]) is not list):
             raise ValueError("not a raftkv.compat.pysyncobj snapshot")
         enabled, last, states = snap[1:4]
-        gone = snap[4] if len(snap) == 5 else [[] for _ in states]
+        # Format 1 (before format 2 named the deleted attributes) was the whole state, and
+        # was restored as such: any attribute it does not name is deleted, or a replica
+        # restoring it would get back one that a method deleted (found in review).
+        gone = snap[4] if len(snap) == 5 else [
+            sorted(names - state.keys()) if type(state) is dict else []
+            for names, state in zip(self.initial_names, states, strict=False)]
         if len(states) != len(self.objects) or type(gone) is not list or len(gone) != len(states):
             raise ValueError(
                 f"the snapshot holds the state of {len(states)} objects, this SyncObj has "
