@@ -99,11 +99,22 @@ class OutcomeUnknown(Unavailable):
     not have applied. Read the key to find out."""
 
 
+def _readable(sock: Any) -> bool:
+    """Whether an idle kept-alive socket has something to read: the server closed it (or
+    sent what no request asked for); either way it is not fit for the next request.
+    poll, not select: select refuses descriptors from 1,024 on (found in review)."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
+
+
 def _nothing_proposed(status: int, info: dict[str, Any]) -> bool:
     """A 503 whose request provably never became a log entry: no leader was known, so
-    nothing was proposed (``status_of``'s NotLeader answer), or a leadership transfer
-    refused it (ProposalDropped)."""
+    nothing was proposed (``status_of``'s NotLeader answer), a leadership transfer
+    refused it (ProposalDropped), or the node says so (``"proposed": false``: a table
+    partition not hosted where the request arrived, or not yet anywhere known)."""
     return status == 503 and ("leader" in info and info["leader"] is None
+                              or info.get("proposed") is False
                               or "transfer" in str(info.get("error", "")))
 
 
@@ -208,7 +219,7 @@ class Client:
     ) -> tuple[int, bytes, str]:
         c = self._conn(endpoint)
         if c.sock is not None and (time.monotonic() - self._used.get(endpoint, 0.0) > IDLE_REUSE
-                                   or select.select([c.sock], [], [], 0)[0]):
+                                   or _readable(c.sock)):
             # The server may close it any moment now (--http-idle-timeout), or has (it
             # restarted, or timed the connection out: the socket reads as closed). A
             # request sent on it would have an unknown outcome though it never arrived,

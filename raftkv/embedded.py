@@ -310,6 +310,9 @@ class ReplicatedNode(EmbeddedNode):
             raise
         self.obj = obj
         self.store = store
+        g = self.node.groups[self.group]
+        self.node.call(lambda: g.on_tick.append(lambda _: store.expire(monotonic()))).result(
+            self.timeout)
         obj._attach(self._propose)
 
     def _propose(self, data: bytes) -> Future[Any]:
@@ -317,7 +320,9 @@ class ReplicatedNode(EmbeddedNode):
         a follower is answered by the leader, with the leader's result, before the
         follower's own replica may have applied it, and the caller then read a state
         without its own write (found from outside; PySyncObj answers a call on the node
-        that made it only once that node has applied it)."""
+        that made it only once that node has applied it). A replica that has not applied
+        it within ``request_timeout`` (cut off after the leader answered) gives the
+        leader's result anyway: the call was applied, and must not wait for the link."""
         out: Future[Any] = Future()
 
         def answered(f: Future[Any]) -> None:
@@ -332,14 +337,16 @@ class ReplicatedNode(EmbeddedNode):
                 _settle(out, result)
                 return
 
-            def applied(ok: bool) -> None:
-                if ok:
+            def applied(ok: bool | None) -> None:
+                if ok is not False:  # applied here, or not in time: the leader's result
                     _settle(out, result)
                 else:
                     _settle(out, exc=NodeStopped(
                         f"node {self.node.id} stopped before applying the call made on it"))
 
-            registered = self.node.call(lambda: self.store.when_applied(index, applied))
+            deadline = monotonic() + self.timeout
+            registered = self.node.call(
+                lambda: self.store.when_applied(index, applied, deadline))
             registered.add_done_callback(lambda r: applied(False) if r.exception() else None)
 
         self.node.propose(self.group, data).add_done_callback(answered)

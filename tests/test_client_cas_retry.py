@@ -131,3 +131,58 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_before_a_write() 
     finally:
         client.close()
         listener.close()
+
+
+def test_a_write_refused_with_proposed_false_is_sent_again() -> None:
+    """Found in review: a table partition that just moved answers 503 "not hosted here;
+    retry", which proposed nothing; a write sent at most once took it for an unknown
+    outcome. The answer says ``"proposed": false`` and the client sends it again."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        for i in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                seen.append(read_request_head(conn))
+                body = (b'{"error": "t.p0 is not hosted here; retry", "proposed": false}'
+                        if i == 0 else b'{"index": 9}')
+                status = b"503 Service Unavailable" if i == 0 else b"200 OK"
+                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"
+                             b"Connection: close\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = Client([f"127.0.0.1:{listener.getsockname()[1]}"], timeout=5.0)
+    try:
+        assert client.put("k", "v") == 9
+        assert len(seen) == 2
+    finally:
+        client.close()
+        listener.close()
+
+
+def test_a_kept_alive_connection_on_a_high_descriptor_is_reused() -> None:
+    """Found in review: the stale-connection check used select(), which refuses
+    descriptors from 1,024 on, so every second request of a process holding many files
+    raised ValueError."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    listener, seen = _answering("keep")
+    client = Client([f"127.0.0.1:{listener.getsockname()[1]}"], timeout=3.0)
+    try:
+        assert client.put("a", "1") == 7
+        assert client.put("b", "2") == 7  # on the same connection, fd >= 1024
+        assert len(seen) == 2
+    finally:
+        client.close()
+        listener.close()
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

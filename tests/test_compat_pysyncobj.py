@@ -814,3 +814,40 @@ def test_tcp_utility_status_names_nodes_as_tcp_nodes(destroy_later: list[Any]) -
     assert isinstance(status["leader"], TCPNode) and isinstance(status["self"], TCPNode)
     assert status["leader"].address == status["self"].address == addr
     assert status["leader"] == node.getStatus()["leader"]
+
+
+def test_a_call_refused_not_leader_is_proposed_again_while_it_waits_for_a_leader(
+        destroy_later: list[Any]) -> None:
+    """NOT_LEADER and LEADER_CHANGED mean the entry was never applied (another leader's
+    entry took its index, or it was dropped unproposed): with commandsWaitLeader the
+    call proposes it again (seen under load: the first call of a new cluster failed
+    NOT_LEADER as the first leader appeared). Without commandsWaitLeader the code
+    reaches the caller, as in PySyncObj."""
+    from concurrent.futures import Future
+
+    from raftkv.compat.pysyncobj.syncobj import _Waiter
+    from raftkv.core import NotLeader
+    from raftkv.statemachine import encode_value
+
+    for wait_leader in (True, False):
+        (port,) = free_ports(1)
+        node = MyCounter(f"127.0.0.1:{port}", [], conf(commandsWaitLeader=wait_leader))
+        destroy_later.append(node)
+        wait_until(node._isLeader, what="a leader")
+        engine = _engine(node)
+        assert engine is not None
+        got = Collect()
+        request = 777
+        data = encode_value([0, 0, "incCounter_v0", [], {}, engine.id, request])
+        with engine._lock:
+            engine._waiters[request] = _Waiter(got, None)
+            engine._inflight += 1
+        refused: Future[Any] = Future()
+        refused.set_exception(NotLeader(engine.id, "127.0.0.1:1"))
+        engine._proposed(data, request, None, refused)
+        if wait_leader:  # proposed again, applied, and the caller gets its result
+            assert got.wait() == (1, FAIL_REASON.SUCCESS)
+            assert node.getCounter() == 1
+        else:
+            assert got.wait() == (None, FAIL_REASON.NOT_LEADER)
+            assert node.getCounter() == 0

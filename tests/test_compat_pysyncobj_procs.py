@@ -35,6 +35,8 @@ def test_readme_counter_processes_survive_sigkill(tmp_path: Path, programs: list
 
     nodes = [Program("pysyncobj_counter.py", args(i), tmp_path / f"n{i}.log") for i in range(3)]
     programs.extend(nodes)
+    # The counts below are exact: start once a leader is agreed, not during the birth.
+    leader_of(nodes, addrs)
     for i in range(5):
         assert nodes[i % 3].ask("inc") == i + 1
     assert nodes[1].ask("add 10 4") == [15, 4]  # a tuple, as JSON
@@ -69,14 +71,20 @@ def test_dict_and_lock_app_processes_survive_sigkill(tmp_path: Path, programs: l
 
     nodes = [Program("pysyncobj_kvlock.py", args(i), tmp_path / f"n{i}.log") for i in range(3)]
     programs.extend(nodes)
-    assert nodes[0].ask("set testKey1 testValue1") is None
+    # A new cluster's first leader may be replaced under load before it answers: the
+    # call's outcome is then unknown (its entry may have been overwritten), and setting
+    # the same value again is safe.
+    assert answer(nodes[0], "set testKey1 testValue1") is None
     until(nodes[2], "get testKey1", "testValue1")
     assert nodes[0].ask("acquire job") is True
     assert nodes[1].ask("acquire job") is False
     assert nodes[0].ask("check job") is True
     nodes[0].kill()  # the lock holder crashes: nobody prolongs its lock
     killed = time.monotonic()
-    assert answer(nodes[1], "acquire job") is False
+    # Not acquired while the dead holder's lock lasts: refused, or a call caught by the
+    # leader's death whose outcome is unknown (FAIL_REASON: it may still be waiting).
+    first = nodes[1].ask("acquire job")
+    assert first is False or isinstance(first, dict), first
     until(nodes[1], "acquire job", True, timeout=unlock + 15)
     assert time.monotonic() - killed >= unlock * 0.7
     assert nodes[2].ask("acquire job") is False

@@ -256,3 +256,25 @@ def test_when_applied_waits_for_the_index_in_order_and_fails_when_the_store_clos
     assert seen[3:] == [("five", False)]
     store.when_applied(9, note("late"))  # closed: at once
     assert seen[4:] == [("late", False)]
+
+
+def test_when_applied_gives_up_at_its_deadline() -> None:
+    """Found in review: a follower cut off right after the leader answered held its
+    caller until the link healed (for ever, had it been removed). ``expire`` ends the
+    waits whose deadline passed, with None (the caller then gets the leader's result)."""
+    from raftkv.node.user_state import UserStateStore
+
+    store = UserStateStore(Box())
+    seen: list[tuple[int, bool | None]] = []
+    for index, deadline in ((3, 10.0), (4, 20.0), (5, float("inf"))):
+        store.when_applied(index, lambda ok, i=index: seen.append((i, ok)), deadline)
+    store.expire(5.0)
+    assert seen == []
+    store.expire(10.0)
+    assert seen == [(3, None)]
+    store.apply([(i, msgpack.packb(["put", [i], {}])) for i in range(1, 5)])
+    assert seen == [(3, None), (4, True)]
+    store.expire(1e9)
+    assert seen == [(3, None), (4, True)]  # no deadline: only the apply or the close ends it
+    store.close()
+    assert seen[-1] == (5, False)

@@ -171,9 +171,9 @@ class UserStateStore(Checkpointing):
         self._applied = self._checkpoint = 0
         self._failed_at = 0  # the applied index of the last checkpoint whose snapshot failed
         self._closed = False
-        # when_applied's callbacks, a heap of (index, arrival, fn): the arrival number
-        # keeps equal indexes from comparing the functions.
-        self._waiting: list[tuple[int, int, Callable[[bool], None]]] = []
+        # when_applied's callbacks, a heap of (index, arrival, deadline, fn): the arrival
+        # number keeps equal indexes from comparing the rest.
+        self._waiting: list[tuple[int, int, float, Callable[[bool | None], None]]] = []
         self._arrivals = itertools.count()
         self.checkpoints = 0  # checkpoints that wrote something (for tests)
         if self.path is not None:
@@ -192,20 +192,34 @@ class UserStateStore(Checkpointing):
         """The index of the last entry applied to the object (or restored into it)."""
         return self._applied
 
-    def when_applied(self, index: int, fn: Callable[[bool], None]) -> None:
+    def when_applied(self, index: int, fn: Callable[[bool | None], None],
+                     deadline: float = float("inf")) -> None:
         """Call ``fn(True)`` once this replica has applied ``index`` (at once if it has),
-        or ``fn(False)`` if the store closes first. A call forwarded to the leader comes
+        ``fn(False)`` if the store closes first, or ``fn(None)`` from ``expire`` once
+        ``deadline`` (a monotonic time) has passed. A call forwarded to the leader comes
         back with the leader's result before this replica has applied the entry; its
         caller waits here so that it reads its own write on this replica, as PySyncObj's
-        (and etcd's) callers do. On the driver thread, like everything here."""
+        (and etcd's) callers do, but not for ever: a replica cut off after the leader
+        answered would hold the call until it heals. On the driver thread, like
+        everything here."""
         if self._applied >= index or self._closed:
             fn(not self._closed)
             return
-        heapq.heappush(self._waiting, (index, next(self._arrivals), fn))
+        heapq.heappush(self._waiting, (index, next(self._arrivals), deadline, fn))
+
+    def expire(self, now: float) -> None:
+        """Give up the waits whose deadline has passed (``fn(None)``)."""
+        if not self._waiting or all(w[2] > now for w in self._waiting):
+            return
+        late = [w for w in self._waiting if w[2] <= now]
+        self._waiting = [w for w in self._waiting if w[2] > now]
+        heapq.heapify(self._waiting)
+        for w in late:
+            w[3](None)
 
     def _release(self) -> None:
         while self._waiting and self._waiting[0][0] <= self._applied:
-            heapq.heappop(self._waiting)[2](True)
+            heapq.heappop(self._waiting)[3](True)
 
     # -- the checkpoint file -----------------------------------------------------------------
     def _open(self, path: str) -> None:
@@ -430,7 +444,7 @@ class UserStateStore(Checkpointing):
     def close(self) -> None:
         self._closed = True
         waiting, self._waiting = self._waiting, []
-        for _, _, fn in waiting:
+        for *_, fn in waiting:
             fn(False)
 
 

@@ -38,33 +38,39 @@ def import_http_stack() -> None:
             importlib.import_module(module)
 
 
+# One patch at a time: a second one inside the first would take its wrappers for the
+# real functions and put them back when it ends (found in review).
+_PATCHING = threading.Lock()
+
+
 @contextmanager
 def no_default_trust_here() -> Iterator[None]:
     """While inside, on the calling thread only, the system's trust store is not loaded:
     ``ssl.create_default_context()`` makes a verifying client context that trusts no CA
     and ``SSLContext.set_default_verify_paths`` does nothing. A CA file named explicitly
     (``cafile=``, ``load_verify_locations``) still loads."""
-    me = threading.get_ident()
-    real_default = ssl.create_default_context
-    shadowed = "set_default_verify_paths" in ssl.SSLContext.__dict__
-    real_paths = ssl.SSLContext.set_default_verify_paths
+    with _PATCHING:
+        me = threading.get_ident()
+        real_default = ssl.create_default_context
+        shadowed = "set_default_verify_paths" in ssl.SSLContext.__dict__
+        real_paths = ssl.SSLContext.set_default_verify_paths
 
-    def default_context(*args: Any, **kw: Any) -> ssl.SSLContext:
-        if threading.get_ident() != me or args or kw:
-            return real_default(*args, **kw)
-        return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, check_hostname
+        def default_context(*args: Any, **kw: Any) -> ssl.SSLContext:
+            if threading.get_ident() != me or args or kw:
+                return real_default(*args, **kw)
+            return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, check_hostname
 
-    def default_paths(self: ssl.SSLContext) -> None:
-        if threading.get_ident() != me:
-            real_paths(self)
+        def default_paths(self: ssl.SSLContext) -> None:
+            if threading.get_ident() != me:
+                real_paths(self)
 
-    ssl.create_default_context = default_context  # type: ignore[assignment]
-    ssl.SSLContext.set_default_verify_paths = default_paths  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        ssl.create_default_context = real_default
-        if shadowed:
-            ssl.SSLContext.set_default_verify_paths = real_paths  # type: ignore[method-assign]
-        else:
-            del ssl.SSLContext.set_default_verify_paths
+        ssl.create_default_context = default_context  # type: ignore[assignment]
+        ssl.SSLContext.set_default_verify_paths = default_paths  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            ssl.create_default_context = real_default
+            if shadowed:
+                ssl.SSLContext.set_default_verify_paths = real_paths  # type: ignore[method-assign]
+            else:
+                del ssl.SSLContext.set_default_verify_paths

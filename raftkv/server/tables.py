@@ -50,8 +50,9 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   after it was sent may have applied there, so it answers 504 (outcome unknown) rather
   than send the write twice (a second compare-and-set would compare against the first
   one's value). A proxied request carries ``X-Raftkv-Forwarded``; a node that receives
-  one for a partition it does not host (it just moved) answers 503, which the client
-  retries.
+  one for a partition it does not host (it just moved) answers 503 with ``"proposed":
+  false``, as does a node that knows no host of the partition: nothing was proposed, so
+  the client retries even a write it sends at most once.
 - ``GET /v1/tables/{t}/kv?prefix=P`` (or ``start``/``end``, with ``limit``, ``continue``,
   ``keys_only``, ``count_only``, ``stale``): a range read over the table
   (``raftkv.server.range_ops``): one page of every partition, asked concurrently (served
@@ -748,10 +749,11 @@ class TablesApi:
         does: its leader first, then its other stable nodes."""
         gid = partition_group(name, p)
         if request.headers.get(FORWARDED):
-            return error(503, f"{gid} is not hosted here (it may have just moved); retry")
+            return error(503, f"{gid} is not hosted here (it may have just moved); retry",
+                         proposed=False)
         candidates = self._hosts(name, p)
         if not candidates:
-            return error(503, f"no known host of {gid} yet; retry")
+            return error(503, f"no known host of {gid} yet; retry", proposed=False)
         addrs = await self._run(self.p.http_addrs)
         for n in dict.fromkeys(candidates):
             if n not in addrs:
@@ -816,7 +818,7 @@ class TablesApi:
                                                and e.kind == "UnknownGroup"):
                 # Not proposed (the group was gone here, or on the leader it was sent
                 # to). A 404 would read as "no such key" to a GET (Client.get: None).
-                return error(503, f"{gid} moved ({e}); retry", group=gid)
+                return error(503, f"{gid} moved ({e}); retry", group=gid, proposed=False)
             raise
 
     async def range(self, request: web.Request) -> web.Response:

@@ -32,9 +32,9 @@ What a program gets
   ``commandsQueueSize`` commands in flight -> ``QUEUE_FULL``; a refused membership
   change, a stopped node -> ``REQUEST_DENIED``. When the leader it was forwarded to is
   replaced before answering, or no answer comes in time, the call waits for its entry to
-  reach this node (``REQUEST_TIMEOUT``, 5 s, more): applied, it succeeds, as in
-  PySyncObj; otherwise, or if it came inside a snapshot, ``UNKNOWN_OUTCOME`` (PySyncObj
-  0.3.17's code 7). Every code but that one means the call was not applied. A sync call
+  reach this node (three election timeouts, ``raftMinTimeout``, more): applied, it
+  succeeds, as in PySyncObj; otherwise, or if it came inside a snapshot,
+  ``UNKNOWN_OUTCOME`` (PySyncObj 0.3.17's code 7). Every code but that one means the call was not applied. A sync call
   raises ``SyncObjException(code)``. With ``commandsWaitLeader`` (the default) a call
   that failed ``MISSING_LEADER``, ``NOT_LEADER`` or ``LEADER_CHANGED`` (never applied) is
   proposed again until its timeout, so those codes reach a program only without it.

@@ -826,11 +826,17 @@ class _Engine:
             return
         with self._lock:
             w = self._waiters.get(request)
-            if w is not None and code == FAIL_REASON.UNKNOWN_OUTCOME and w.member is None:
+            # (An entry that came inside a snapshot image was applied unseen: nothing
+            # more will come for it.)
+            if (w is not None and code == FAIL_REASON.UNKNOWN_OUTCOME and w.member is None
+                    and "through a snapshot" not in str(exc)):
                 # If it did commit, its entry reaches this replica, whose apply resolves
                 # the call (the entry names it): as PySyncObj, success is told by the
-                # apply here. Unknown only if nothing comes in a request's time.
-                w.expires = monotonic() + REQUEST_TIMEOUT
+                # apply here. The leader that replaced the silent one commits it, if it
+                # has it, with its first entry: a few election timeouts cover that on a
+                # live cluster, and after them the outcome is told unknown (waiting a
+                # request timeout held callers 5 s for entries that died with a leader).
+                w.expires = monotonic() + 3 * self.settings.election_tick * TICK_SECONDS
                 return
             self._waiters.pop(request, None)
         if w is not None:
