@@ -24,31 +24,52 @@ from conftest import read_request_head
 
 from raftkv.client import Client, OutcomeUnknown
 
+RESET = None  # a connection that reads the request and dies before answering
 
-def _server() -> tuple[socket.socket, list[bytes]]:
-    """A node that reads the first request and dies before answering (its connection is
-    reset), then, restarted, answers every request 412 ``{"swapped": false}``."""
+
+def _http(status: str, body: bytes) -> bytes:
+    return (b"HTTP/1.1 " + status.encode() + b"\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def _fake_node(*script: tuple[bytes | None, bool]) -> tuple[socket.socket, list[bytes]]:
+    """A node playing ``script``, one ``(answer, keep_alive)`` per connection it
+    accepts, the last repeated: ``answer`` is sent to each request on that connection
+    (``RESET``: none, the connection is reset, as a node SIGKILLed after applying);
+    without ``keep_alive`` the connection closes after the first answer (a server that
+    timed it out, or restarted). Returns the listener and the request lines seen."""
     listener = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
 
     def serve() -> None:
-        for i in range(4):
+        for i in range(8):
             try:
                 conn, _ = listener.accept()
             except OSError:
                 return
+            answer, keep = script[min(i, len(script) - 1)]
             with conn:
-                seen.append(read_request_head(conn))
-                if i == 0:
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    continue  # closed with a reset, no answer: the first copy applied
-                body = b'{"index": 5, "swapped": false}'
-                conn.sendall(b"HTTP/1.1 412 Precondition Failed\r\nContent-Type: "
-                             b"application/json\r\nConnection: close\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                while True:
+                    head = read_request_head(conn)
+                    if not head:
+                        break
+                    seen.append(head)
+                    if answer is RESET:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                        struct.pack("ii", 1, 0))
+                        break
+                    conn.sendall(answer)
+                    if not keep:
+                        break
 
     threading.Thread(target=serve, daemon=True).start()
     return listener, seen
+
+
+def _server() -> tuple[socket.socket, list[bytes]]:
+    """Dies before answering the first request, then answers 412 ``{"swapped": false}``."""
+    return _fake_node((RESET, False),
+                      (_http("412 Precondition Failed", b'{"index": 5, "swapped": false}'), False))
 
 
 def test_cas_whose_first_answer_was_lost_does_not_report_a_definite_false() -> None:
@@ -64,40 +85,7 @@ def test_cas_whose_first_answer_was_lost_does_not_report_a_definite_false() -> N
         listener.close()
 
 
-def _answering(first: str) -> tuple[socket.socket, list[bytes]]:
-    """A node whose first connection reads a request and then, per ``first``: ``reset``
-    (dies before answering, as a leader SIGKILLed after applying) or ``idle`` (answers,
-    then closes the kept-alive connection, as a server timing it out or restarting).
-    Every later request is answered 200."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    seen: list[bytes] = []
-    body = b'{"index": 7}'
-    ok = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-          + str(len(body)).encode() + b"\r\n\r\n" + body)
-
-    def serve() -> None:
-        for i in range(6):
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                seen.append(read_request_head(conn))
-                if i == 0 and first == "reset":
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    continue
-                conn.sendall(ok)
-                if i == 0 and first == "idle":
-                    continue  # closed after the answer: the client's kept-alive copy is stale
-                while True:  # keep-alive: answer whatever else comes on this connection
-                    head = read_request_head(conn)
-                    if not head:
-                        break
-                    seen.append(head)
-                    conn.sendall(ok)
-
-    threading.Thread(target=serve, daemon=True).start()
-    return listener, seen
+OK = _http("200 OK", b'{"index": 7}')
 
 
 @pytest.mark.parametrize("write", ["put", "delete", "batch"])
@@ -105,7 +93,7 @@ def test_a_write_whose_answer_was_lost_is_not_sent_again(write: str) -> None:
     """Found from outside: ``raftkv put`` after a lost answer sent the put again to the
     next endpoint, so one put applied twice (two revisions, two watch events, version 2
     for a new key). etcd's client does not resend; neither does this one now."""
-    listener, seen = _answering("reset")
+    listener, seen = _fake_node((RESET, False), (OK, True))
     client = Client([f"127.0.0.1:{listener.getsockname()[1]}"], timeout=3.0)
     try:
         with pytest.raises(OutcomeUnknown, match="may or may not have applied"):
@@ -121,7 +109,7 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_before_a_write() 
     """The other side of sending a write once: a connection the server has closed
     (timed out, or the node restarted) is noticed before the request goes out, so the
     write is sent on a new one rather than reported unknown."""
-    listener, seen = _answering("idle")
+    listener, seen = _fake_node((OK, False), (OK, True))
     client = Client([f"127.0.0.1:{listener.getsockname()[1]}"], timeout=3.0)
     try:
         assert client.put("a", "1") == 7
@@ -137,22 +125,10 @@ def test_a_write_refused_with_proposed_false_is_sent_again() -> None:
     """Found in review: a table partition that just moved answers 503 "not hosted here;
     retry", which proposed nothing; a write sent at most once took it for an unknown
     outcome. The answer says ``"proposed": false`` and the client sends it again."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    seen: list[bytes] = []
-
-    def serve() -> None:
-        for i in range(2):
-            conn, _ = listener.accept()
-            with conn:
-                seen.append(read_request_head(conn))
-                body = (b'{"error": "t.p0 is not hosted here; retry", "proposed": false}'
-                        if i == 0 else b'{"index": 9}')
-                status = b"503 Service Unavailable" if i == 0 else b"200 OK"
-                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"
-                             b"Connection: close\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
-
-    threading.Thread(target=serve, daemon=True).start()
+    listener, seen = _fake_node(
+        (_http("503 Service Unavailable",
+               b'{"error": "t.p0 is not hosted here; retry", "proposed": false}'), False),
+        (_http("200 OK", b'{"index": 9}'), False))
     client = Client([f"127.0.0.1:{listener.getsockname()[1]}"], timeout=5.0)
     try:
         assert client.put("k", "v") == 9
@@ -174,7 +150,7 @@ def test_a_kept_alive_connection_on_a_high_descriptor_is_reused() -> None:
         pytest.skip(f"the hard limit on open files is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
-    listener, seen = _answering("keep")
+    listener, seen = _fake_node((OK, True))
     client = Client([f"127.0.0.1:{listener.getsockname()[1]}"], timeout=3.0)
     try:
         assert client.put("a", "1") == 7
