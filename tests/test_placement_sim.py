@@ -3,7 +3,7 @@
 and partition groups under seeded faults on a virtual clock.
 
 The fast suite runs ``FAST_SEEDS``; ``-m long`` runs ``RAFTKV_PLACEMENT_SEEDS`` (default
-0:10000) on every core. Seeds that found a bug are kept below, each with what it found.
+0:10000) with every fault, the opt-in ones included, on every core. Seeds that found a bug are kept below, each with what it found.
 """
 
 from __future__ import annotations
@@ -268,9 +268,14 @@ def test_cli_rejects_bad_arguments_clearly() -> None:
 
 @pytest.mark.long
 def test_long_many_seeds() -> None:
+    """Every fault, the opt-in ones included (failure detection, re-replication,
+    metastore replacement, flapping nodes and drains): ``RAFTKV_PLACEMENT_FAULTS``
+    narrows it."""
     spec = os.environ.get("RAFTKV_PLACEMENT_SEEDS", "0:10000")
+    faults = os.environ.get("RAFTKV_PLACEMENT_FAULTS",
+                            ",".join(ALL_FAULTS + LIVENESS_FAULTS + DRAIN_FAULTS))
     jobs = str(os.cpu_count() or 1)
-    assert sim.main(["--placement", "--seeds", spec, "--jobs", jobs]) == 0
+    assert sim.main(["--placement", "--seeds", spec, "--faults", faults, "--jobs", jobs]) == 0
 
 
 # ================================== failure detection and re-replication (liveness) =====
