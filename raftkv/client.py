@@ -22,8 +22,8 @@ writer replaced in between would come back; found from outside). ``put``, ``dele
 ``cas``, ``txn``, ``batch`` and a lease grant raise ``OutcomeUnknown`` instead; they
 retry only after a refused connection or a 503 that says no leader took the request.
 (A ``cas`` retried would also answer 412 for the swap its first attempt made.) A
-partition batch with a ``batch_id`` applies at most once, so it is retried. Not thread-safe: one
-client per thread.
+partition batch with a ``batch_id`` applies at most once, so it is retried. Not
+thread-safe: one client per thread.
 
 Two timeouts, as etcdctl's ``--dial-timeout`` and ``--command-timeout``: ``timeout``
 bounds a whole request, retries included, and each read; ``connect_timeout`` bounds each
