@@ -1,5 +1,6 @@
-"""A linearizable read waiting on a leader that dies is asked of the next leader
-(``Node._on_soft_state``), not left to the request timeout.
+"""Linearizable reads on real nodes: the reads one loop turn receives share one ReadIndex
+round (``Node._flush_reads``), and a read waiting on a leader that dies is asked of the
+next leader (``Node._on_soft_state``), not left to the request timeout.
 
 Found from outside (tests/test_heal_procs.py): a table read through a follower took 5.45 s
 when the partition's leader was SIGKILLed, though a new leader was elected in 1.4 s: the
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 from raftkv.storage.commands import encode_put
@@ -53,6 +56,28 @@ def _leader(nodes: dict[str, Node], among: list[str], within: float = 10.0) -> s
                 return lead
         time.sleep(0.02)
     raise AssertionError("no leader")
+
+
+@pytest.mark.parametrize("where", ["leader", "follower"])
+def test_the_reads_of_one_turn_share_one_read_index_round(
+    nodes: dict[str, Node], where: str,
+) -> None:
+    """Twenty reads queued by one loop call run in the same turn: the leader confirms
+    one read point for all of them (one heartbeat round, not twenty), and each read
+    still gets its own answer, which reflects every write acknowledged before it."""
+    lead = _leader(nodes, list(nodes))
+    node = nodes[lead] if where == "leader" else nodes[next(n for n in nodes if n != lead)]
+    for i in range(20):
+        nodes[lead].propose(GID, encode_put(b"k%d" % i, b"v%d" % i)).result(5)
+    leader_reads = nodes[lead].groups[GID].raft.read_only
+    before = leader_reads._seq
+
+    def ask() -> list[Future[Any]]:
+        return [node.read(GID, lambda s, i=i: s.get(b"k%d" % i)) for i in range(20)]
+
+    reads = node.call(ask).result(5)
+    assert [r.result(5) for r in reads] == [b"v%d" % i for i in range(20)]
+    assert leader_reads._seq - before == 1
 
 
 def test_a_read_sent_to_a_leader_that_dies_is_answered_by_the_next(

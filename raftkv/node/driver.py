@@ -162,7 +162,10 @@ class Group:
     # (deadline, index) in proposal order, so expiry only looks at the front.
     deadlines: deque[tuple[float, int]] = field(default_factory=deque)
     queued: list[tuple[bytes, Future[Any]]] = field(default_factory=list)
-    reads: dict[str, _Read] = field(default_factory=dict)
+    # Linearizable reads asked this turn: they share one ReadIndex round (``_flush_reads``).
+    read_batch: list[_Read] = field(default_factory=list)
+    # context -> the reads waiting on that ReadIndex round.
+    reads: dict[str, list[_Read]] = field(default_factory=dict)
     ready_reads: deque[_Read] = field(default_factory=deque)
     transfers: list[tuple[str, Future[None], float]] = field(default_factory=list)
     # Requests that arrived while no leader was known: retried once one is.
@@ -228,6 +231,7 @@ class Node:
         # out (see _checkpoint_due): with hundreds of groups, scanning them all for these
         # on every turn and tick cost a loaded node a tenth of its loop.
         self._proposing: dict[str, Group] = {}
+        self._reading: dict[str, Group] = {}
         self._unflushed: dict[str, Group] = {}
         self._checkpoint_at: list[tuple[float, int, Group]] = []
         self._checkpoint_seq = itertools.count()
@@ -336,7 +340,7 @@ class Node:
                 _fail(fut, err)
         for _, fut in g.pending.values():
             _fail(fut, err)
-        for r in list(g.reads.values()) + list(g.ready_reads):
+        for r in [*g.read_batch, *(r for b in g.reads.values() for r in b), *g.ready_reads]:
             _fail(r.fut, err)
         for _, fut, _ in g.parked:
             _fail(fut, err)
@@ -425,9 +429,8 @@ class Node:
                 return
 
             def start() -> None:
-                ctx = f"{self.id}/{next(self._seq)}"
-                g.raft.read_index(ctx)
-                g.reads[ctx] = _Read(fn, out, self.clock() + self.cfg.request_timeout)
+                g.read_batch.append(_Read(fn, out, self.clock() + self.cfg.request_timeout))
+                self._reading[g.id] = g
 
             self._when_leader(g, start, out)
 
@@ -530,6 +533,7 @@ class Node:
             self._next_tick = max(self._next_tick + self.cfg.tick_seconds, now)
             self._tick(now)
         self._flush_proposals()
+        self._flush_reads()
         # Only groups something happened to can have a Ready: with hundreds of
         # groups, asking each one after every frame dominates an idle node.
         dirty, self._dirty = self._dirty, set()
@@ -749,10 +753,11 @@ class Node:
                     self._retry(fn, fut)
                 else:
                     g.parked.append((fn, fut, deadline))
-        for ctx, r in list(g.reads.items()):
-            if now > r.deadline:
+        for ctx, batch in list(g.reads.items()):
+            if now > batch[0].deadline:  # the batch's first read was asked first
                 del g.reads[ctx]
-                _fail(r.fut, RequestTimeout("no read index confirmed in time (no quorum?)"))
+                for r in batch:
+                    _fail(r.fut, RequestTimeout("no read index confirmed in time (no quorum?)"))
         if g.transfers:
             keep = []
             for to, fut, deadline in g.transfers:
@@ -790,6 +795,31 @@ class Node:
                 g.pending[first + i] = (term, fut)
             g.deadlines.append((deadline, last))
             self.metrics.proposals(g.id, len(queued))
+
+    def _flush_reads(self) -> None:
+        """Ask one read point per group for the linearizable reads queued this turn.
+        Each ReadIndex round costs the leader a heartbeat to every follower and their
+        answers (§6.4); a confirmed round proves leadership as of the moment it was
+        asked, after every read in the batch arrived, so one round serves them all
+        linearizably (etcd batches its ReadIndex requests the same way)."""
+        reading, self._reading = self._reading, {}
+        for g in reading.values():
+            batch, g.read_batch = g.read_batch, []
+            if not batch:
+                continue
+            if self.groups.get(g.id) is not g:
+                for r in batch:
+                    _fail(r.fut, UnknownGroup(f"node {self.id} does not host group {g.id!r}"))
+                continue
+            ctx = f"{self.id}/{next(self._seq)}"
+            try:
+                g.raft.read_index(ctx)
+            except RaftError as e:
+                for r in batch:
+                    _fail(r.fut, e)
+                continue
+            g.reads[ctx] = batch
+            self._dirty.add(g.id)
 
     def _handle_readies(self, groups: list[Group]) -> None:
         """One turn's Readies: every group's is persisted before any group sends or
@@ -842,8 +872,7 @@ class Node:
             for hook in g.on_applied:
                 hook(g)
         for rs in rd.read_states:
-            r = g.reads.pop(rs.context, None)
-            if r is not None:
+            for r in g.reads.pop(rs.context, ()):
                 r.index = rs.index
                 g.ready_reads.append(r)
         self._serve_reads(g)
