@@ -159,6 +159,17 @@ class Ready:
        ``committed_entries`` (each entry's ``index`` is its proposedIndex);
     4. call ``advance(ready)``. No ``step``/``tick``/``propose`` may run between
        ``ready()`` and ``advance()``.
+
+    Two relaxations are safe, and the node driver takes them (``raftkv.node.driver``,
+    ``_send_first`` and ``_applies_first``): a leader whose Ready changes neither term
+    nor vote may send its AppendEntries, commit notices and heartbeats before step 1
+    if their commit index is below the Ready's first new entry (dissertation §10.2.1:
+    a leader writes its log in parallel with replicating it. The core counts the
+    leader's own entries at once, but a commit that needs a follower's answer to them
+    is made when that answer is stepped, after this sync, and a single voter's, made
+    at once, is what the commit-index bound holds back); and committed
+    entries that were all durable before this Ready (below its first new entry, no
+    snapshot) may be applied before step 1.
     """
 
     soft_state: SoftState | None = None

@@ -18,7 +18,9 @@ to be). Each loop turn:
    table partitions, whose logs share an LMDB environment, and one per other group, on
    worker threads at once, see ``_handle_readies``); then, per
    group, queue its messages, apply committed entries and resolve their futures, serve
-   reads whose read index is now applied, and ``advance``.
+   reads whose read index is now applied, and ``advance``. A leader's AppendEntries
+   leave before its own sync, and entries committed earlier are applied before it
+   (``_send_first``, ``_applies_first``).
 5. Flush the transport: one frame per peer with everything the turn produced, the
    heartbeats of every group included.
 
@@ -171,6 +173,8 @@ class Group:
     # Requests that arrived while no leader was known: retried once one is.
     parked: list[tuple[Callable[[], None], Future[Any], float]] = field(default_factory=list)
     leader: str | None = None
+    # The term this group's log holds durably (``_send_first``).
+    durable_term: int = 0
     leader_changes: int = 0
     # When its state store's checkpoint timer runs out, as queued in Node._checkpoint_at.
     checkpoint_at: float | None = None
@@ -314,7 +318,7 @@ class Node:
         )
         for peer in sorted(self._down):  # what the other cores have been told already
             raft.peer_down(peer)
-        g = Group(group_id, raft, storage, report, wire=wire)
+        g = Group(group_id, raft, storage, report, wire=wire, durable_term=raft.term)
         self.groups[group_id] = g
         self._wire[wire] = g
         self._dirty.add(group_id)
@@ -833,14 +837,29 @@ class Node:
         GIL while LMDB commits and syncs), so the syncs overlap. Each store is still
         written by one thread at a time, and the loop thread uses it again only after
         the join. A Ready that need not sync (only the commit index moved) costs the log
-        store no I/O (``LogStorage.save``'s ``sync``), so it is handed over here."""
+        store no I/O (``LogStorage.save``'s ``sync``), so it is handed over here.
+
+        Committed entries that were durable before this Ready (``_applies_first``) are
+        applied before the sync, not after: their callers are answered while the log
+        syncs the new entries (the HTTP thread runs while py-lmdb waits on the disk),
+        instead of one fsync later. Applying them depends on nothing this Ready writes,
+        and no message leaves any earlier; an answer to a caller is not a Raft message
+        and claims nothing about this node's log."""
         readies = [(g, g.raft.ready()) for g in groups]
         units: dict[LogEnv | str, list[tuple[Group, Ready]]] = {}
+        applied: set[str] = set()
+        sent = False
         for g, rd in readies:
             if rd.must_sync:
                 units.setdefault(g.storage.log_env or g.id, []).append((g, rd))
+                sent |= self._send_first(g, rd)
+                if _applies_first(rd):
+                    self._apply(g, rd)
+                    applied.add(g.id)
             else:
                 g.storage.persist(rd)
+        if sent:
+            self.transport.flush()
         jobs = list(units.values())
         if len(jobs) > 1:
             timed = list(self.runtime.executor("persist", self.id).map(_timed_persist, jobs))
@@ -852,14 +871,51 @@ class Node:
             self.metrics.fsync(key if isinstance(key, str) else os.path.basename(key.path),
                                seconds)
         for g, rd in readies:
+            if rd.hard_state is not None:
+                g.durable_term = rd.hard_state.term
             if self.groups.get(g.id) is not g:
                 continue  # a hook of an earlier group in this turn removed it
-            self._finish_ready(g, rd)
+            self._finish_ready(g, rd, g.id in applied)
             if g.raft.has_ready():  # more to apply than one Ready carries
                 self._dirty.add(g.id)
 
-    def _finish_ready(self, g: Group, rd: Ready) -> None:
-        """Everything after persisting: send, apply, serve reads, advance."""
+    def _send_first(self, g: Group, rd: Ready) -> bool:
+        """Queue the messages of a leader's Ready that may leave before the Ready is
+        durable, and keep the rest in it; whether any were queued.
+
+        A leader may write its log in parallel with replicating it (dissertation
+        §10.2.1; etcd's server sends a leader's messages before it saves): its
+        AppendEntries, commit notices and heartbeats promise nothing about its own
+        log. If it dies before its sync, followers hold entries it lost, uncommitted,
+        as after any leader crash. Its own acknowledgement still waits for its sync: an
+        answer to these messages is handled on a later turn, after this one's sync, and
+        until then no quorum can count entries only this Ready holds. Three things they
+        do carry must be durable already, so only these messages go first:
+
+        - the term: the Ready changes neither term nor vote (a node that just won, or a
+          single voter that campaigned in this very turn, waits for its sync);
+        - the commit index: below this Ready's first new entry. A single voter commits
+          an entry the moment it appends it, and a learner must not apply an entry
+          its leader may lose;
+        - no snapshot (its image is installed first)."""
+        if (g.raft.role != Role.LEADER or rd.snapshot is not None
+                or (rd.hard_state is not None and rd.hard_state.term != g.durable_term)):
+            return False
+        bound = rd.entries[0].index if rd.entries else None
+        late = []
+        for m in rd.messages:
+            if (m.type in _SENT_FIRST and m.term == g.durable_term
+                    and (bound is None or m.commit < bound)):
+                self.transport.send(m.to, codec.encode_message(g.wire, m))
+            else:
+                late.append(m)
+        sent = len(late) < len(rd.messages)
+        rd.messages = late
+        return sent
+
+    def _finish_ready(self, g: Group, rd: Ready, applied: bool = False) -> None:
+        """Everything after persisting: send, apply (unless ``applied`` already), serve
+        reads, advance."""
         for m in rd.messages:
             if m.type == MessageType.SNAPSHOT and m.snapshot is not None:
                 self._send_snapshot(g, m)
@@ -868,7 +924,8 @@ class Node:
         if rd.committed_entries or rd.snapshot is not None:
             self._unflushed[g.id] = g
         if rd.committed_entries:
-            self._apply(g, rd)
+            if not applied:
+                self._apply(g, rd)
             for hook in g.on_applied:
                 hook(g)
         for rs in rd.read_states:
@@ -1341,6 +1398,22 @@ def _resolve(fut: Future[Any], index: int, result: Any) -> None:
         fut.set_exception(e)
         return
     fut.set_result(value)
+
+
+_SENT_FIRST = frozenset({MessageType.APP, MessageType.COMMIT, MessageType.HEARTBEAT})
+
+
+def _applies_first(rd: Ready) -> bool:
+    """Whether ``rd``'s committed entries may be applied before it is persisted: all of
+    them durable already (below its new entries), no snapshot image to install first,
+    and no configuration change (whose application reconfigures the transport and the
+    hooks, which stay after the sync as before)."""
+    ents = rd.committed_entries
+    if not ents or rd.snapshot is not None:
+        return False
+    if rd.entries and ents[-1].index >= rd.entries[0].index:
+        return False
+    return all(e.type != EntryType.CONF_CHANGE for e in ents)
 
 
 def _timed_persist(unit: list[tuple[Group, Ready]]) -> float:

@@ -1,0 +1,244 @@
+"""The driver's loop turn on real nodes (127.0.0.1, LMDB files):
+
+- the linearizable reads one turn receives share one ReadIndex round
+  (``Node._flush_reads``);
+- a leader's AppendEntries leave before its own log sync, and its entries are
+  acknowledged only after it (``Node._send_first``, dissertation §10.2.1), except where
+  they carry a commit index the sync has yet to make true (a single voter's);
+- a read waiting on a leader that dies is asked of the next leader
+  (``Node._on_soft_state``), not left to the request timeout. Found from outside
+  (tests/test_heal_procs.py): a table read through a follower took 5.45 s when the
+  partition's leader was SIGKILLed, though a new leader was elected in 1.4 s: the
+  follower had sent its ReadIndex request to the dead leader and waited out the 5 s
+  request timeout. The request timeout here is 30 s, so the two behaviours cannot be
+  confused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from raftkv.storage.commands import encode_put
+
+from raftkv.core import (
+    ConfChange,
+    ConfChangeOp,
+    ConfChangeRejected,
+    Entry,
+    EntryType,
+    Ready,
+    Snapshot,
+    SnapshotMeta,
+)
+from raftkv.node.driver import Node, NodeConfig, _applies_first
+from raftkv.node.stores import open_group_storage
+from raftkv.testing.procs import free_ports
+
+GID = "g"
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[dict[str, Node]]:
+    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
+    out = {nid: Node(NodeConfig(nid, addr, b"reads-secret", peers=peers,
+                                data_dir=str(tmp_path / nid), request_timeout=TIMEOUT,
+                                quiesce=False))
+           for nid, addr in peers.items()}
+    for nid, n in out.items():
+        n.start()
+        storage = open_group_storage(str(tmp_path / nid), GID)
+        n.call(lambda n=n, s=storage: n.add_group(GID, s, sorted(peers),
+                                                   birth_known=True)).result(5)
+    yield out
+    for n in out.values():
+        n.stop()
+
+
+def _leader(nodes: dict[str, Node], among: list[str], within: float = 10.0) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        leads = {nodes[n].groups[GID].leader for n in among}
+        if len(leads) == 1 and None not in leads:
+            lead = leads.pop()
+            assert lead is not None
+            if lead in among:
+                return lead
+        time.sleep(0.02)
+    raise AssertionError("no leader")
+
+
+@pytest.mark.parametrize("where", ["leader", "follower"])
+def test_the_reads_of_one_turn_share_one_read_index_round(
+    nodes: dict[str, Node], where: str,
+) -> None:
+    """Twenty reads queued by one loop call run in the same turn: the leader confirms
+    one read point for all of them (one heartbeat round, not twenty), and each read
+    still gets its own answer, which reflects every write acknowledged before it."""
+    lead = _leader(nodes, list(nodes))
+    node = nodes[lead] if where == "leader" else nodes[next(n for n in nodes if n != lead)]
+    for i in range(20):
+        nodes[lead].propose(GID, encode_put(b"k%d" % i, b"v%d" % i)).result(5)
+    leader_reads = nodes[lead].groups[GID].raft.read_only
+    before = leader_reads._seq
+
+    def ask() -> list[Future[Any]]:
+        return [node.read(GID, lambda s, i=i: s.get(b"k%d" % i)) for i in range(20)]
+
+    reads = node.call(ask).result(5)
+    assert [r.result(5) for r in reads] == [b"v%d" % i for i in range(20)]
+    assert leader_reads._seq - before == 1
+
+
+def test_a_read_sent_to_a_leader_that_dies_is_answered_by_the_next(
+    nodes: dict[str, Node],
+) -> None:
+    lead = _leader(nodes, list(nodes))
+    nodes[lead].propose(GID, encode_put(b"k", b"v")).result(5)
+    follower = next(n for n in nodes if n != lead)
+    time.sleep(0.3)  # the follower has applied the write
+    nodes[lead].stop()  # its ReadIndex request below goes nowhere
+    t0 = time.monotonic()
+    got = nodes[follower].read(GID, lambda s: s.get(b"k")).result(TIMEOUT + 5)
+    took = time.monotonic() - t0
+    assert got == b"v"
+    # An election (at most two election timeouts of 1 s, plus the pre-vote round),
+    # not the 30 s request timeout.
+    assert took < TIMEOUT / 3, f"the read waited {took:.1f}s"
+    survivors = [n for n in nodes if n != lead]
+    assert _leader(nodes, survivors) in survivors
+
+
+def test_a_removal_meant_for_a_learner_never_removes_a_voter(
+    nodes: dict[str, Node],
+) -> None:
+    """``change_membership(..., learner_only=True)``: the placement layer decides to drop
+    a learner on one loop call and proposes on a later one; if the core promoted it in
+    between, the removal must not take out a voter (that needs the removal phase's
+    quorum checks)."""
+    lead = _leader(nodes, list(nodes))
+    voter = next(n for n in nodes if n != lead)
+    cc = ConfChange(ConfChangeOp.REMOVE, voter)
+    with pytest.raises(ConfChangeRejected, match="no longer a learner"):
+        nodes[lead].change_membership(GID, cc, learner_only=True).result(5)
+    assert voter in nodes[lead].groups[GID].raft.conf.voters
+
+
+def _hold_sync(node: Node, marker: bytes) -> tuple[threading.Event, threading.Event]:
+    """Make ``node``'s sync of the Ready that carries ``marker`` wait for the returned
+    ``release``; ``holding`` is set once it waits (on the node's loop thread)."""
+    storage = node.groups[GID].storage
+    persist: Callable[[Ready], None] = storage.persist
+    holding, release = threading.Event(), threading.Event()
+
+    def held(rd: Ready) -> None:
+        if any(marker in e.data for e in rd.entries):
+            holding.set()
+            release.wait(10)
+        persist(rd)
+
+    storage.persist = held  # type: ignore[method-assign]
+    return holding, release
+
+
+def _last_index(node: Node) -> int:
+    return node.groups[GID].raft.log.last_index()
+
+
+def test_a_leader_replicates_an_entry_while_it_syncs_it_and_acknowledges_after(
+    nodes: dict[str, Node],
+) -> None:
+    lead = _leader(nodes, list(nodes))
+    followers = [nodes[n] for n in nodes if n != lead]
+    nodes[lead].propose(GID, encode_put(b"warm", b"up")).result(5)
+    before = nodes[lead].groups[GID].raft.log.last_index()
+    holding, release = _hold_sync(nodes[lead], b"held")
+    fut = nodes[lead].propose(GID, encode_put(b"held", b"v"))
+    try:
+        assert holding.wait(5)
+        deadline = time.monotonic() + 5
+        while not all(_last_index(f) > before for f in followers):
+            assert time.monotonic() < deadline, "the followers never got the entry"
+            time.sleep(0.01)
+        time.sleep(0.2)  # their acknowledgements have arrived and wait to be read
+        assert not fut.done()  # the leader's own copy is not durable yet
+    finally:
+        release.set()
+    assert fut.result(5)[0] > before
+
+
+def test_a_single_voters_entry_reaches_its_learner_only_once_durable(
+    tmp_path: Path,
+) -> None:
+    """A single voter commits an entry the moment it appends it: the AppendEntries that
+    tell its learner so wait for its sync. Sent first, a learner would apply an entry
+    the voter could still lose to a crash, and later commit another at that index."""
+    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(2))}
+    pair = {nid: Node(NodeConfig(nid, addr, b"reads-secret", peers=peers,
+                                 data_dir=str(tmp_path / nid), request_timeout=TIMEOUT,
+                                 quiesce=False))
+            for nid, addr in peers.items()}
+    try:
+        for nid, n in pair.items():
+            n.start()
+            storage = open_group_storage(str(tmp_path / nid), GID)
+            n.call(lambda n=n, s=storage: n.add_group(GID, s, ["n1"],
+                                                       birth_known=True)).result(5)
+        voter, learner = pair["n1"], pair["n2"]
+        _leader({"n1": voter}, ["n1"])
+        voter.change_membership(GID, ConfChange(ConfChangeOp.ADD_LEARNER, "n2",
+                                                peers["n2"].encode(),
+                                                auto_promote=False)).result(5)
+        voter.propose(GID, encode_put(b"warm", b"up")).result(5)
+        deadline = time.monotonic() + 5
+        while _last_index(learner) < _last_index(voter):
+            assert time.monotonic() < deadline, "the learner never caught up"
+            time.sleep(0.01)
+        before = _last_index(voter)
+        holding, release = _hold_sync(voter, b"held")
+        fut = voter.propose(GID, encode_put(b"held", b"v"))
+        try:
+            assert holding.wait(5)
+            time.sleep(0.3)
+            assert _last_index(learner) == before
+            assert learner.groups[GID].raft.log.committed <= before
+        finally:
+            release.set()
+        index = fut.result(5)[0]
+        deadline = time.monotonic() + 5
+        while learner.groups[GID].raft.log.committed < index:
+            assert time.monotonic() < deadline, "the learner never got the entry"
+            time.sleep(0.01)
+    finally:
+        for n in pair.values():
+            n.stop()
+
+
+def _ready(committed: range, new: range, conf_at: int | None = None,
+           snapshot: bool = False) -> Ready:
+    rd = Ready()
+    rd.committed_entries = [
+        Entry(1, i, EntryType.CONF_CHANGE if i == conf_at else EntryType.NORMAL)
+        for i in committed]
+    rd.entries = [Entry(1, i) for i in new]
+    rd.snapshot = Snapshot(SnapshotMeta(1, 1)) if snapshot else None
+    return rd
+
+
+def test_only_entries_durable_before_a_ready_are_applied_before_its_sync() -> None:
+    """``_applies_first``: a leader's new entries and the ones committed before them go
+    in one Ready; the committed ones are answered while the new ones sync. A follower
+    (or a single voter) whose Ready commits an entry it is only now writing, a snapshot
+    to install first, and a configuration change keep the order of the Ready contract."""
+    assert _applies_first(_ready(range(5, 10), range(10, 20)))
+    assert _applies_first(_ready(range(5, 10), range(0)))
+    assert not _applies_first(_ready(range(0), range(10, 20)))
+    assert not _applies_first(_ready(range(5, 11), range(10, 20)))  # 10 is not durable
+    assert not _applies_first(_ready(range(5, 10), range(10, 20), conf_at=7))
+    assert not _applies_first(_ready(range(5, 10), range(0), snapshot=True))
