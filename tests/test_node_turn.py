@@ -242,3 +242,28 @@ def test_only_entries_durable_before_a_ready_are_applied_before_its_sync() -> No
     assert not _applies_first(_ready(range(5, 11), range(10, 20)))  # 10 is not durable
     assert not _applies_first(_ready(range(5, 10), range(10, 20), conf_at=7))
     assert not _applies_first(_ready(range(5, 10), range(0), snapshot=True))
+
+
+def test_a_read_that_arrives_as_its_node_loses_the_leader_waits_for_the_next(
+    nodes: dict[str, Node],
+) -> None:
+    """Found in review: a read queued in the same turn as a tick that starts an election
+    on a follower (its election timer ran out) reached ``_flush_reads`` with no leader in
+    the core and failed with NotLeader; one at a time, reads had been asked of the known
+    leader and asked again of the next one. The batch now waits for the next leader."""
+    lead = _leader(nodes, list(nodes))
+    nodes[lead].propose(GID, encode_put(b"k", b"v")).result(5)
+    node = nodes[next(n for n in nodes if n != lead)]
+    time.sleep(0.3)  # the follower has applied the write
+    gate = threading.Event()
+    node.call(lambda: gate.wait(5))  # holds the loop: the next two calls share a turn
+
+    def time_out() -> None:
+        raft = node.groups[GID].raft
+        raft.election_elapsed = raft.randomized_election_timeout - 1
+        node._next_tick = 0.0  # this turn ticks, and the tick starts an election
+
+    node.call(time_out)
+    read = node.read(GID, lambda s: s.get(b"k"))
+    gate.set()
+    assert read.result(TIMEOUT / 3) == b"v"

@@ -818,6 +818,16 @@ class Node:
             ctx = f"{self.id}/{next(self._seq)}"
             try:
                 g.raft.read_index(ctx)
+            except NotLeader as e:
+                if g.leader is None:
+                    for r in batch:
+                        _fail(r.fut, e)
+                    continue
+                # The core lost its leader in this very turn (its tick started an
+                # election, or a higher term arrived) and its Ready will say so: the
+                # batch waits, and ``_on_soft_state`` asks the next leader (found in
+                # review: these reads failed with NotLeader where one at a time they
+                # had waited for the next leader).
             except RaftError as e:
                 for r in batch:
                     _fail(r.fut, e)
@@ -847,19 +857,20 @@ class Node:
         and claims nothing about this node's log."""
         readies = [(g, g.raft.ready()) for g in groups]
         units: dict[LogEnv | str, list[tuple[Group, Ready]]] = {}
-        applied: set[str] = set()
         sent = False
         for g, rd in readies:
             if rd.must_sync:
                 units.setdefault(g.storage.log_env or g.id, []).append((g, rd))
                 sent |= self._send_first(g, rd)
-                if _applies_first(rd):
-                    self._apply(g, rd)
-                    applied.add(g.id)
             else:
                 g.storage.persist(rd)
         if sent:
             self.transport.flush()
+        applied: set[str] = set()
+        for g, rd in readies:
+            if rd.must_sync and _applies_first(rd):
+                self._apply(g, rd)
+                applied.add(g.id)
         jobs = list(units.values())
         if len(jobs) > 1:
             timed = list(self.runtime.executor("persist", self.id).map(_timed_persist, jobs))
@@ -892,8 +903,9 @@ class Node:
         until then no quorum can count entries only this Ready holds. Three things they
         do carry must be durable already, so only these messages go first:
 
-        - the term: the Ready changes neither term nor vote (a node that just won, or a
-          single voter that campaigned in this very turn, waits for its sync);
+        - the term: the Ready does not change it (a node that just won, or a single
+          voter that campaigned in this very turn, waits for its sync). A leader's vote
+          is itself, made durable with its term, so checking the term is enough;
         - the commit index: below this Ready's first new entry. A single voter commits
           an entry the moment it appends it, and a learner must not apply an entry
           its leader may lose;
