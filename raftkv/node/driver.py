@@ -836,8 +836,10 @@ class Node:
             self._dirty.add(g.id)
 
     def _handle_readies(self, groups: list[Group]) -> None:
-        """One turn's Readies: every group's is persisted before any group sends or
-        applies anything, so no message leaves before what it reports is durable.
+        """One turn's Readies: every group's is persisted before any group sends what
+        reports on it or applies what it alone holds, so no message leaves before what
+        it reports is durable (a leader's AppendEntries report nothing of its own log:
+        ``_send_first`` sends them first).
 
         An LMDB commit costs two fdatasyncs. Groups whose logs share an environment
         (a node's table partitions, ``GroupStorage.log_env``) are written in one
