@@ -8,8 +8,10 @@ leader's endpoint. Writes are safe to send to any node (followers forward them),
 admin calls depend on finding the leader.
 
 Table requests are partition-aware: the client caches each table's partition leaders,
-read from the nodes' own views (``GET /v1/tables/{t}/leaders``; for ``ROUTE_TTL`` seconds), and sends a key's request, or a
-partition's batch, straight to the endpoint of its partition's leader, saving the hop a
+read from the nodes' own views (``GET /v1/tables/{t}/leaders``), for ``ROUTE_TTL`` seconds,
+or ``ROUTE_RETRY`` if some partition had no leader then (read during an election, the cache
+would otherwise send that partition's requests through a proxy for the whole TTL). It
+sends a key's request, or a partition's batch, straight to the endpoint of its partition's leader, saving the hop a
 node that does not lead the partition would add (a proxy, or a forward to the leader).
 The cache is only a hint: any node answers correctly, since the server computes the
 partition itself. A 421, an error or a retry drops the table's entry, so the next request
@@ -71,6 +73,7 @@ RETRYABLE = {503, 504}
 # server's default --http-idle-timeout (30 s), after which it closes idle connections.
 IDLE_REUSE = 10.0
 ROUTE_TTL = 10.0  # seconds a table's cached partition leaders are trusted
+ROUTE_RETRY = 0.5  # ... and a cache with a partition whose leader was unknown
 
 
 KEY_NOT_FOUND = "key not found"  # the 404 of an absent key (raftkv.server.kv_ops)
@@ -342,7 +345,8 @@ class Client:
         unknown (an election, a table the cluster does not know: the request finds out)."""
         now = time.monotonic()
         cached = self._routes.get(table)
-        if cached is None or now - cached[0] > ROUTE_TTL:
+        if (cached is None or now - cached[0] > ROUTE_TTL
+                or (now - cached[0] > ROUTE_RETRY and not all(cached[2]))):
             cached = (now, *self._fetch_leaders(table))
             self._routes[table] = cached
         _, count, leaders = cached
