@@ -70,6 +70,9 @@ class Raftkv:
     def ports(self) -> list[int]:
         return [n.http_port for n in self.c.nodes.values()]
 
+    def http_ports(self) -> dict[str, int]:
+        return {node_id: n.http_port for node_id, n in self.c.nodes.items()}
+
     def leader(self) -> str:
         return self.c.wait_leader(timeout=60)
 
@@ -314,7 +317,7 @@ def raftkv_table(base: str, partitions: int, repeat: int, log: Log) -> list[dict
         c.create_table("t", partitions, 3, timeout=600)
         log(f"raftkv: table {partitions}x3 created in {time.perf_counter() - t:.1f}s")
         keys = table_probe_keys(partitions)
-        every_partition_writable("t", keys, r.ports(), time.perf_counter())
+        every_partition_writable("t", keys, r.http_ports(), time.perf_counter())
         time.sleep(2)
         last, med, phases = [], [], []
         for _ in range(repeat):
@@ -322,7 +325,7 @@ def raftkv_table(base: str, partitions: int, repeat: int, log: Log) -> list[dict
             t0 = time.perf_counter()
             starter = threading.Thread(target=c.start, daemon=True)
             starter.start()
-            all_s, med_s = every_partition_writable("t", keys, r.ports(), t0)
+            all_s, med_s = every_partition_writable("t", keys, r.http_ports(), t0)
             starter.join(120)
             ph, _ = r.phases()
             phases += ph

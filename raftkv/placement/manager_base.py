@@ -37,6 +37,7 @@ from raftkv.placement.catalog import (
     parse_partition_key,
     table_key,
 )
+from raftkv.placement.key_cache import KeyCache
 from raftkv.placement.meta_commands import (
     Cond,
     Do,
@@ -89,7 +90,7 @@ class ManagerBase:
     incarnation: bytes
     _logs: LogEnv | None
     _timer: TickTimer
-    _kv: dict[bytes, VersionedValue]
+    _kv: KeyCache
     _tables: dict[str, TableDescriptor]
     _parts: dict[str, PartitionState]
     _hosted: set[str]

@@ -187,6 +187,7 @@ from raftkv.placement.catalog import (
     table_key,
 )
 from raftkv.placement.change_peers import ChangePeers
+from raftkv.placement.key_cache import KeyCache
 from raftkv.placement.liveness import ClusterSettings, Liveness, data_nodes
 from raftkv.placement.manager_base import (
     ADMIN_ATTEMPTS,
@@ -263,7 +264,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         self.metrics: Counter[str] = Counter()
         self.errors: list[dict[str, Any]] = []
         self._timer = TickTimer(self.node.clock)
-        self._kv: dict[bytes, VersionedValue] = {}
+        self._kv = KeyCache()
         self._tables: dict[str, TableDescriptor] = {}
         self._parts: dict[str, PartitionState] = {}
         self._hosted: set[str] = set()

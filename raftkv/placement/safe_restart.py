@@ -173,6 +173,7 @@ from raftkv.placement.catalog import (
     incarnation_key,
     table_key,
 )
+from raftkv.placement.key_cache import KeyCache
 from raftkv.placement.manager_base import (
     DROPPED,
     EMPTY,
@@ -240,7 +241,7 @@ class SafeRestart(ManagerBase):
             return True
         return len(holders) >= len(stable) // 2 + 1
 
-    def _restart_epoch(self, part: PartitionState, kv: dict[bytes, VersionedValue]) -> bytes | None:
+    def _restart_epoch(self, part: PartitionState, kv: KeyCache) -> bytes | None:
         """The full-partition restart we may take part in, or None. Nobody holds the
         state (every holds key is of an earlier incarnation): a new one, named by our
         incarnation. Every holder holds it from one full restart E (holds value
@@ -253,8 +254,8 @@ class SafeRestart(ManagerBase):
         declared = set(decode_nodes(reduce.value) if reduce is not None and reduce.value
                        else [])
         epochs = set()
-        for k, v in kv.items():
-            if k.startswith(prefix) and v.value:
+        for k, v in kv.holds_of(prefix).items():
+            if v.value:
                 node = k[len(prefix):].decode(errors="replace")
                 inc = kv.get(INCARNATION_PREFIX + k[len(prefix):])
                 inc_id, _, epoch = v.value.partition(b"/")
@@ -368,7 +369,7 @@ class SafeRestart(ManagerBase):
         if h is not None and h.value and h.value.split(b"/")[0] != self.incarnation:
             return False  # (a key of this incarnation is this start's own)
         prefix = holds_prefix(part.table, part.index)
-        return not any(k.startswith(prefix) and b"/" in v.value for k, v in self._kv.items())
+        return not any(b"/" in v.value for v in self._kv.holds_of(prefix).values())
 
     def _held_before(self, part: PartitionState) -> bool:
         """Our holds key names an earlier incarnation: we hosted the partition before
@@ -576,7 +577,7 @@ class SafeRestart(ManagerBase):
             if exc is not None:
                 fail(exc)
                 return
-            kv = {k: v for k, v in f.result().items}
+            kv = KeyCache(f.result().items)
             st = self._kv.get(part.keys.stable)
             epoch = self._restart_epoch(part, kv)
             if epoch is None or st is None:
