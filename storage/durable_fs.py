@@ -55,3 +55,24 @@ def write_durable(path: str, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def ensure_durable(path: str, data: bytes) -> bool:
+    """``write_durable(path, data)`` unless ``path`` already holds ``data``; then only its
+    directory is fsynced. Returns whether it wrote.
+
+    A file at its final name with the right bytes was synced before its rename
+    (``write_durable``), so only the rename may not be durable: the process that made it
+    can have died before its directory fsync. One directory fsync covers that, where a
+    rewrite costs a file fsync, a rename and a directory fsync (a node restarting with
+    hundreds of partitions rewrote each one's generation marker)."""
+    try:
+        with open(path, "rb") as f:
+            same = f.read(len(data) + 1) == data
+    except OSError:
+        same = False
+    if not same:
+        write_durable(path, data)
+        return True
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return False

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from raftkv.storage.durable_fs import ensure_durable, fsync_dir
 from raftkv.storage.lmdb_log import LmdbLogStore
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.records import Entry, EntryType, HardState
@@ -39,14 +40,6 @@ def page(tag: bytes, i: int) -> bytes:
     """A page that says what it is (``tag`` and its number), so a mixed file can be read
     back page by page."""
     return (tag + b"%05d" % i).ljust(P, tag[:1])
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_file(path: Path, data: bytes, sync: Callable[[int], None] | None = None) -> None:
@@ -258,6 +251,28 @@ def test_namespace_operations_follow_the_metadata_policy(
         assert (mnt / "d" / "new").read_bytes() == b""
         assert report.namespace_undone == []
     assert not list(fs.state_dir.joinpath("trash").iterdir())
+
+
+@pytest.mark.parametrize("ensured", [True, False], ids=["ensured", "control"])
+def test_ensure_durable_makes_a_name_left_by_a_crash_durable(fs: PowerLossFS,
+                                                             ensured: bool) -> None:
+    """A marker written as ``write_durable`` does, by a process that died between the
+    rename and the directory fsync: its bytes are synced, its name is not. A restart
+    that finds the right bytes (``ensure_durable``) does not rewrite the file but syncs
+    the directory, so the name survives a power loss; without it (the control) it does
+    not. A marker with other bytes is replaced, durably."""
+    mnt = fs.mountpoint
+    write_file(mnt / "gen.tmp", b"11\n", os.fsync)
+    os.rename(mnt / "gen.tmp", mnt / "gen")
+    inode = os.stat(mnt / "gen").st_ino
+    if ensured:
+        assert ensure_durable(str(mnt / "gen"), b"11\n") is False
+        assert os.stat(mnt / "gen").st_ino == inode  # not rewritten
+    fs.power_loss()
+    assert (mnt / "gen").exists() is ensured
+    assert ensure_durable(str(mnt / "gen"), b"12\n") is True
+    fs.power_loss()
+    assert (mnt / "gen").read_bytes() == b"12\n"
 
 
 def test_mmap_reads_see_writes_and_mmap_writes_are_tracked(fs: PowerLossFS) -> None:

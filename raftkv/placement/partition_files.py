@@ -15,7 +15,7 @@ from raftkv.placement.manager_base import (
 from raftkv.placement.partition_state import (
     PartitionState,
 )
-from raftkv.storage.durable_fs import makedirs_durable, write_durable
+from raftkv.storage.durable_fs import ensure_durable, makedirs_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import group_paths
 
@@ -86,5 +86,5 @@ class PartitionFiles(ManagerBase):
         # Durably: after a power loss an empty marker (the data of a rename not yet
         # synced) read as generation 0 and deleted a live partition's files (issue 22).
         makedirs_durable(base)
-        write_durable(os.path.join(base, GEN_FILE), f"{part.gen}\n".encode())
+        ensure_durable(os.path.join(base, GEN_FILE), f"{part.gen}\n".encode())
 
