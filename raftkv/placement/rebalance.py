@@ -147,7 +147,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -274,6 +274,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         self._move_waiters: set[str] = set()
         self._drain_queued = False
         self._start_budget = START_BUDGET
+        self._start_queue: list[Callable[[], None]] = []
         self._revision = 0
         self._synced = False
         self._stopped = False

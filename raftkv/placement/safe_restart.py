@@ -636,6 +636,10 @@ class SafeRestart(ManagerBase):
             part.keys.pending)
 
         def done(f: Future[Any]) -> None:
+            if (self._start_budget <= 0 and f.exception() is None
+                    and part.group not in self._hosted and self._current(part)):
+                self._queue_start(lambda: done(f))  # still in flight: nothing else acts
+                return
             part.start_inflight = False
             if not self._current(part):
                 return  # the table was dropped meanwhile
