@@ -58,17 +58,21 @@ def write_durable(path: str, data: bytes) -> None:
 
 
 def ensure_durable(path: str, data: bytes) -> bool:
-    """``write_durable(path, data)`` unless ``path`` already holds ``data``; then only its
-    directory is fsynced. Returns whether it wrote.
+    """``write_durable(path, data)`` unless ``path`` already holds ``data``; then the file
+    and its directory are fsynced where they are. Returns whether it wrote.
 
-    A file at its final name with the right bytes was synced before its rename
-    (``write_durable``), so only the rename may not be durable: the process that made it
-    can have died before its directory fsync. One directory fsync covers that, where a
-    rewrite costs a file fsync, a rename and a directory fsync (a node restarting with
-    hundreds of partitions rewrote each one's generation marker)."""
+    A file at its final name with the right bytes is at most not yet durable: its data
+    (a writer that did not sync) or its name (a process that died between its rename and
+    the directory fsync). Syncing both where they are covers either, without the
+    temporary file, its write and the rename of a rewrite (a node restarting with hundreds
+    of partitions rewrote each one's generation marker)."""
     try:
         with open(path, "rb") as f:
             same = f.read(len(data) + 1) == data
+            if same:
+                # Cheap when its pages are clean; it covers a file named by something
+                # other than write_durable (an older release renamed it unsynced).
+                os.fsync(f.fileno())
     except OSError:
         same = False
     if not same:

@@ -306,8 +306,13 @@ DRAIN_SEEDS = [153, 104, 232, 230, *range(2000, 2003)]
 # on their way, and then waited for good on keys the node, out of the metastore, could
 # never release (a removed node is now forgotten whatever keys it left); 430, stuck
 # after a wipe, passes on the code after the review's holds-cache fix (not diagnosed
-# further).
-LONG_DRAIN_SEEDS = [420, 430]
+# further). 2808 (found on 9a22f8a, the first seeds run with the early send of 0a7f7b3):
+# the simulator's drain of n5 lost its first attempt's answer, and the retry, finding n5
+# out of the topology (drained by that attempt and forgotten), was taken for a refusal;
+# n5 was never stopped, then named again while up, and never readmitted to the metastore
+# it had left, so nothing converged. A harness bug (PlacementSim.drain): the product
+# drained n5 as asked.
+LONG_DRAIN_SEEDS = [420, 430, 2808]
 
 
 @pytest.mark.parametrize("seed", DRAIN_SEEDS)

@@ -42,6 +42,7 @@ from raftkv.placement.meta_commands import (
     Cond,
     Do,
     If,
+    InvokeResult,
     VersionedValue,
 )
 from raftkv.placement.partition_state import PartitionState
@@ -179,6 +180,16 @@ class ManagerBase:
         if not self._drain_queued:
             self._drain_queued = True
             self._defer(self._drain)
+
+    def _past_budget(self, part: PartitionState, written: Future[Any]) -> bool:
+        """A start whose holds key write ``written`` succeeded would open ``part`` now,
+        but this drain's START_BUDGET is spent (``_queue_start``)."""
+        if self._start_budget > 0 or part.group in self._hosted or not self._current(part):
+            return False
+        if written.exception() is not None:
+            return False
+        result = written.result()  # None: the key was already ours (no write)
+        return not isinstance(result, InvokeResult) or result.succeeded
 
     def _drain(self) -> None:
         self._drain_queued = False

@@ -599,6 +599,11 @@ class SafeRestart(ManagerBase):
             self._on_loop(self.meta.invoke(conds, ops), lambda r: written(r, voters))
 
         def written(f: Future[Any], voters: list[str]) -> None:
+            if self._past_budget(part, f):
+                # Kicked, the next reconcile would rewrite our holds key without the
+                # restart's epoch and join instead of bootstrapping (found in review).
+                self._queue_start(lambda: written(f, voters))
+                return
             part.start_inflight = False
             exc = f.exception()
             if exc is not None:
@@ -636,8 +641,7 @@ class SafeRestart(ManagerBase):
             part.keys.pending)
 
         def done(f: Future[Any]) -> None:
-            if (self._start_budget <= 0 and f.exception() is None
-                    and part.group not in self._hosted and self._current(part)):
+            if self._past_budget(part, f):
                 self._queue_start(lambda: done(f))  # still in flight: nothing else acts
                 return
             part.start_inflight = False

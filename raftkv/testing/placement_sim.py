@@ -1044,6 +1044,7 @@ class PlacementSim:
             self.wait(lambda: nid in self._nodes_at_meta(DEAD_KEY), SETTLE_SECONDS,
                       f"{nid} declared dead")
         refused: list[str] = []
+        sent = [False]
 
         def begin(meta: MetaService, finished: Callable[[bool], None]) -> None:
             def got(f: Future[Any]) -> None:
@@ -1055,13 +1056,24 @@ class PlacementSim:
                 try:
                     inv = drain_invoke(nid, topo, dr, dead, tables,
                                        check_replicas=how != "removed")
-                except (UnknownNode, ValueError) as e:
+                except UnknownNode as e:
+                    # Not in the topology, where this sim put it: an earlier attempt whose
+                    # answer was lost drained it, and the drain may even have finished
+                    # and been forgotten (seed 2808: taken for a refusal, the node was
+                    # never stopped, then named again while up, never readmitted to the
+                    # metastore it had left, and nothing converged).
+                    if not sent[0]:
+                        refused.append(str(e))
+                    finished(True)
+                    return
+                except ValueError as e:
                     refused.append(str(e))
                     finished(True)
                     return
                 if inv is None:  # an earlier attempt drained it
                     finished(True)
                     return
+                sent[0] = True
                 meta.invoke(*inv).add_done_callback(
                     lambda f: finished(f.exception() is None and f.result().succeeded))
 
