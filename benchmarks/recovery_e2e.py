@@ -46,7 +46,9 @@ fresh connection) until one is acknowledged. Times start when the processes are 
   a snapshot).
 - **table** (raftkv): a ``--partitions`` x 3 table, whole cluster SIGKILLed and
   restarted: seconds from the spawn until a PUT into every partition has been
-  acknowledged (one key per partition, retried every 10 ms across the nodes).
+  acknowledged (one key per partition, sent to the node each node's
+  ``/v1/tables/t/leaders`` names for it, as the partition-aware client routes, and
+  retried after 20 ms, doubling to 100 ms: ``_recovery_common.every_partition_writable``).
 - **pysyncobj**: the whole-cluster row for PySyncObj, at each --keys, capped at
   ``--pso-timeout`` seconds.
 
