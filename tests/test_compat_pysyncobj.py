@@ -171,7 +171,13 @@ def test_calls_are_asynchronous_by_default_and_callbacks_get_fail_reason_success
     addrs = addresses(3)
     nodes = [MyCounter(a, others(addrs, a), conf()) for a in addrs]
     destroy_later.extend(nodes)
-    nodes[0].incCounter(sync=True, timeout=15)  # a leader exists
+    # A leader every node knows first: a call made during the founders' election can be
+    # forwarded to a leader that loses its term before appending it, and fail with
+    # UNKNOWN_OUTCOME (1 failure in a fresh-clone run), as PySyncObj's fails with
+    # LEADER_CHANGED.
+    wait_until(lambda: len({str(n._getLeader()) for n in nodes}) == 1
+               and nodes[0]._getLeader() is not None, what="a leader every node knows")
+    assert nodes[0].incCounter(sync=True, timeout=15) == 1
     assert nodes[1].incCounter() is None  # fire and forget: returns at once
     got = Collect()
     nodes[2].addValue(10, 3, callback=partial(lambda res, err, cnt: got(res, err), cnt=3))

@@ -154,8 +154,15 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
                 answer.headers["Allow"] = e.headers["Allow"]
             return answer
         raise
-    except ConnectionResetError:
-        # The client hung up mid-request: nothing was proposed and nobody is listening.
+    except ConnectionError as e:
+        transport = request.transport
+        if not isinstance(e, ConnectionResetError) and (
+                transport is not None and not transport.is_closing()):
+            return status_of(e)  # not our client's connection (a peer's, say)
+        # The client hung up mid-request or mid-stream (aiohttp says "Connection lost"
+        # when a streamed answer's writer finds the transport gone: a watch closed early
+        # logged a traceback and counted a 500; found outside-in): nothing was proposed
+        # and nobody is listening.
         log.debug("client closed the connection during %s %s", request.method, request.path)
         return error(400, "client closed the connection")
     except Exception as e:  # noqa: BLE001 - every failure becomes a JSON error, never a trace
