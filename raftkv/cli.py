@@ -432,6 +432,9 @@ def _watch_command(args: argparse.Namespace, client: Client) -> int:
     ``--count`` events."""
     if args.from_revision is not None and args.from_revision < 1:
         raise UsageError("raftkv watch: error: --from-revision is a log index, 1 or more")
+    if args.count is not None and args.count < 1:
+        # 0 or less read as "no count" and watched for ever (found outside-in).
+        raise UsageError("raftkv watch: error: --count must be at least 1")
     if (args.table is None) != (args.partition is None):
         raise UsageError("raftkv watch: error: a table's changes are watched one partition "
                          "at a time: give --table and --partition together")

@@ -75,6 +75,8 @@ def test_a_usage_error_is_one_line_and_exits_1_not_2(
                        (["cas", "k", "v"],
                         "give exactly one of --prev-value, --prev-absent or --prev-index"),
                        (["frobnicate"], "invalid choice"),
+                       (["watch", "--count", "0"], "--count must be at least 1"),
+                       (["watch", "--count", "-1"], "--count must be at least 1"),
                        (["serve", "--id", "n1"], "raftkv serve: error: the following arguments"),
                        (["--endpoints", "http://127.0.0.1:99999", "get", "k"],
                         "bad endpoint 'http://127.0.0.1:99999': Port out of range")):

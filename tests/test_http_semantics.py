@@ -241,6 +241,20 @@ def test_text_that_is_not_unicode_is_a_400_not_a_500(cluster: ProcCluster) -> No
         assert status == 400 and "Unicode" in answer["error"], (path, status, answer)
 
 
+def test_an_empty_batch_is_refused_alike_on_both_apis_and_writes_nothing(
+        cluster: ProcCluster) -> None:
+    """Found outside-in: the default group's batch accepted no operations with a 200 and
+    wrote an empty log entry, where a table's refused it."""
+    before = cluster.group_status("n1")
+    assert before is not None
+    for path in ("/v1/batch", f"/v1/tables/{TABLE}/batch"):
+        status, answer = _call(cluster, "n1", "POST", path, b'{"ops": []}')
+        assert status == 400 and "at least one operation" in answer["error"], (
+            path, status, answer)
+    after = cluster.group_status("n1")
+    assert after is not None and after["commit"] == before["commit"]
+
+
 def test_a_placement_node_with_a_malformed_address_is_refused(cluster: ProcCluster) -> None:
     for body in ({"id": "n9", "raft_addr": "notanaddr"},
                  {"id": "n9", "raft_addr": "127.0.0.1:99999"},

@@ -23,3 +23,10 @@ def test_a_refused_batch_body_is_told_the_form_its_content_type_takes() -> None:
         decode_batch_body(msgpack.packb("ops"), "application/x-msgpack")
     assert decode_batch_body(b'{"ops": [["a", "1"], ["b", null]]}', "application/json") == [
         (b"a", b"1"), (b"b", None)]
+
+
+@pytest.mark.parametrize("body, ctype", [(b'{"ops": []}', "application/json"),
+                                         (msgpack.packb([]), "application/x-msgpack")])
+def test_a_batch_of_no_operations_is_refused(body: bytes, ctype: str) -> None:
+    with pytest.raises(CommandError, match="a batch needs at least one operation"):
+        decode_batch_body(body, ctype)

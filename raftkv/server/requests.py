@@ -433,7 +433,8 @@ def check_fields(doc: dict[str, Any], fields: tuple[str, ...], what: str = "",
 
 def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes | None]]:
     """A batch body: msgpack (``application/x-msgpack``) ``[[key, value|nil], ...]`` with
-    binary keys and values, or JSON ``{"ops": [[key, value|null], ...]}`` with strings."""
+    binary keys and values, or JSON ``{"ops": [[key, value|null], ...]}`` with strings;
+    at least one operation."""
     if content_type == "application/x-msgpack":
         try:
             ops = msgpack.unpackb(raw, raw=False, max_array_len=1 << 20, max_map_len=0)
@@ -466,4 +467,8 @@ def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes 
         if not isinstance(k, bytes) or not (v is None or isinstance(v, bytes)):
             raise CommandError("batch keys and values must be strings or bytes")
         out.append((k, v))
+    if not out:
+        # Refused on every route alike: a table's batch always refused it, while the
+        # default group's wrote an empty log entry (found outside-in).
+        raise CommandError("a batch needs at least one operation")
     return out

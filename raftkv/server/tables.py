@@ -954,8 +954,6 @@ class TablesApi:
         name = self._name(request)
         desc = self.p.mgr.table(name) or await self._desc(name)
         ops = decode_batch_body(await request.read(), request.content_type)
-        if not ops:
-            raise CommandError("a batch needs at least one operation")
         per: dict[int, list[tuple[bytes, bytes | None]]] = {}
         for op, p in zip(ops, partitions_of([k for k, _ in ops], desc.partitions),
                          strict=True):
