@@ -43,10 +43,14 @@ Value = bytes | str
 
 
 def _key(key: Key) -> bytes:
+    if not isinstance(key, bytes | str):  # "must be bytes" would hide that str works too
+        raise CommandError(f"key must be bytes or str, not {type(key).__name__}")
     return check_key(key.encode() if isinstance(key, str) else key)
 
 
 def _value(value: Value) -> bytes:
+    if not isinstance(value, bytes | str):
+        raise CommandError(f"value must be bytes or str, not {type(value).__name__}")
     return check_value(value.encode() if isinstance(value, str) else value)
 
 

@@ -68,6 +68,12 @@ def test_bad_keys_and_values_are_refused_before_proposing(cluster: list[RaftKV])
         cluster[0].put("k" * 600, "x")
     with pytest.raises(CommandError):
         cluster[0].put("k", b"x" * (1 << 20 + 1))
+    # The message names both types a key or value may be (found outside-in: it said
+    # "must be bytes" of an int key, though a str works).
+    with pytest.raises(CommandError, match="key must be bytes or str, not int"):
+        cluster[0].put(7, "x")  # type: ignore[arg-type]
+    with pytest.raises(CommandError, match="value must be bytes or str, not float"):
+        cluster[0].put("k", 1.5)  # type: ignore[arg-type]
     # A malformed batch operation is refused as the others are (it was a bare unpacking
     # error; found from outside), and nothing of the batch is applied.
     for bad in ([("a",)], [("a", "1"), ("b", "2", "3")], ["ab"], [None]):
