@@ -261,10 +261,19 @@ def test_a_placement_node_with_a_malformed_address_is_refused(cluster: ProcClust
                  {"id": "n9", "raft_addr": 7},
                  {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": "nohttp"},
                  {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": ""},
-                 {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": ["h:1"]}):
+                 {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": ["h:1"]},
+                 # found outside-in: accepted, then dialled in vain until declared dead
+                 {"id": "n9", "raft_addr": "host with space:1"},
+                 {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": "a/b:1"}):
         status, answer = _call_json(cluster, "POST", "/v1/cluster/nodes", body)
         field = "http_addr" if "http_addr" in body else "raft_addr"
         assert status == 400 and field in answer["error"], (body, status, answer)
+    # Another node's HTTP address, as its raft address already was (found outside-in:
+    # status then showed n1 twice and n9 never).
+    n1_http = f"127.0.0.1:{cluster.nodes['n1'].http_port}"
+    status, answer = _call_json(cluster, "POST", "/v1/cluster/nodes",
+                                {"id": "n9", "raft_addr": "127.0.0.1:7009", "http_addr": n1_http})
+    assert status == 409 and "is n1's" in answer["error"], (status, answer)
     topology = cluster.client().describe_table(TABLE)["nodes_answered"]
     assert "n9" not in topology
     meta = (cluster.group_status(cluster.wait_leader(), "meta") or {})["members"]

@@ -591,7 +591,8 @@ class TablesApi:
             return ({n: a for n, a in ((k[len(ADDRESS_PREFIX):].decode(errors="replace"),
                                         v.value.decode(errors="replace"))
                                        for k, v in raft.items) if n in known},
-                    self.p.http_addrs(fresh=True), draining)
+                    {n: a for n, a in self.p.http_addrs(fresh=True).items() if n in known},
+                    draining)
 
         raft_of, http_of, draining = await self._run(published)
         # A node's addresses are its own to publish (it does at every start): add-node
@@ -605,6 +606,11 @@ class TablesApi:
         taken = sorted(n for n, a in raft_of.items() if a == addr and n != node)
         if taken:
             return error(409, f"raft address {addr} is {taken[0]}'s")
+        # The same for HTTP (found outside-in: another node's HTTP address was taken, and
+        # status then showed that node twice and the new one never).
+        taken = sorted(n for n, a in http_of.items() if a == http and n != node)
+        if taken:
+            return error(409, f"HTTP address {http} is {taken[0]}'s")
 
         def run() -> list[str]:
             if node in draining:

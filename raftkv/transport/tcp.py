@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import socket
 import ssl
 from collections import Counter, deque
@@ -113,9 +114,17 @@ ItemsHandler = Callable[[str, list[Any]], None]
 AdminHandler = Callable[["Connection", list[Any]], None]
 
 
+# A host name, an IPv4 address, or an IPv6 one (bare or in brackets, with a zone).
+# Anything else (a space, a slash, a control character) can never be dialled: such an
+# address was accepted by add-node, and every node then logged "cannot dial" until the
+# node was declared dead (found outside-in).
+_HOST = re.compile(r"[A-Za-z0-9._\-]+|\[?[0-9A-Fa-f:.]+(%[A-Za-z0-9._\-]+)?\]?")
+
+
 def parse_addr(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if (not sep or not host or not port.isascii() or not port.isdigit()
+            or not 0 < int(port) < 65536 or not _HOST.fullmatch(host)):
         raise ValueError(f"bad address {addr!r}: expected host:port")
     return host, int(port)
 
