@@ -7,6 +7,8 @@ with ``--join`` and is added to the placement topology with ``POST /v1/cluster/n
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -383,6 +385,16 @@ def test_describe_does_not_wait_for_a_drained_node_still_running(
     for _ in range(3):
         assert "n4" not in admin.describe_table(TABLE)["nodes_answered"]
     assert asked() == before
+    # Stopped for good, it is no longer one of the cluster's HTTP addresses, and status
+    # does not report it unreachable (found outside-in: for ever, exiting 1).
+    cluster.kill("n4")
+    body = cluster.status("n1")
+    assert body is not None and "n4" not in body["http"] and "n1" in body["http"], body
+    ends = ",".join(cluster.nodes[n].endpoint for n in ("n1", "n2", "n3"))
+    res = subprocess.run([sys.executable, "-m", "raftkv.cli", "--endpoints", ends,
+                          "cluster", "status"],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "n4" not in res.stdout, (res.stdout, res.stderr)
     admin.close()
 
 

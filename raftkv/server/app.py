@@ -29,7 +29,8 @@ token needs for each when authentication is on (``ROLES``, ``raftkv.server.auth`
   streamed; ``raftkv snapshot save`` writes it and ``raftkv snapshot restore`` makes a new
   cluster's data directories from it.
 - ``GET /v1/cluster`` (read): this node's status of every group it hosts, and
-  ``"http"``: the HTTP address each node published in the metastore.
+  ``"http"``: the HTTP address each node published in the metastore, for the nodes the
+  cluster still knows (in the topology, draining, in the metastore or in a group here).
 - ``POST /v1/cluster/learners`` ``{"id", "raft_addr"}``;
   ``POST /v1/cluster/members/{id}/promote``; ``DELETE /v1/cluster/members/{id}`` (202
   with the new leader when the leader removes itself: its successor completes it);
@@ -298,8 +299,13 @@ class Api:
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
         st = await wait(self.kv.node.status())
-        # every node's HTTP address, for `raftkv cluster status`
-        st["http"] = await self._admin(self.tables.p.http_addrs)
+        # Every member's HTTP address, for `raftkv cluster status` and the client's
+        # discovery: not a drained or removed node's, which stays published and was
+        # reported unreachable for ever, failing status (found outside-in).
+        p = self.tables.p
+        addrs, known = await self._admin(lambda: (p.http_addrs(), p.known_nodes(stale=True)))
+        known |= {m for g in st["groups"].values() for m in g["members"]}
+        st["http"] = {n: a for n, a in addrs.items() if n in known}
         return web.json_response(st)
 
     async def _admin(self, fn: Callable[[], Any]) -> Any:

@@ -282,6 +282,19 @@ class Placement:
         result: set[str] = self.node.call(look).result(5)
         return result
 
+    def draining(self, stale: bool = False) -> list[str]:
+        dr = self.meta.get(DRAINING_KEY, stale=stale).result(ADMIN_TIMEOUT)
+        return decode_nodes(dr.value) if dr is not None else []
+
+    def known_nodes(self, stale: bool = False) -> set[str]:
+        """The nodes the cluster still knows: in the topology, draining, or in the
+        metastore. A drained or removed node is none of them, though the addresses it
+        published stay in the metastore. ``stale``: from this node's replica, without a
+        metastore leader (a status must answer during an outage)."""
+        topo = self.meta.get(TOPOLOGY_KEY, stale=stale).result(ADMIN_TIMEOUT)
+        return (set(decode_nodes(topo.value) if topo is not None else [])
+                | set(self.draining(stale)) | self.meta_members())
+
 
 class TablesApi:
     def __init__(self, placement: Placement | None = None) -> None:
@@ -585,9 +598,8 @@ class TablesApi:
             topology, draining, or in the metastore: a removed node's address may be
             reused), and who is draining."""
             raft = self.p.meta.range(ADDRESS_PREFIX).result(ADMIN_TIMEOUT)
-            dr = self.p.meta.get(DRAINING_KEY).result(ADMIN_TIMEOUT)
-            draining = decode_nodes(dr.value) if dr is not None else []
-            known = set(self.p.topology()) | set(draining) | self.p.meta_members()
+            draining = self.p.draining()
+            known = self.p.known_nodes()
             return ({n: a for n, a in ((k[len(ADDRESS_PREFIX):].decode(errors="replace"),
                                         v.value.decode(errors="replace"))
                                        for k, v in raft.items) if n in known},
