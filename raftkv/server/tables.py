@@ -18,7 +18,9 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   partition, ``stable``/``pending``/``planned`` assignments, the IGNITE-16668
   ``switch_reduce``/``switch_append``, ``leader``, ``voters``, ``learners`` (merged from
   every node's own view: ``?local=true`` gives just this node's), plus ``errors``
-  (rebalance errors recorded by any node's manager). 404 unknown table.
+  (rebalance errors recorded by any node's manager) and ``under_replicated``: the
+  partitions whose configuration has fewer voters than the table's replicas, or no
+  known leader. 404 unknown table.
 - ``DELETE /v1/tables/{t}``: ``{"dropped", "revision"}``; 404 unknown table. Every node
   stops the table's partition groups and deletes their files (``PlacementManager.
   drop_table``); a table re-created under the name starts empty. A KV request on the
@@ -520,8 +522,14 @@ class TablesApi:
                 "change": lead.get("change") if lead else None,
             })
         errors = [err for v in views for err in v.get("errors", [])]
+        # Said outright: a partition left with two voters of three (a drain begun while
+        # another node was only suspect, a remove-node) looked healthy here, with no
+        # error and no change under way (found outside-in).
+        short = [p["partition"] for p in parts
+                 if p["voters"] is None or len(p["voters"]) < desc.replicas]
         return web.json_response({**_desc_json(desc), "generation": generation,
                                   "partitions": parts, "errors": errors,
+                                  "under_replicated": short,
                                   "nodes_answered": sorted(v["node"] for v in views),
                                   "http": addrs})
 
