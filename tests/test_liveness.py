@@ -406,3 +406,20 @@ def test_a_metastore_founded_on_one_node_fills_up_to_its_voters_and_back_down(
         wait_for(put, 30, "a metastore write without the founder")
     finally:
         c.stop()
+
+
+def test_two_nodes_founded_on_one_keep_one_metastore_voter(tmp_path: Path) -> None:
+    """Found in review of the fill-up: promoting the only spare of a two-node cluster
+    made a two-voter metastore, stopped by the loss of either node where one voter is
+    stopped only by its own. Filling up aims at an odd count the spares can reach."""
+    c = Cluster(tmp_path, nodes=["n1", "n2"], meta=["n1"])
+    try:
+        for nid in ("n1", "n2"):
+            c.start(nid)
+        c.mgrs["n1"].set_nodes(["n1", "n2"])
+        wait_for(lambda: {r["id"] for r in c.mgrs["n1"].cluster_nodes()} == {"n1", "n2"},
+                 20, "both listed")
+        time.sleep(3.0)  # several liveness periods
+        assert _meta_conf(c) == (["n1"], ["n2"])
+    finally:
+        c.stop()

@@ -65,13 +65,14 @@ draining, one membership change at a time (``_maintain_metastore``):
 2. while fewer than ``metastore_voters`` voters are fit, the first spare in id order (a
    replica that is a data node, heard from within a lease and holding the commit index)
    is promoted: to replace an unfit voter, or to fill up a metastore founded with fewer
-   nodes (one, then the others added) or whose setting was raised;
+   nodes (one, then the others added) or whose setting was raised, up to the largest odd
+   count the fit voters and spares reach (never two voters of two nodes);
 3. then an unfit voter is demoted to a learner, if the voters left are still
    ``metastore_voters`` and have a quorum of live members. A demoted node keeps its
    replica: if it comes back it reads the metastore again, and is a spare in its turn;
 4. with every voter fit and more of them than ``metastore_voters`` (the setting lowered),
-   the last in id order other than the leader is demoted, if the rest keep a quorum of
-   live members.
+   one other than the leader is demoted (one not heard from first, else the last in id
+   order), if the rest keep a quorum of live members.
 
 Without a spare (three nodes, one dead) nothing changes: demoting the dead voter would not
 make the two left any less dependent on each other, and would leave the metastore one vote
@@ -362,19 +363,25 @@ class Liveness(ManagerBase):
 
         unfit = voters & (dead | draining)
         fit = voters - unfit
-        if len(fit) < settings.metastore_voters:
-            # Also with no voter unfit: a cluster founded with fewer nodes than that (one
-            # node, then the others added), or the setting raised to 5. Step 2 waited for
-            # an unfit voter, so such a metastore kept its one voter for good, and losing
-            # it stopped placement (found outside-in).
-            data, _ = data_nodes(self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY))
-            spare = sorted(n for n in learners
-                           if n in data and n not in draining and n not in dead and live(n))
-            if spare:
-                why = (f"to replace {', '.join(sorted(unfit))}" if unfit else
-                       f"to reach {settings.metastore_voters} voters")
-                self._meta_change(ConfChange(ConfChangeOp.PROMOTE, spare[0]), why)
-                return
+        data, _ = data_nodes(self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY))
+        spare = sorted(n for n in learners
+                       if n in data and n not in draining and n not in dead and live(n))
+        # Also with no voter unfit: a cluster founded with fewer nodes (one node, then
+        # the others added), or the setting raised to 5. Step 2 waited for an unfit
+        # voter, so such a metastore kept its one voter for good, and losing it stopped
+        # placement (found outside-in). Filling up aims at an odd count the spares can
+        # reach: two voters of two nodes would stop at either's loss where one stops only
+        # at its own, and a fourth voter of four nodes tolerates no more than three do
+        # and leaves no spare for a drain (found in review).
+        goal = settings.metastore_voters
+        if not unfit:
+            goal = min(goal, len(fit) + len(spare))
+            goal -= 1 - goal % 2
+        if len(fit) < goal and spare:
+            why = (f"to replace {', '.join(sorted(unfit))}" if unfit else
+                   f"to reach {goal} voters")
+            self._meta_change(ConfChange(ConfChangeOp.PROMOTE, spare[0]), why)
+            return
         for u in sorted(unfit):
             rest = voters - {u}
             if len(rest) >= settings.metastore_voters and has_quorum(
@@ -383,9 +390,11 @@ class Liveness(ManagerBase):
                                   "dead" if u in dead else "draining")
                 return
         if not unfit and len(fit) > settings.metastore_voters:
-            # The setting lowered (5 to 3): the last voter in id order other than this
-            # leader goes back to a learner, while the rest keep a live quorum.
-            u = max(fit - {raft.id})
+            # The setting lowered (5 to 3): a voter other than this leader goes back to a
+            # learner, one not heard from first (found in review), else the last in id
+            # order, while the rest keep a live quorum.
+            others = fit - {raft.id}
+            u = max((n for n in others if not live(n)), default=max(others))
             rest = voters - {u}
             if has_quorum(rest, {n for n in rest if live(n)}):
                 self._meta_change(ConfChange(ConfChangeOp.DEMOTE, u),

@@ -525,8 +525,8 @@ class TablesApi:
         # Said outright: a partition left with two voters of three (a drain begun while
         # another node was only suspect, a remove-node) looked healthy here, with no
         # error and no change under way (found outside-in).
-        short = [p["partition"] for p in parts
-                 if p["voters"] is None or len(p["voters"]) < desc.replicas]
+        short = [p["partition"] for p in parts if p["leader"] is None or (
+            p["voters"] is not None and len(p["voters"]) < desc.replicas)]
         return web.json_response({**_desc_json(desc), "generation": generation,
                                   "partitions": parts, "errors": errors,
                                   "under_replicated": short,
@@ -628,7 +628,9 @@ class TablesApi:
             return error(409, f"raft address {addr} is {taken[0]}'s")
         # The same for HTTP (found outside-in: another node's HTTP address was taken, and
         # status then showed that node twice and the new one never).
-        taken = sorted(n for n, a in http_of.items() if a == http and n != node)
+        wildcard = isinstance(http, str) and parse_addr(http)[0] in ("0.0.0.0", "::", "")
+        taken = sorted(n for n, a in http_of.items()
+                       if a == http and n != node and not wildcard)  # a bind, not an address
         if taken:
             return error(409, f"HTTP address {http} is {taken[0]}'s")
 

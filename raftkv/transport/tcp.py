@@ -114,11 +114,13 @@ ItemsHandler = Callable[[str, list[Any]], None]
 AdminHandler = Callable[["Connection", list[Any]], None]
 
 
-# A host name, an IPv4 address, or an IPv6 one (bare or in brackets, with a zone).
-# Anything else (a space, a slash, a control character) can never be dialled: such an
-# address was accepted by add-node, and every node then logged "cannot dial" until the
-# node was declared dead (found outside-in).
-_HOST = re.compile(r"[A-Za-z0-9._\-]+|\[?[0-9A-Fa-f:.]+(%[A-Za-z0-9._\-]+)?\]?")
+# A host name or an IPv4 address (dot-separated labels of letters, digits, "_" and inner
+# "-"), or a bare IPv6 address with an optional zone. Anything else (a space, a slash,
+# brackets, a control character) can never be dialled: such an address was accepted by
+# add-node, and every node then logged "cannot dial" until the node was declared dead
+# (found outside-in).
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*|[0-9A-Fa-f]*:[0-9A-Fa-f:.]*(?:%[A-Za-z0-9._-]+)?")
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
