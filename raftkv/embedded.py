@@ -146,35 +146,41 @@ class EmbeddedNode:
     def add_learner(self, node_id: str, raft_addr: str) -> int:
         """Add a PRE_FOLLOWER; the leader promotes it once it has caught up. ``ValueError``
         before anything is proposed for an id ``--peers`` could not name (empty,
-        whitespace, ``,`` or ``=``) or an address another member has: two ids at one
-        address answer as one node, and the new one never catches up."""
+        whitespace, ``,`` or ``=``), an address another member has (two ids at one
+        address answer as one node, and the new one never catches up), or a member given
+        another address than its own."""
         if (not isinstance(node_id, str) or not _NODE_ID.fullmatch(node_id)
                 or not node_id.isprintable() or not _encodable(node_id)):
             raise ValueError(f"a node id is 1-128 printable characters without spaces, "
                              f"',' or '=', got {node_id!r}")
         parse_addr(raft_addr)
-        owner = self._member_at(raft_addr)
+        members = self._member_addresses()
+        owner = next((n for n, a in sorted(members.items()) if a == raft_addr), None)
         if owner is not None and owner != node_id:
             raise ValueError(f"raft address {raft_addr} is {owner}'s")
+        # A member's address is its own (found outside-in: add-learner of a member with
+        # another port was accepted and rewrote the address every node dials it at).
+        if members.get(node_id) not in (None, raft_addr):
+            raise ValueError(f"{node_id} is already a member at {members[node_id]}; "
+                             f"remove it first to move it to {raft_addr}")
         cc = conf_change(ConfChangeOp.ADD_LEARNER, node_id, raft_addr)
         return self._wait(self.node.change_membership(self.group, cc))[0]
 
-    def _member_at(self, raft_addr: str) -> str | None:
-        """The member of the group (voter or learner) whose raft address is
-        ``raft_addr``, as this node's transport knows it, or None."""
-        def look() -> str | None:
+    def _member_addresses(self) -> dict[str, str | None]:
+        """Each member of the group (voter or learner) and its raft address as this
+        node's transport knows it (None: not known here)."""
+        def look() -> dict[str, str | None]:
             conf = self.node.groups[self.group].raft.conf
-            for n in sorted(conf.voters | conf.learners):
+            out: dict[str, str | None] = {}
+            for n in conf.voters | conf.learners:
                 if n == self.node_id:
-                    addr: str | None = self.node.cfg.raft_addr
+                    out[n] = self.node.cfg.raft_addr
                 else:
                     peer = self.node.transport.peers.get(n)
-                    addr = peer.addr if peer is not None else None
-                if addr == raft_addr:
-                    return n
-            return None
+                    out[n] = peer.addr if peer is not None else None
+            return out
 
-        found: str | None = self.node.call(look).result(self.timeout)
+        found: dict[str, str | None] = self.node.call(look).result(self.timeout)
         return found
 
     def promote(self, node_id: str) -> int:

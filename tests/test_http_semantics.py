@@ -222,11 +222,16 @@ def test_learners_that_cannot_be_told_apart_are_refused(cluster: ProcCluster) ->
                         f"is {other}'s"),
                        ({"id": "n9", "raft_addr": cluster.nodes[lead].raft_addr},
                         f"is {lead}'s"),
-                       ({"id": "a b,c=d", "raft_addr": "127.0.0.1:7009"}, "node id")):
+                       ({"id": "a b,c=d", "raft_addr": "127.0.0.1:7009"}, "node id"),
+                       # a member moved to another port (found outside-in: accepted, and
+                       # every node's peers map then named the wrong port)
+                       ({"id": other, "raft_addr": "127.0.0.1:7009"},
+                        f"{other} is already a member at")):
         status, answer = _call_json(cluster, "POST", "/v1/cluster/learners", body)
         assert status == 400 and want in answer["error"], (body, status, answer)
-    members = (cluster.group_status(lead) or {})["members"]
-    assert "n9" not in members and "a b,c=d" not in members
+    st = cluster.group_status(lead) or {}
+    assert "n9" not in st["members"] and "a b,c=d" not in st["members"]
+    assert (cluster.status(lead) or {})["addresses"][other] == cluster.nodes[other].raft_addr
 
 
 def test_text_that_is_not_unicode_is_a_400_not_a_500(cluster: ProcCluster) -> None:
