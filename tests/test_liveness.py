@@ -371,14 +371,13 @@ def test_a_change_begun_during_a_transfer_to_a_dead_node_goes_on(cluster: Cluste
     cluster.wait_converged(TABLE, rest, 3, timeout=40)  # a loaded machine: see above
 
 
-def test_a_metastore_founded_on_one_node_fills_up_to_its_voters_and_back_down(
+def test_a_metastore_founded_on_one_node_fills_up_to_its_voters(
         tmp_path: Path) -> None:
     """Found outside-in: a cluster founded on one node, the others added as learners
     (docs/wiped-nodes.md's advice), kept that one metastore voter for good, and
     ``metastore_voters`` 5 changed nothing; the founder's loss then stopped placement.
-    The metastore leader promotes live spares until it has ``metastore_voters`` voters,
-    and demotes back when the setting is lowered; the metastore then survives its
-    founder's loss."""
+    The metastore leader promotes live spares until it has ``metastore_voters`` voters
+    (five once raised); the metastore then survives its founder's loss."""
     nodes = ["n1", "n2", "n3", "n4", "n5"]
     c = Cluster(tmp_path, nodes=nodes, meta=["n1"])
     try:
@@ -389,10 +388,7 @@ def test_a_metastore_founded_on_one_node_fills_up_to_its_voters_and_back_down(
                  "two spares promoted")
         c.mgrs["n1"].update_settings({"metastore_voters": 5})
         wait_for(lambda: _meta_conf(c)[0] == nodes, 30, "five voters")
-        c.mgrs["n1"].update_settings({"metastore_voters": 3})
-        wait_for(lambda: len(_meta_conf(c)[0]) == 3, 30, "back to three voters")
-        voters, learners = _meta_conf(c)
-        assert sorted(voters + learners) == nodes
+        voters, _ = _meta_conf(c)
         c.kill("n1")  # the founder and leader, for good: the other two voters elect
         survivor = next(n for n in voters if n != "n1")
 

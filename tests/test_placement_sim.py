@@ -312,7 +312,11 @@ DRAIN_SEEDS = [153, 104, 232, 230, *range(2000, 2003)]
 # n5 was never stopped, then named again while up, and never readmitted to the metastore
 # it had left, so nothing converged. A harness bug (PlacementSim.drain): the product
 # drained n5 as asked.
-LONG_DRAIN_SEEDS = [420, 430, 2808]
+# 5176 (found on 9f6f29b): a metastore step that demoted voters above metastore_voters
+# demoted the spare promoted for n1 when n1 came back first; on that course a partition's
+# stable stayed above its assignment ([n2, n3, n4, n5] for [n3, n4, n5]) and was never
+# planned again. The step was left out; the stuck state it reached is not diagnosed.
+LONG_DRAIN_SEEDS = [420, 430, 2808, 5176]
 
 
 @pytest.mark.parametrize("seed", DRAIN_SEEDS)
