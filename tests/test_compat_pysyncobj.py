@@ -677,14 +677,25 @@ class Registry(SyncObj):
 
 def test_an_asynchronous_call_made_in_the_constructor_waits_for_the_node_and_applies(
         destroy_later: list[Any]) -> None:
-    addrs = addresses(3)
-    seen: list[tuple[str, Any, int]] = []
-    nodes = [Registry(a, others(addrs, a), seen) for a in addrs]
-    destroy_later.extend(nodes)
-    wait_until(lambda: all(sorted(n.members) == sorted(addrs) for n in nodes), what="3 members")
-    wait_until(lambda: len(seen) == 3, what="three callbacks")
-    assert sorted(r for _, r, _ in seen) == [1, 2, 3]
-    assert {e for _, _, e in seen} == {FAIL_REASON.SUCCESS}
+    """Each constructor's call is answered SUCCESS and applied everywhere. A call made
+    during the founders' election may be forwarded to a leader that loses its term
+    before appending it, and rightly fail UNKNOWN_OUTCOME (once in a fresh-clone run of
+    the whole suite on two busy cores): such a birth is run again with new nodes, at
+    most three times. A call lost without an answer, or any other failure, still fails."""
+    for _ in range(3):
+        addrs = addresses(3)
+        seen: list[tuple[str, Any, int]] = []
+        nodes = [Registry(a, others(addrs, a), seen) for a in addrs]
+        destroy_later.extend(nodes)
+        wait_until(lambda seen=seen: len(seen) == 3, what="three callbacks")
+        if FAIL_REASON.UNKNOWN_OUTCOME in {e for _, _, e in seen}:
+            continue
+        assert {e for _, _, e in seen} == {FAIL_REASON.SUCCESS}, seen
+        assert sorted(r for _, r, _ in seen) == [1, 2, 3]
+        wait_until(lambda addrs=addrs, nodes=nodes: all(
+            sorted(n.members) == sorted(addrs) for n in nodes), what="3 members")
+        return
+    pytest.fail("every birth had a call with an unknown outcome")
 
 
 def _inventory(version: int) -> type[SyncObj]:
