@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from raftkv.recovery.compaction import CompactionPolicy
 
+from raftkv.core.errors import NotLeader
 from raftkv.embedded import ReplicatedNode
 from raftkv.examples.counter import Counter
 from raftkv.node.user_state import SnapshotFailed, UserStateStore
@@ -65,7 +66,15 @@ def test_an_in_memory_group_compacts_its_log_and_a_new_node_catches_up_from_a_sn
         nodes["n4"] = ReplicatedNode(newcomer, "n4", f"127.0.0.1:{ports[3]}",
                                      {**peers, "n4": f"127.0.0.1:{ports[3]}"}, SECRET,
                                      join=True, compaction=policy)
-        nodes[lead].add_learner("n4", f"127.0.0.1:{ports[3]}")
+        deadline = time.monotonic() + 20
+        while True:  # the leader may have moved since (a busy machine): ask the current one
+            lead = nodes["n1"].wait_for_leader()
+            try:
+                nodes[lead].add_learner("n4", f"127.0.0.1:{ports[3]}")
+                break
+            except NotLeader:
+                assert time.monotonic() < deadline, "no leader took the learner"
+                time.sleep(0.05)
         deadline = time.monotonic() + 20
         while newcomer.get() < value:  # from a snapshot: the log no longer starts at 1
             assert time.monotonic() < deadline, f"n4 has {newcomer.get()}, not {value}"
