@@ -288,14 +288,15 @@ class Placement:
         dr = self.meta.get(DRAINING_KEY, stale=stale).result(ADMIN_TIMEOUT)
         return decode_nodes(dr.value) if dr is not None else []
 
-    def known_nodes(self, stale: bool = False) -> set[str]:
+    def known_nodes(self, stale: bool = False, draining: list[str] | None = None) -> set[str]:
         """The nodes the cluster still knows: in the topology, draining, or in the
         metastore. A drained or removed node is none of them, though the addresses it
         published stay in the metastore. ``stale``: from this node's replica, without a
         metastore leader (a status must answer during an outage)."""
         topo = self.meta.get(TOPOLOGY_KEY, stale=stale).result(ADMIN_TIMEOUT)
         return (set(decode_nodes(topo.value) if topo is not None else [])
-                | set(self.draining(stale)) | self.meta_members())
+                | set(self.draining(stale) if draining is None else draining)
+                | self.meta_members())
 
 
 class TablesApi:
@@ -607,7 +608,7 @@ class TablesApi:
             reused), and who is draining."""
             raft = self.p.meta.range(ADDRESS_PREFIX).result(ADMIN_TIMEOUT)
             draining = self.p.draining()
-            known = self.p.known_nodes()
+            known = self.p.known_nodes(draining=draining)  # read once, just above
             return ({n: a for n, a in ((k[len(ADDRESS_PREFIX):].decode(errors="replace"),
                                         v.value.decode(errors="replace"))
                                        for k, v in raft.items) if n in known},
