@@ -38,7 +38,7 @@ from raftkv.storage.errors import IndexMismatch, StorageError
 from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
 from raftkv.storage.log_store import LogStorage, payloads_of
 from raftkv.storage.records import ConfState, VoteFloor
-from raftkv.storage.state_store import SnapshotLoader, StateStore
+from raftkv.storage.state_store import StateStore, VerifiedImage, verify_image
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class GroupStorage:
         self.log = raft_log
         self.state = state
         self.compaction = compaction or CompactionPolicy()
+        self._accepted: tuple[bytes, VerifiedImage] | None = None
 
     def recover(self) -> RecoveryReport:
         """Replay the committed log after the state store's checkpoint. Afterwards pass
@@ -73,11 +74,16 @@ class GroupStorage:
             self.log.save(rd.hard_state, rd.entries, rd.snapshot, sync=rd.must_sync)
 
     def _install_image(self, rd: Ready) -> None:
+        accepted, self._accepted = self._accepted, None
         if rd.snapshot is not None:
             # State first: a crash before the log records the snapshot leaves a state
             # store ahead of its log, which replay and IndexMismatch handle. The other
             # order would leave a log claiming a snapshot the state store never got.
-            self.state.install_snapshot(unpack_image(rd.snapshot.data))
+            if accepted is not None and accepted[0] is rd.snapshot.data:
+                image: Iterable[bytes] = accepted[1]  # checked by accept, moments ago
+            else:
+                image = unpack_image(rd.snapshot.data)
+            self.state.install_snapshot(image)
 
     @property
     def log_env(self) -> LogEnv | None:
@@ -116,19 +122,20 @@ class GroupStorage:
         """Check what the core cannot: a snapshot image must be whole and valid (every
         chunk, the ordering, the trailing digest) and reach the snapshot's index before
         the core adopts the snapshot, because a failed install after that cannot be
-        undone. The price is reading the image twice; images are rare."""
+        undone. The checked image is kept for the install that the core's next Ready
+        asks for (``_install_image``), which then only decodes it; the next persist
+        drops it whichever way, so an image the core ignored is not held."""
         if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
             try:
-                loader = SnapshotLoader(unpack_image(msg.snapshot.data))
-                for _ in loader.rows():
-                    pass
-                if not loader.verified or loader.applied < msg.snapshot.index:
+                image = verify_image(unpack_image(msg.snapshot.data))
+                if image.applied < msg.snapshot.index:
                     raise StorageError(
-                        f"image at {loader.applied} does not cover snapshot {msg.snapshot.index}"
+                        f"image at {image.applied} does not cover snapshot {msg.snapshot.index}"
                     )
             except StorageError as e:
                 log.warning("dropping a snapshot from %s: %s", msg.frm, e)
                 return False
+            self._accepted = (msg.snapshot.data, image)
         return True
 
 
