@@ -126,6 +126,10 @@ def test_killed_follower_catches_up_from_a_snapshot_after_compaction(tmp_path: P
         assert_all_present(c.client([victim]), acked)
         # The victim's log starts after the snapshot it installed, not at entry 1.
         assert (c.group_status(victim) or {})["first_index"] > 1
+        # Both ends say so in their logs, for an operator.
+        assert any(f"sending {victim} a snapshot image of" in c.nodes[n].log_text()
+                   for n in c.nodes if n != victim)
+        assert "received a snapshot image of" in c.nodes[victim].log_text()
 
 
 def test_restarted_follower_catches_up_from_the_log(tmp_path: Path) -> None:

@@ -979,6 +979,7 @@ class Node:
                 self._send_snapshot(g, newer)
 
         def pack() -> None:
+            started = self.clock()
             try:
                 data = pack_chunks(chunks)
             except Exception:  # a failed image is dropped (and logged), never fatal
@@ -993,6 +994,9 @@ class Node:
                               "limit; %s cannot be sent one", g.id, len(data),
                               self.transport.max_message, m.to)
                 elif self.groups.get(g.id) is g:
+                    log.info("group %s: sending %s a snapshot image of %d bytes (snapshot "
+                             "%d, term %d), packed in %.2f s", g.id, m.to, len(data),
+                             meta.index, meta.term, self.clock() - started)
                     m.snapshot = Snapshot(meta, data)
                     self.transport.send(m.to, codec.encode_message(g.wire, m))
                 done()
@@ -1261,6 +1265,10 @@ class Node:
             return
         if not g.storage.accept(msg):
             return
+        if msg.snapshot is not None:
+            log.info("group %s: received a snapshot image of %d bytes from %s (snapshot %d, "
+                     "term %d), checked", g.id, len(msg.snapshot.data), peer,
+                     msg.snapshot.index, msg.snapshot.term)
         self._dirty.add(g.id)
         try:
             g.raft.step(msg)
