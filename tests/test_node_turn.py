@@ -267,3 +267,45 @@ def test_a_read_that_arrives_as_its_node_loses_the_leader_waits_for_the_next(
     read = node.read(GID, lambda s: s.get(b"k"))
     gate.set()
     assert read.result(TIMEOUT / 3) == b"v"
+
+
+def test_a_write_proposed_again_at_once_on_a_leader_that_stepped_down_waits_for_the_next(
+    nodes: dict[str, Node],
+) -> None:
+    """Found from outside: a PySyncObj-compat program transferring its leadership under
+    load wedged the old leader's loop for good. A vote request stepped in a turn's poll
+    makes the core a follower, and the turn drains its inbox before it hands the new soft
+    state over, so the driver still names this node the leader. Each write then failed
+    with NotLeader(no leader), and the compat layer proposed it again at once, into the
+    inbox the same drain was emptying: the turn never ended. Such a write now waits for
+    the next leader, and a drain takes only what was queued before it began.
+
+    Reached here by the same state, made by hand: the core steps down and the driver's
+    record of the leader is put back to this node before the write is queued."""
+    lead = _leader(nodes, list(nodes))
+    node = nodes[lead]
+    g = node.groups[GID]
+    attempts: list[BaseException | None] = []
+    done: Future[Any] = Future()
+
+    def propose() -> None:
+        fut = node.propose(GID, encode_put(b"k", b"v"))
+
+        def answered(f: Future[Any]) -> None:
+            attempts.append(f.exception())
+            if f.exception() is not None and len(attempts) < 1000:
+                propose()  # what the compat layer does with "no leader"
+            else:
+                done.set_result(f.exception())
+        fut.add_done_callback(answered)
+
+    def stale() -> None:
+        g.raft._become_follower(g.raft.term, None)
+
+    node.call(stale).result(5)
+    node.call(lambda: setattr(g, "leader", node.id)).result(5)
+    propose()
+    assert done.result(TIMEOUT / 3) is None, attempts[-3:]
+    assert attempts == [None]
+    others = [n for n in nodes if n != lead]
+    assert nodes[others[0]].read(GID, lambda s: s.get(b"k")).result(5) == b"v"

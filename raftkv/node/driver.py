@@ -555,19 +555,16 @@ class Node:
     def _run_calls(self) -> None:
         self._woken = False
         inbox = self._inbox
-        while inbox:
+        # Only the proposals queued before this turn, as for the calls below: a failed
+        # proposal's callback may propose again at once (the PySyncObj layer does), and
+        # an unbounded drain would then never end the turn that could change the answer.
+        for _ in range(len(inbox)):
             group, data, fut = inbox.popleft()
             g = self.groups.get(group)
             if g is None:
                 _fail(fut, UnknownGroup(f"node {self.id} does not host group {group!r}"))
-            elif g.leader is None:
-                g.parked.append((self._forward_later(g, data, fut), fut,
-                                 self.clock() + self.cfg.request_timeout))
             else:
-                try:
-                    self._propose_or_forward(g, data, fut)
-                except RaftError as e:
-                    _fail(fut, e)
+                self._propose_or_forward(g, data, fut)
         marked = False
         # The calls queued before this turn: one a call queues runs next turn, after the
         # network, so a chain of calls that keep queueing themselves cannot hold the loop
@@ -1079,13 +1076,26 @@ class Node:
                 self._propose_or_forward(g, data, fut)
 
     # ====================================================== forwarding writes ========
-    def _propose_or_forward(self, g: Group, data: bytes, fut: Future[Any]) -> None:
+    def _propose_or_forward(self, g: Group, data: bytes, fut: Future[Any],
+                            deadline: float | None = None) -> None:
+        """Propose on this leader, forward to the leader known, or park until one is
+        known (until ``deadline``, by default a request timeout from now)."""
         if g.raft.role == Role.LEADER:
             self._queue(g, data, fut)
             return
         lead = g.leader
         if lead is None or lead == self.id:
-            raise NotLeader(self.id, None)
+            # No leader known, or the one known is this node, which has just stepped
+            # down (a vote request stepped in this turn's poll, say) and whose new soft
+            # state the turn has yet to hand over: wait for the next leader. Failing it
+            # with NotLeader here looped for ever under a caller that proposes again at
+            # once, since the turn that would hand the soft state over never ended
+            # (found from outside: a PySyncObj program transferring its leadership
+            # under load).
+            if deadline is None:
+                deadline = self.clock() + self.cfg.request_timeout
+            g.parked.append((self._forward_later(g, data, fut, deadline), fut, deadline))
+            return
         rid = next(self._seq)
         self._forwarded[rid] = (fut, self.clock() + self.cfg.request_timeout, g, data, lead)
         self.transport.send(lead, codec.encode_forward(rid, g.wire, data))
@@ -1115,7 +1125,7 @@ class Node:
         if self.groups.get(g.id) is not g:
             _fail(fut, UnknownGroup(f"group {g.id!r} is no longer hosted here"))
         else:
-            g.parked.append((self._forward_later(g, data, fut), fut, deadline))
+            g.parked.append((self._forward_later(g, data, fut, deadline), fut, deadline))
 
     def _abandon_forwards(self, g: Group, old: str | None) -> None:
         """Writes forwarded to a leader that is no longer leader will get no answer if it
@@ -1128,8 +1138,9 @@ class Node:
                 _fail(fut, RequestTimeout(
                     f"leader {old} was replaced before answering; the outcome is unknown"))
 
-    def _forward_later(self, g: Group, data: bytes, fut: Future[Any]) -> Callable[[], None]:
-        return lambda: self._propose_or_forward(g, data, fut)
+    def _forward_later(self, g: Group, data: bytes, fut: Future[Any],
+                       deadline: float) -> Callable[[], None]:
+        return lambda: self._propose_or_forward(g, data, fut, deadline)
 
     def _answer_forward(self, peer: str, rid: int, group: str, data: bytes) -> None:
         g = self._wire.get(group)
