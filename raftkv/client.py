@@ -102,6 +102,17 @@ class OutcomeUnknown(Unavailable):
     not have applied. Read the key to find out."""
 
 
+def _raw(v: object, what: str) -> bytes:
+    """A key or value as the API takes it: bytes, or a str (UTF-8). Anything else, None
+    included, is the caller's mistake, said so before a request is sent (a None value
+    was sent as an empty body, and stored an empty value: found from outside)."""
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, bytes):
+        return v
+    raise TypeError(f"{what} must be bytes or str, not {type(v).__name__}")
+
+
 def _readable(sock: Any) -> bool:
     """Whether an idle kept-alive socket has something to read: the server closed it (or
     sent what no request asked for); either way it is not fit for the next request.
@@ -445,11 +456,11 @@ class Client:
 
     @staticmethod
     def _route(table: str | None, key: bytes | str) -> tuple[str, bytes] | None:
-        return None if table is None else (table, key.encode() if isinstance(key, str) else key)
+        return None if table is None else (table, _raw(key, "a key"))
 
     @staticmethod
     def _kv(key: bytes | str, table: str | None = None) -> str:
-        k = key.encode() if isinstance(key, str) else key
+        k = _raw(key, "a key")
         if table is not None:
             return f"/v1/tables/{quote(table, safe='')}/kv/" + quote(k, safe="")
         return "/v1/kv/" + quote(k, safe="")
@@ -479,16 +490,13 @@ class Client:
         "mod_revision", "version"})``), or ``{"revision", "count"}`` with ``count_only``.
         ``after``: the previous page's ``continue``; no prefix, start or end: every key
         (as ``raftkv scan`` without a range)."""
-        def raw(v: bytes | str) -> bytes:
-            return v.encode() if isinstance(v, str) else v
-
         if prefix is None and start is None and end is None:
             prefix = b""
 
         q: list[str] = []
         for name, v in (("prefix", prefix), ("start", start), ("end", end)):
             if v is not None:
-                q.append(f"{name}=" + quote(raw(v), safe=""))
+                q.append(f"{name}=" + quote(_raw(v, name), safe=""))
         for name, on in (("keys_only", keys_only), ("count_only", count_only),
                          ("stale", stale), ("meta", meta)):
             if on:
@@ -550,10 +558,7 @@ class Client:
         log (its own revisions). A revision already compacted raises ``ClientError``
         (410, ``oldest_revision`` in its body); so does any other refusal but a retryable
         one. Runs until the caller stops iterating."""
-        def raw(v: bytes | str) -> bytes:
-            return v.encode() if isinstance(v, str) else v
-
-        q = [f"{n}=" + quote(raw(v), safe="") for n, v in
+        q = [f"{n}=" + quote(_raw(v, n), safe="") for n, v in
              (("prefix", prefix), ("start", start), ("end", end)) if v is not None]
         base = ("/v1/watch" if table is None else
                 f"/v1/tables/{quote(table, safe='')}/partitions/{int(partition or 0)}/watch")
@@ -640,7 +645,7 @@ class Client:
             lease: int | None = None) -> int:
         """Write ``value``; the entry's index. ``lease``: attach the key to that lease
         (``ClientError`` 404 if it does not exist, and nothing is written)."""
-        v = value.encode() if isinstance(value, str) else value
+        v = _raw(value, "a value")
         path = self._kv(key, table) + (f"?lease={int(lease)}" if lease is not None else "")
         return int(json.loads(self.request("PUT", path, v, once=True,
                                            route=self._route(table, key))[1])["index"])
@@ -674,23 +679,23 @@ class Client:
                                            route=self._route(table, key))[1])["index"])
 
     def cas(
-        self, key: bytes | str, expected: bytes | str | None, new: bytes | str,
+        self, key: bytes | str, expected: bytes | str | None, new: bytes | str | None,
         table: str | None = None, prev_index: int | None = None,
     ) -> tuple[bool, int]:
-        """Set ``new`` if the value is ``expected`` (None: the key must be absent), or,
-        with ``prev_index``, if the key's mod revision is that (0: absent; ``expected``
-        is then ignored): ``(swapped, index)``. ``table``: a key of that table (else the
-        default group)."""
+        """Set ``new`` (None: delete the key) if the value is ``expected`` (None: the
+        key must be absent), or, with ``prev_index``, if the key's mod revision is that
+        (0: absent; ``expected`` is then ignored): ``(swapped, index)``, as the embedded
+        ``RaftKV.cas``. ``table``: a key of that table (else the default group)."""
+        method, v = ("DELETE", None) if new is None else ("PUT", _raw(new, "a value"))
         if prev_index is not None:
             q = f"?prev_index={int(prev_index)}"
         elif expected is None:
-            q = "?prev_absent=true"
+            # "Must be absent" is ?prev_absent on a put; a delete says it as revision 0.
+            q = "?prev_absent=true" if method == "PUT" else "?prev_index=0"
         else:
-            e = expected.encode() if isinstance(expected, str) else expected
-            q = "?prev_value=" + quote(e, safe="")
-        v = new.encode() if isinstance(new, str) else new
-        _, data = self.request("PUT", self._kv(key, table) + q, v, ok=(200, 412), once=True,
-                               route=self._route(table, key))
+            q = "?prev_value=" + quote(_raw(expected, "the expected value"), safe="")
+        _, data = self.request(method, self._kv(key, table) + q, v, ok=(200, 412),
+                               once=True, route=self._route(table, key))
         body = json.loads(data)
         return bool(body["swapped"]), int(body["index"])
 
@@ -713,10 +718,14 @@ class Client:
               table: str | None = None) -> Any:
         """Puts (and deletes, value None) as one log entry, atomically: the entry's index.
         With a ``table``: one atomic entry per partition, ``{partition: index}``."""
-        body = msgpack.packb(
-            [[k.encode() if isinstance(k, str) else k,
-              v.encode() if isinstance(v, str) else v] for k, v in ops], use_bin_type=True,
-        )
+        pairs = []
+        for op in ops:
+            if not isinstance(op, tuple | list) or len(op) != 2:
+                raise TypeError(f"a batch op is a (key, value) pair (value None: delete), "
+                                f"not {op!r:.60}")
+            k, v = op
+            pairs.append([_raw(k, "a key"), None if v is None else _raw(v, "a value")])
+        body = msgpack.packb(pairs, use_bin_type=True)
         path = "/v1/batch" if table is None else f"/v1/tables/{quote(table, safe='')}/batch"
         _, data = self.request("POST", path, body, once=True,
                                headers={"Content-Type": "application/x-msgpack"})

@@ -450,3 +450,38 @@ def test_describe_names_the_under_replicated_partitions(cluster: ProcCluster) ->
     _wait(lambda: admin.describe_table("short")["under_replicated"] == [], 90,
           "fully replicated again")
     admin.close()
+
+
+def test_the_client_deletes_on_a_cas_to_none_and_refuses_what_is_not_a_key_or_value(
+    cluster: ProcCluster,
+) -> None:
+    """Found from outside: ``Client.put(k, None)`` and ``Client.cas(k, v, None)`` sent an
+    empty body and stored an empty value, where the embedded ``RaftKV`` refuses the put
+    and takes the CAS to None as a delete, and ``Client.batch`` takes None as a delete.
+    Now the client's CAS to None is a compare-and-delete (on a table and on the default
+    group), and a None, an int or a malformed batch op is a TypeError before anything
+    is sent."""
+    cluster.wait_leader()
+    c = cluster.client()
+    c.create_table(TABLE, 2, 3)
+    for table in (None, TABLE):
+        c.put("k", "v", table=table)
+        assert c.cas("k", "wrong", None, table=table)[0] is False
+        assert c.get("k", table=table) == b"v"
+        assert c.cas("k", "v", None, table=table)[0] is True
+        assert c.get("k", table=table) is None
+        assert c.cas("k", None, None, table=table)[0] is True  # absent, and stays so
+        c.put("k", "v", table=table)
+        assert c.cas("k", None, None, table=table)[0] is False
+        meta = c.get_meta("k", table=table)
+        assert meta is not None
+        assert c.cas("k", None, None, table=table, prev_index=meta["mod_revision"])[0]
+        assert c.get("k", table=table) is None
+        c.put("k", "v", table=table)
+        bad: list[tuple[Any, ...]] = [
+            (c.put, "k", None), (c.put, 5, "v"), (c.cas, "k", 5, "w"),
+            (c.batch, [("k",)]), (c.batch, [("k", 7)])]
+        for fn, *args in bad:
+            with pytest.raises(TypeError, match="bytes or str|pair"):
+                fn(*args, table=table)
+        assert c.get("k", table=table) == b"v"
