@@ -93,8 +93,12 @@ class RaftKV(EmbeddedNode):
         return self.node.propose(self.group, cmd, _swapped)
 
     def batch_async(self, ops: Iterable[tuple[Key, Value | None]]) -> Future[int]:
-        """Apply puts (and deletes, value None) atomically as one log entry."""
-        cmd = encode_batch(_batch_op(op) for op in ops)
+        """Apply puts (and deletes, value None) atomically as one log entry. An empty
+        batch is refused (``CommandError``), as the HTTP API refuses it."""
+        pairs = [_batch_op(op) for op in ops]
+        if not pairs:
+            raise CommandError("a batch needs at least one operation")
+        cmd = encode_batch(pairs)
         return self.node.propose(self.group, cmd, _index)
 
     def put(self, key: Key, value: Value) -> int:

@@ -283,6 +283,13 @@ def test_arguments_that_are_not_plain_data_are_refused_before_proposing(
         node.take(threading.Lock())
     with pytest.raises(TypeError, match="take"):
         node.take(1, 2, sync=True)  # does not fit the signature
+    # Found from outside: a callback that cannot be called was accepted (a traceback was
+    # logged once the call applied), and a timeout that is not a number raised a bare
+    # TypeError from inside the wait, after proposing.
+    with pytest.raises(TypeError, match="take\\(\\): callback must be callable"):
+        node.take(1, callback=5)
+    with pytest.raises(TypeError, match="take\\(\\): timeout must be a number"):
+        node.take(1, sync=True, timeout="x")
     time.sleep(0.2)
     assert raft_group(node)["last_index"] == applied, "something was proposed"
     assert node.state()[1] == 1
@@ -337,6 +344,38 @@ def test_force_log_compaction_of_a_state_that_cannot_be_encoded_is_logged(
                                for r in caplog.records),
                    what="a logged forceLogCompaction failure naming the attribute")
     assert raft_group(node)["checkpoint"] == 0, "nothing may be written"
+
+
+def test_log_compaction_options_compact_the_log_and_force_log_compaction_does_now(
+        tmp_path: Path, destroy_later: list[Any]) -> None:
+    """Found from outside: ``logCompactionMinEntries`` checkpointed the state machine but
+    the log was compacted only at raftkv's own 100,000 entries, and
+    ``forceLogCompaction()`` only checkpointed. As in PySyncObj, the log now holds about
+    ``logCompactionMinEntries`` entries at most (raftkv keeps half of them for a follower
+    a little behind), and ``forceLogCompaction()`` compacts at once."""
+    counter = ReplCounter()
+    addr = addresses(1)[0]
+    node = SyncObj(addr, [], conf(tmp_path, "lc", logCompactionMinEntries=100,
+                                            logCompactionMinTime=1), consumers=[counter])
+    destroy_later.append(node)
+    for _ in range(599):
+        counter.inc()
+    assert counter.inc(sync=True, timeout=15) == 600
+    # The policy is looked at once a second.
+    wait_until(lambda: node.getStatus()["log_len"] <= 150, timeout=10,
+               what="the log compacted to about logCompactionMinEntries")
+    for _ in range(79):
+        counter.inc()
+    assert counter.inc(sync=True, timeout=15) == 680
+    assert node.forceLogCompaction() is None
+    wait_until(lambda: node.getStatus()["log_len"] <= 51, timeout=5,
+               what="forceLogCompaction compacting to the 50 entries kept")
+    node.destroy()
+    again = ReplCounter()
+    node = SyncObj(addr, [], conf(tmp_path, "lc", logCompactionMinEntries=100,
+                                            logCompactionMinTime=1), consumers=[again])
+    destroy_later.append(node)
+    wait_until(lambda: again.get() == 680, what="the counter back after a restart")
 
 
 # -- consumers: ReplDict and ReplLockManager ------------------------------------------------------

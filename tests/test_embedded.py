@@ -80,6 +80,12 @@ def test_bad_keys_and_values_are_refused_before_proposing(cluster: list[RaftKV])
         with pytest.raises(CommandError, match="a batch operation is a"):
             cluster[0].batch(bad)
     assert cluster[0].get("a") is None
+    # An empty batch wrote an empty entry, where the HTTP API refuses one (found from
+    # outside): refused here too.
+    last = cluster[0].put("z", "1")
+    with pytest.raises(CommandError, match="at least one operation"):
+        cluster[0].batch([])
+    assert cluster[0].put("z", "2") == last + 1
 
 
 def test_a_peers_map_that_gives_one_address_to_two_ids_is_refused(tmp_path: Path) -> None:

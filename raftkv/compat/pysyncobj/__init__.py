@@ -153,7 +153,10 @@ Mapped:
   ``onCodeVersionChanged(old, new)``.
 - ``logCompactionMinEntries``, ``logCompactionMinTime``: when not PySyncObj's defaults,
   the checkpoint policy (entries applied, seconds) after which the state machine is
-  checkpointed and the log compacted; at the defaults raftkv's own policy applies.
+  checkpointed, and the log is compacted once it holds ``logCompactionMinEntries``
+  entries (keeping half that many, at most 1,000, for followers a little behind); at
+  the defaults raftkv's own policies apply (the log compacted at 100,000 entries).
+  ``forceLogCompaction()`` checkpoints and compacts now.
 
 Accepted and ignored, with a warning when set to anything but PySyncObj's default
 (``config.IGNORED`` says why for each): ``appendEntriesPeriod``, ``connectionTimeout``,

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from raftkv.recovery.compaction import CompactionPolicy
+
 log = logging.getLogger("raftkv.compat.pysyncobj")
 
 
@@ -206,6 +208,10 @@ class Resolved:
     election_tick: int
     checkpoint_entries: int | None
     checkpoint_seconds: float | None
+    # The log's compaction when either option above was set: at PySyncObj's entry
+    # threshold, keeping half of it (at most raftkv's usual 1,000) for followers a little
+    # behind. None: raftkv's own policy (100,000 entries).
+    compaction: CompactionPolicy | None = None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -256,4 +262,8 @@ def resolve(conf: SyncObjConf) -> Resolved:
         entries = int(conf.logCompactionMinEntries)
     if not _same(conf.logCompactionMinTime, DEFAULTS["logCompactionMinTime"]):
         seconds = float(conf.logCompactionMinTime)
-    return Resolved(secret, data_dir, election_tick, entries, seconds)
+    compaction = None
+    if entries is not None or seconds is not None:
+        at = int(conf.logCompactionMinEntries)
+        compaction = CompactionPolicy(max_entries=at, keep=min(CompactionPolicy.keep, at // 2))
+    return Resolved(secret, data_dir, election_tick, entries, seconds, compaction)

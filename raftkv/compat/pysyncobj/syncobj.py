@@ -98,6 +98,7 @@ from raftkv.node.driver import log_snapshot_failed
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout
 from raftkv.node.stores import claim_data_dir
 from raftkv.node.user_state import SnapshotFailed, UserStateStore
+from raftkv.recovery.compaction import compact
 from raftkv.statemachine import decode_value, encode_value
 from raftkv.storage.commands import MAX_COMMAND_BYTES
 from raftkv.storage.dir_lock import release_data_dir
@@ -277,7 +278,14 @@ def _invoke(obj: Any, wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     sync = bool(kwargs.pop("sync", wrapper._compat_sync))
     timeout = kwargs.pop("timeout", wrapper._compat_timeout)
     if callback is not None:
+        if not callable(callback):
+            raise TypeError(f"{wrapper.origName}(): callback must be callable "
+                            f"(fn(result, error)), not {type(callback).__name__}")
         sync = False
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, int | float)):
+        raise TypeError(f"{wrapper.origName}(): timeout must be a number of seconds or "
+                        f"None, not {type(timeout).__name__}")
     if isinstance(obj, SyncObj):
         engine, index = _engine(obj), 0
         if engine is None:
@@ -665,6 +673,7 @@ class _Engine:
                 data_dir=None if self.readonly else s.data_dir, durable=True,
                 join=self.readonly, tick_seconds=TICK_SECONDS,
                 election_tick=s.election_tick, request_timeout=REQUEST_TIMEOUT, state=store,
+                compaction=s.compaction,
                 admin=lambda _: SyncObjAdmin(self.owner),
             )
         except OSError:
@@ -1364,10 +1373,11 @@ class SyncObj:
                  False, None)
 
     def forceLogCompaction(self) -> None:
-        """Checkpoint the state machine now (raftkv then compacts the log by its policy).
-        Returns at once, as PySyncObj's does; a state that cannot be encoded is logged
-        as an error naming the attribute, as the periodic checkpoint's is (nothing is
-        written, and the log is kept)."""
+        """Checkpoint the state machine now and compact the log up to it (keeping the
+        policy's last entries for followers a little behind). Returns at once, as
+        PySyncObj's does; a state that cannot be encoded is logged as an error naming
+        the attribute, as the periodic checkpoint's is (nothing is written, and the log
+        is kept)."""
         e = self.__e()
         g = e._group()
         if g is not None and e.embedded is not None:
@@ -1380,7 +1390,9 @@ class SyncObj:
                 elif exc is not None:
                     log.error("node %s: forceLogCompaction failed: %s", node.id, exc)
 
-            node.call(g.state.checkpoint).add_done_callback(failed)
+            st = g.storage
+            node.call(lambda: compact(st.log, st.state, g.raft.conf_at,
+                                      st.compaction.keep)).add_done_callback(failed)
 
     def _forceLogCompaction(self) -> None:
         self.forceLogCompaction()
