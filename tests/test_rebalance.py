@@ -10,6 +10,7 @@ two ways the seed's literal step (1) loses the latest intent."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -550,3 +551,28 @@ def test_a_restarted_voter_dropped_from_pending_rejoins_while_the_change_needs_i
     wait_for(lambda: cluster.info(x, gid) is None, 10, f"{x} to stop hosting {gid}")
     assert cluster.info(a, gid)["voters"] == sorted([a, y])  # type: ignore[index]
     assert cluster.get(table, b"k") == b"v1"
+
+
+def test_a_blocking_admin_call_is_refused_only_on_the_live_loop_thread(
+    cluster: Cluster,
+) -> None:
+    """Found from outside: with its node's loop thread dead (the node failed), a table
+    drop answered 500 "a blocking PlacementManager call on the node's loop thread": the
+    guard compared thread idents, and a pool thread may be given the dead thread's. It
+    compares the thread itself now. Here the dead thread is one that finished."""
+    mgr = cluster.mgrs["n1"]
+    with pytest.raises(RuntimeError, match="on the node's loop thread"):
+        mgr.node.call(lambda: mgr.set_nodes(META)).result(10)  # on the loop: refused
+    gone = threading.Thread(target=lambda: None)
+    gone.start()
+    gone.join()
+    live = mgr._loop_thread
+    mgr._loop_thread = gone
+    try:
+        got: list[object] = []
+        t = threading.Thread(target=lambda: got.append(mgr.set_nodes(META)))
+        t.start()
+        t.join(30)
+        assert got and isinstance(got[0], int)
+    finally:
+        mgr._loop_thread = live

@@ -105,7 +105,7 @@ class ManagerBase:
     _revision: int
     _synced: bool
     _stopped: bool
-    _loop_ident: int | None
+    _loop_thread: threading.Thread | None
     _backoffs: dict[str, Backoff]
     _incarnation_rev: int
 
@@ -142,7 +142,10 @@ class ManagerBase:
 
     # ================================================= loop thread: plumbing ============
     def _not_on_loop(self) -> None:
-        if self._loop_ident is not None and threading.get_ident() == self._loop_ident:
+        # The thread itself, not its ident: a loop thread that died (its node failed)
+        # leaves an ident the next thread may be given, and an admin call on a pool
+        # thread was refused as if it ran on the loop (found from outside: a 500).
+        if self._loop_thread is not None and threading.current_thread() is self._loop_thread:
             raise RuntimeError("a blocking PlacementManager call on the node's loop thread")
 
     def _defer(self, fn: Callable[[], None]) -> None:

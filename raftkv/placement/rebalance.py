@@ -278,7 +278,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
         self._revision = 0
         self._synced = False
         self._stopped = False
-        self._loop_ident: int | None = None
+        self._loop_thread: threading.Thread | None = None
         self._backoffs = {"watch": Backoff(self.retry), "address": Backoff(self.retry),
                           "incarnation": Backoff(self.retry)}
         self.incarnation = b"%016x" % self.node.runtime.random().getrandbits(64)
@@ -287,7 +287,7 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
     # ================================================================ lifecycle =========
     def start(self) -> None:
         def install() -> None:
-            self._loop_ident = threading.get_ident()
+            self._loop_thread = threading.current_thread()
             self.node.groups[self.meta.group].on_tick.append(self._timer.on_tick)
             self._start_liveness()
             self._register_address()
