@@ -650,6 +650,10 @@ def test_options_are_mapped_warned_about_or_refused(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, destroy_later: list[Any]) -> None:
     with pytest.raises(ValueError, match="serializer"):
         SyncObj(addresses(1)[0], [], SyncObjConf(serializer=print, deserializer=print))
+    # Alone, it is refused for what it is, not for lacking its deserializer (found from
+    # outside).
+    with pytest.raises(ValueError, match="'serializer' is not supported"):
+        SyncObj(addresses(1)[0], [], SyncObjConf(serializer=print))
     with pytest.raises(ValueError, match="transport"):
         SyncObj(addresses(1)[0], [], conf(), transportClass=object)
     with caplog.at_level(logging.WARNING, logger="raftkv.compat.pysyncobj"):

@@ -223,12 +223,14 @@ def _same(a: Any, b: Any) -> bool:
 def resolve(conf: SyncObjConf) -> Resolved:
     """Check ``conf`` and translate it (module docstring); warns about ignored options,
     ``ValueError`` for refused ones."""
-    conf.validate()
     values = vars(conf)
+    # Refused options first: PySyncObj's own checks would otherwise speak of them as if
+    # they could work ("serializer and deserializer go together", found from outside).
     for name, why in REFUSED.items():
         if values.get(name) is not None:
             raise ValueError(f"SyncObjConf option {name!r} is not supported by "
                              f"raftkv.compat.pysyncobj: {why}")
+    conf.validate()
     for name, why in IGNORED.items():
         if not _same(values.get(name), DEFAULTS[name]):
             log.warning("SyncObjConf option %s=%r is ignored by raftkv.compat.pysyncobj: %s",
