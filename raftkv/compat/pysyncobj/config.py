@@ -185,6 +185,14 @@ class SyncObjConf:
                 raise ValueError(f"SyncObjConf: {what}")
 
         g = self.__dict__
+        # The numbers first, by type: a str compared below raised a bare TypeError that
+        # named no option (found from outside: raftMinTimeout='abc').
+        for name in ("autoTickPeriod", "commandsQueueSize", "raftMinTimeout",
+                     "raftMaxTimeout", "appendEntriesPeriod", "logCompactionMinEntries",
+                     "logCompactionMinTime", "bindRetryTime", "maxBindRetries"):
+            v = g[name]
+            check(isinstance(v, int | float) and not isinstance(v, bool),
+                  f"{name} must be a number, not {type(v).__name__}")
         check(g["autoTickPeriod"] > 0, "autoTickPeriod must be > 0")
         check(g["commandsQueueSize"] >= 0, "commandsQueueSize must be >= 0")
         check(g["raftMinTimeout"] > g["appendEntriesPeriod"] * 3,
