@@ -656,6 +656,8 @@ def test_options_are_mapped_warned_about_or_refused(
         SyncObj(addresses(1)[0], [], SyncObjConf(serializer=print))
     with pytest.raises(ValueError, match="raftMinTimeout must be a number, not str"):
         SyncObj(addresses(1)[0], [], SyncObjConf(raftMinTimeout="abc"))
+    with pytest.raises(ValueError, match="logCompactionMinEntries must be finite"):
+        SyncObj(addresses(1)[0], [], SyncObjConf(logCompactionMinEntries=float("inf")))
     with pytest.raises(ValueError, match="transport"):
         SyncObj(addresses(1)[0], [], conf(), transportClass=object)
     with caplog.at_level(logging.WARNING, logger="raftkv.compat.pysyncobj"):

@@ -309,3 +309,38 @@ def test_a_write_proposed_again_at_once_on_a_leader_that_stepped_down_waits_for_
     assert attempts == [None]
     others = [n for n in nodes if n != lead]
     assert nodes[others[0]].read(GID, lambda s: s.get(b"k")).result(5) == b"v"
+
+
+def test_a_parked_write_forwarded_later_keeps_its_own_deadline(tmp_path: Path) -> None:
+    """Found in review: a write parked with no leader known, then forwarded, got a fresh
+    request timeout at the forward, so it could wait about twice its own. Here the
+    leader swallows forwarded writes; the write, parked for 90% of its 2 s and then
+    forwarded, must fail by its deadline (it failed after 3.8 s)."""
+    timeout = 2.0
+    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
+    nodes = {nid: Node(NodeConfig(nid, addr, b"deadline-secret", peers=peers,
+                                  data_dir=str(tmp_path / nid), request_timeout=timeout,
+                                  quiesce=False))
+             for nid, addr in peers.items()}
+    try:
+        for nid, n in nodes.items():
+            n.start()
+            storage = open_group_storage(str(tmp_path / nid), GID)
+            n.call(lambda n=n, s=storage: n.add_group(GID, s, sorted(peers),
+                                                       birth_known=True)).result(5)
+        lead = _leader(nodes, list(nodes))
+        leader = nodes[lead]
+        leader.call(lambda: setattr(leader, "_answer_forward", lambda *a: None)).result(5)
+        node = nodes[next(n for n in nodes if n != lead)]
+        g = node.groups[GID]
+        node.call(lambda: setattr(g, "leader", None)).result(5)  # no leader known
+        t0 = time.monotonic()
+        fut = node.propose(GID, encode_put(b"k", b"v"))
+        time.sleep(timeout * 0.9)
+        node.call(lambda: setattr(g, "leader", lead)).result(5)  # known just in time
+        with pytest.raises(Exception):  # noqa: B017  # its kind is not the point
+            fut.result(10 * timeout)
+        assert time.monotonic() - t0 < timeout + 0.5
+    finally:
+        for n in nodes.values():
+            n.stop()

@@ -1084,6 +1084,8 @@ class Node:
             self._queue(g, data, fut)
             return
         lead = g.leader
+        if deadline is None:
+            deadline = self.clock() + self.cfg.request_timeout
         if lead is None or lead == self.id:
             # No leader known, or the one known is this node, which has just stepped
             # down (a vote request stepped in this turn's poll, say) and whose new soft
@@ -1092,12 +1094,13 @@ class Node:
             # once, since the turn that would hand the soft state over never ended
             # (found from outside: a PySyncObj program transferring its leadership
             # under load).
-            if deadline is None:
-                deadline = self.clock() + self.cfg.request_timeout
             g.parked.append((self._forward_later(g, data, fut, deadline), fut, deadline))
             return
+        # The write's own deadline, however often it is parked and forwarded again (a
+        # fresh one at each forward let a write wait about twice its request timeout:
+        # found in review).
         rid = next(self._seq)
-        self._forwarded[rid] = (fut, self.clock() + self.cfg.request_timeout, g, data, lead)
+        self._forwarded[rid] = (fut, deadline, g, data, lead)
         self.transport.send(lead, codec.encode_forward(rid, g.wire, data))
 
     @staticmethod

@@ -193,6 +193,7 @@ class SyncObjConf:
             v = g[name]
             check(isinstance(v, int | float) and not isinstance(v, bool),
                   f"{name} must be a number, not {type(v).__name__}")
+            check(math.isfinite(v), f"{name} must be finite, not {v!r}")
         check(g["autoTickPeriod"] > 0, "autoTickPeriod must be > 0")
         check(g["commandsQueueSize"] >= 0, "commandsQueueSize must be >= 0")
         check(g["raftMinTimeout"] > g["appendEntriesPeriod"] * 3,
