@@ -334,7 +334,7 @@ def _node_ids(data_dirs: Sequence[str], node_ids: Sequence[str] | None) -> list[
     for i, d in enumerate(data_dirs):
         try:
             stored = read_node_id(d)
-        except (OSError, UnicodeDecodeError) as e:
+        except (OSError, ValueError) as e:
             raise UnsafeResetError(f"{d}: cannot read its node_id file: {_one_line(e)}") from e
         given = node_ids[i].strip() if node_ids is not None else None
         if given is not None and stored is not None and given != stored:

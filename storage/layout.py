@@ -31,8 +31,22 @@ def partition_logs_path(data_dir: str) -> str:
 
 
 def read_node_id(data_dir: str) -> str | None:
+    """The id in ``node_id``, or None if the file is missing or empty. ``ValueError``
+    naming the file if it is not text."""
     path = os.path.join(data_dir, NODE_ID_FILE)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return f.read().strip() or None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is damaged: not a node id ({e.reason} at byte "
+                         f"{e.start})") from None
+
+
+def holds_node_data(data_dir: str) -> bool:
+    """Whether the directory holds some group's files or the partitions' logs: the data
+    a node writes only after its ``node_id``."""
+    groups = os.path.join(data_dir, "groups")
+    return ((os.path.isdir(groups) and bool(os.listdir(groups)))
+            or os.path.exists(partition_logs_path(data_dir)))

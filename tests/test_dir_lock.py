@@ -62,6 +62,38 @@ def test_a_refused_claim_holds_nothing(tmp_path: Path) -> None:
     assert _other_process_locks(d)
 
 
+def test_data_without_its_node_id_is_refused_to_every_node(tmp_path: Path) -> None:
+    """Found from outside: with node_id removed or emptied, another node started on the
+    directory, rewrote node_id as its own and served with the first node's log. node_id
+    is written before any data, so data without it is damage, and no node may take it;
+    a node_id that is not text is named as damaged (it was a bare UnicodeDecodeError).
+    A fresh directory, or one with only the lock and peers file, is still claimed."""
+    d = str(tmp_path / "n1")
+    claim_data_dir(d, "n1")
+    release_data_dir(d)
+    os.makedirs(os.path.join(d, "groups", "default", "log"))
+    node_id = os.path.join(d, "node_id")
+    for damage in (lambda: os.remove(node_id), lambda: open(node_id, "w").close()):
+        damage()
+        for who in ("n1", "n2"):
+            with pytest.raises(StorageError, match="node_id file is missing or empty"):
+                claim_data_dir(d, who)
+            assert _other_process_locks(d)
+    with open(node_id, "wb") as f:
+        f.write(b"\xff\xfe n1")
+    with pytest.raises(StorageError, match="node_id is damaged"):
+        claim_data_dir(d, "n1")
+    with open(node_id, "w") as f:
+        f.write("n1\n")
+    claim_data_dir(d, "n1")  # the owner's id written back: its own again
+    release_data_dir(d)
+    fresh = str(tmp_path / "fresh")
+    os.makedirs(fresh)
+    open(os.path.join(fresh, "peers.json"), "w").close()
+    claim_data_dir(fresh, "n2")
+    release_data_dir(fresh)
+
+
 def test_a_forked_child_does_not_inherit_the_hold(tmp_path: Path) -> None:
     """fcntl locks are not inherited: a child that thought it held the directory could
     run a second node on it."""

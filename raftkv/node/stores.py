@@ -11,7 +11,7 @@ from raftkv.storage.dir_lock import lock_data_dir, release_data_dir
 from raftkv.storage.durable_fs import makedirs_durable, write_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.identity import new_incarnation
-from raftkv.storage.layout import NODE_ID_FILE, group_paths, read_node_id
+from raftkv.storage.layout import NODE_ID_FILE, group_paths, holds_node_data, read_node_id
 from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.log_store import MemoryLogStore
@@ -27,12 +27,25 @@ def claim_data_dir(data_dir: str, node_id: str) -> None:
     makedirs_durable(data_dir)
     lock_data_dir(data_dir)
     try:
-        owner = read_node_id(data_dir)
+        try:
+            owner = read_node_id(data_dir)
+        except ValueError as e:
+            raise StorageError(str(e)) from None
         if owner is not None:
             if owner != node_id:
                 raise StorageError(f"{data_dir} holds node {owner!r}'s data, not "
                                    f"{node_id!r}'s")
             return
+        if holds_node_data(data_dir):
+            # node_id is written (durably) before anything else, so data without it is
+            # damage from outside, and whose data it is cannot be told: taking it would
+            # let this node vote and serve with another's log (found from outside: an
+            # emptied node_id let n2 start on n1's files).
+            raise StorageError(
+                f"{data_dir} holds a node's data but its {NODE_ID_FILE} file is missing or "
+                f"empty, so whose data it is cannot be told: write the owner's id into "
+                f"{os.path.join(data_dir, NODE_ID_FILE)}, or move the directory away to "
+                "start this node empty")
         # Durably (data, then name): after a power loss an empty or missing node_id would
         # let any node claim this directory, and its votes and log with it (issue 22).
         write_durable(os.path.join(data_dir, NODE_ID_FILE), (node_id + "\n").encode())
