@@ -92,6 +92,57 @@ class Unavailable(Exception):
     """No endpoint gave an answer before the deadline."""
 
 
+class BackupWriteFailed(OSError):
+    """A backup could not be written where asked (a full disk, no permission): this
+    side's failure, said as such (it read as "no node answered", found from outside)."""
+
+
+def _write_backup(r: http.client.HTTPResponse, path: str) -> int:
+    """Stream ``r`` into ``path.part``, sync it, then link it to ``path``: the bytes
+    written. A failure leaves neither file behind (a full disk left a ``.part``)."""
+    part = path + ".part"
+    done = False
+
+    def failed(e: OSError) -> BackupWriteFailed:
+        return BackupWriteFailed(e.errno, f"cannot write the backup to {part}: {e.strerror}")
+
+    try:
+        try:
+            f = open(part, "wb")  # noqa: SIM115  # closed by the with below; its own errors apart
+        except OSError as e:
+            raise failed(e) from e
+        n = 0
+        with f:
+            while chunk := r.read(1 << 20):  # a network error here is not ours: as is
+                try:
+                    f.write(chunk)
+                except OSError as e:
+                    raise failed(e) from e
+                n += len(chunk)
+            try:
+                f.flush()
+                os.fsync(f.fileno())  # durable before its name says it is whole
+            except OSError as e:
+                raise failed(e) from e
+        # A link, not a rename: it fails if path exists, so no backup is ever replaced,
+        # even one written while this one streamed.
+        try:
+            os.link(part, path)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            raise failed(e) from e
+        done = True
+        os.unlink(part)
+        return n
+    finally:
+        if not done and os.path.lexists(part):
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+
+
 class NotConnected(ConnectionError):
     """No connection to the endpoint could be made: nothing was sent."""
 
@@ -613,18 +664,7 @@ class Client:
                 conn.request("GET", url, headers=self._auth)
                 r = conn.getresponse()
                 if r.status == 200:
-                    n = 0
-                    with open(path + ".part", "wb") as f:
-                        while chunk := r.read(1 << 20):
-                            f.write(chunk)
-                            n += len(chunk)
-                        f.flush()
-                        os.fsync(f.fileno())  # durable before its name says it is whole
-                    # A link, not a rename: it fails if path exists, so no backup is ever
-                    # replaced, even one written while this one streamed.
-                    os.link(path + ".part", path)
-                    os.unlink(path + ".part")
-                    return n
+                    return _write_backup(r, path)
                 info = _json(r.read(), r.getheader("Content-Type", ""))
                 hint = info.get("leader")
                 if r.status == 421 and hint:
@@ -632,6 +672,8 @@ class Client:
                     continue
                 if r.status not in RETRYABLE:
                     raise ClientError(r.status, info)
+            except (BackupWriteFailed, FileExistsError):
+                raise  # this side's failure: another node would not help
             except (OSError, http.client.HTTPException):
                 pass
             finally:

@@ -84,3 +84,30 @@ def test_lease_commands_are_validated() -> None:
         with pytest.raises(CommandError):
             decode(msgpack.packb(obj, use_bin_type=True))
     assert encode_put_lease(b"k" * MAX_LEASED_KEY_BYTES, b"v", 1)
+
+
+def test_a_keeper_failing_every_tick_is_warned_about_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found from outside: a node whose loop had died logged "lease keeper: node n3 is
+    not running" four times a second for as long as it ran."""
+    import asyncio
+    import logging
+
+    from raftkv.server.leases import LeasesApi
+
+    class Broken:
+        async def tick(self) -> None:
+            raise RuntimeError("node n3 is not running")
+
+    api = LeasesApi()
+    api._keeper = Broken()  # type: ignore[assignment]
+
+    async def run_a_while() -> None:
+        task = asyncio.get_running_loop().create_task(api._run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="raftkv.server.leases"):
+        asyncio.run(run_a_while())
+    said = [r for r in caplog.records if "lease keeper" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]

@@ -333,3 +333,28 @@ def test_a_table_dropped_and_created_again_mid_save_fails_the_save(
     shutil.copy(tmp_path / "good2" / "p0001.snap", stitched / "p0001.snap")
     with pytest.raises(BackupError, match="files of two tables"):
         verify_table(str(stitched))
+
+
+_FULL_DISK = """
+import io, os, resource, signal, sys
+from raftkv.client import BackupWriteFailed, _write_backup
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    _write_backup(io.BytesIO(b"x" * 100_000), sys.argv[1])  # type: ignore[arg-type]
+except BackupWriteFailed as e:
+    print("refused:", e)
+print(sorted(os.listdir(os.path.dirname(sys.argv[1]))))
+"""
+
+
+def test_a_backup_that_cannot_be_written_says_so_and_leaves_no_part_file(
+        tmp_path: Path) -> None:
+    """Found from outside: ``raftkv snapshot save`` onto a full disk said "no node
+    answered with a backup" and left a ``.part`` file. A local write failure is now this
+    side's error, named with its file, and removes the partial file. A file-size limit
+    stands in for the full disk (the same write failing, without mounting anything)."""
+    out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path / "b.snap")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "refused: [Errno 27] cannot write the backup to" in out, out
+    assert out.strip().endswith("[]"), out

@@ -167,6 +167,9 @@ class LeaseKeeper:
         return self.clocks.remaining(lease)
 
 
+REPEAT_WARNING_SECONDS = 60.0
+
+
 class LeasesApi:
     """The endpoints, and the keeper's ticks from the server's start (the node is attached
     later: ``attach``)."""
@@ -210,12 +213,18 @@ class LeasesApi:
         task.cancel()
 
     async def _run(self) -> None:
+        said, said_at = "", 0.0
         while True:
             if self._keeper is not None:
                 try:
                     await self._keeper.tick()
                 except Exception as e:  # noqa: BLE001 - the keeper must outlive a bad tick
-                    log.warning("lease keeper: %s", e)
+                    # Once per distinct failure a minute: a node whose loop died failed
+                    # every tick, four warnings a second (found from outside).
+                    now = time.monotonic()
+                    if str(e) != said or now - said_at >= REPEAT_WARNING_SECONDS:
+                        said, said_at = str(e), now
+                        log.warning("lease keeper: %s", e)
             await asyncio.sleep(TICK_SECONDS)
 
     @staticmethod
