@@ -10,6 +10,7 @@ directory of each environment once its files exist (docs/durability.md).
 from __future__ import annotations
 
 import os
+import shutil
 
 
 def fsync_dir(path: str) -> None:
@@ -80,3 +81,21 @@ def ensure_durable(path: str, data: bytes) -> bool:
         return True
     fsync_dir(os.path.dirname(os.path.abspath(path)))
     return False
+
+
+# Below this much free space, a failed write is likely the disk's being full.
+LOW_SPACE_BYTES = 64 << 20
+
+
+def space_hint(path: str) -> str:
+    """A note for a failed write's message when the file system holding ``path`` is
+    (nearly) full, else "". LMDB reports a full disk as whatever its write or sync
+    returned, often ``Input/output error`` (found from outside: nothing said "no space
+    left on device")."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return ""
+    if free >= LOW_SPACE_BYTES:
+        return ""
+    return f" (the file system holding {path} has only {free:,} bytes free: is it full?)"

@@ -71,7 +71,7 @@ from typing import NamedTuple
 
 import lmdb
 import msgpack
-from raftkv.storage.durable_fs import fsync_dir, makedirs_durable
+from raftkv.storage.durable_fs import fsync_dir, makedirs_durable, space_hint
 from raftkv.storage.errors import (
     Compacted,
     CorruptLog,
@@ -340,7 +340,7 @@ def _transaction(env: lmdb.Environment, stores: list[LmdbLogStore],
             st._unsaved_hard = False
         if isinstance(e, lmdb.Error):
             where = stores[0]._where if len(stores) == 1 else env.path()
-            raise StorageError(f"{where}: cannot {what}: {e}") from e
+            raise StorageError(f"{where}: cannot {what}: {e}{space_hint(env.path())}") from e
         raise
     for st in stores:
         st._unsaved_hard = False

@@ -45,7 +45,7 @@ from typing import Self, TypeVar
 import lmdb
 from raftkv.storage.commands import MAX_KEY_BYTES
 from raftkv.storage.digest import Digest, DigestBuilder
-from raftkv.storage.durable_fs import fsync_dir, makedirs_durable
+from raftkv.storage.durable_fs import fsync_dir, makedirs_durable, space_hint
 from raftkv.storage.errors import CheckpointDeferred, StorageError, out_of_descriptors
 from raftkv.storage.lmdb_checkpoint import CheckpointFile, Record
 from raftkv.storage.lmdb_files import check_lmdb_file
@@ -158,7 +158,8 @@ class LmdbBacked(Checkpointing):
             raise StorageError(f"{self._what} at {self.path} is closed")
 
     def _fail(self, what: str, e: lmdb.Error) -> StorageError:
-        hint = " (raise map_size)" if isinstance(e, lmdb.MapFullError) else ""
+        hint = (" (raise map_size)" if isinstance(e, lmdb.MapFullError)
+                else space_hint(self.path))
         return StorageError(f"{what} in the {self._what} at {self.path}: {e}{hint}")
 
     def _init_checkpointing(self, path: str | os.PathLike[str], entries: int,

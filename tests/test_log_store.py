@@ -4,6 +4,7 @@ LMDB store's crash-safety and corruption handling on real files."""
 from __future__ import annotations
 
 import os
+import pathlib
 import random
 import shutil
 from collections.abc import Callable
@@ -562,3 +563,21 @@ def test_storage_errors_survive_pickling() -> None:
         again = pickle.loads(pickle.dumps(err))
         assert type(again) is type(err) and str(again) == str(err)
         assert again.__dict__ == err.__dict__
+
+
+def test_a_failed_write_on_a_nearly_full_file_system_says_so(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found from outside: a full tmpfs made the log's commit fail with
+    'mdb_txn_commit: Input/output error', which says nothing of the disk. The message
+    now names the free space when it is low. (The free space is made low by hand: the
+    write failure itself is LMDB's.)"""
+    import shutil as sh
+
+    from raftkv.storage import durable_fs
+
+    usage = sh.disk_usage(str(tmp_path))
+    monkeypatch.setattr(durable_fs.shutil, "disk_usage",
+                        lambda p: usage._replace(free=4096))
+    assert "has only 4,096 bytes free: is it full?" in durable_fs.space_hint(str(tmp_path))
+    monkeypatch.setattr(durable_fs.shutil, "disk_usage", lambda p: usage._replace(free=1 << 40))
+    assert durable_fs.space_hint(str(tmp_path)) == ""
