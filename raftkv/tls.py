@@ -60,7 +60,8 @@ class TlsConfig:
     def _load_chain(self, ctx: ssl.SSLContext) -> None:
         for what, path in (("certificate", self.cert_file), ("key", self.key_file)):
             if not os.path.isfile(path):
-                raise TlsSetupError(f"TLS {what} file {path} does not exist")
+                raise TlsSetupError(f"TLS {what} file {path} "
+                                    + _not_a_file(path))
         try:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         except (ssl.SSLError, OSError) as e:
@@ -85,10 +86,14 @@ def client_context(ca_file: str | None, cert_file: str | None = None,
     return ctx
 
 
+def _not_a_file(path: str) -> str:
+    return "is a directory, not a file" if os.path.isdir(path) else "does not exist"
+
+
 def _load_ca(ctx: ssl.SSLContext, path: str | None) -> None:
     assert path is not None
     if not os.path.isfile(path):
-        raise TlsSetupError(f"trusted CA file {path} does not exist")
+        raise TlsSetupError(f"trusted CA file {path} " + _not_a_file(path))
     try:
         ctx.load_verify_locations(cafile=path)
     except (ssl.SSLError, OSError) as e:

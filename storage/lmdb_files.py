@@ -63,5 +63,7 @@ def check_lmdb_file(path: str, what: str, error: type[StorageError] = StorageErr
     if size < need:
         raise error(
             f"cannot open the {what} at {path}: {data} is truncated (its meta page needs "
-            f"{need} bytes, the file has {size}); restore it from a replica or a snapshot"
+            f"{need} bytes, the file has {size}); with other replicas, move the node's "
+            "data directory away and start it again: it rejoins empty and gets the data "
+            "from them (docs/operations.md, 'Recovering')"
         )

@@ -211,6 +211,9 @@ def test_missing_or_mismatched_files_are_named(pki: dict[str, CertFiles],
                                                tmp_path: Path) -> None:
     with pytest.raises(TlsSetupError, match="nope.pem does not exist"):
         TlsConfig(str(tmp_path / "nope.pem"), pki["a"].key).server_context()
+    # A directory given for a file is named as one (it said "does not exist").
+    with pytest.raises(TlsSetupError, match="is a directory, not a file"):
+        TlsConfig(str(tmp_path), pki["a"].key).server_context()
     with pytest.raises(TlsSetupError, match="cannot load the TLS certificate"):
         TlsConfig(pki["a"].cert, pki["b"].key).server_context()  # not its key
     with pytest.raises(TlsSetupError, match="needs a trusted CA"):
