@@ -198,3 +198,29 @@ def read_request_head(conn: Any) -> bytes:
             break
         data += chunk
     return data.split(b"\r\n", 1)[0]
+
+
+class RowsHashed:
+    """How many rows the state stores' digest builder has hashed since ``n`` was last
+    set (the ``rows_hashed`` fixture)."""
+
+    n = 0
+
+
+@pytest.fixture
+def rows_hashed(monkeypatch: pytest.MonkeyPatch) -> RowsHashed:
+    """Counts the rows ``raftkv.storage.state_store`` hashes (encoding, checking or
+    installing a snapshot image, a memory store's digest)."""
+    from raftkv.storage import state_store
+
+    counter = RowsHashed()
+    real = state_store.DigestBuilder
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def add(self, key: bytes, value: bytes) -> None:
+            counter.n += 1
+            super().add(key, value)
+
+    monkeypatch.setattr(state_store, "DigestBuilder", Counting)
+    return counter
+

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +45,32 @@ GID = "g"
 TIMEOUT = 30.0
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[dict[str, Node]]:
-    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
-    out = {nid: Node(NodeConfig(nid, addr, b"reads-secret", peers=peers,
-                                data_dir=str(tmp_path / nid), request_timeout=TIMEOUT,
+@contextmanager
+def _started(tmp_path: Path, size: int, founders: list[str] | None = None,
+             request_timeout: float = TIMEOUT) -> Iterator[dict[str, Node]]:
+    """``size`` real nodes hosting group ``GID`` (founded by ``founders``, by default
+    all of them), stopped on the way out."""
+    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(size))}
+    out = {nid: Node(NodeConfig(nid, addr, b"turn-secret", peers=peers,
+                                data_dir=str(tmp_path / nid), request_timeout=request_timeout,
                                 quiesce=False))
            for nid, addr in peers.items()}
-    for nid, n in out.items():
-        n.start()
-        storage = open_group_storage(str(tmp_path / nid), GID)
-        n.call(lambda n=n, s=storage: n.add_group(GID, s, sorted(peers),
-                                                   birth_known=True)).result(5)
-    yield out
-    for n in out.values():
-        n.stop()
+    try:
+        for nid, n in out.items():
+            n.start()
+            storage = open_group_storage(str(tmp_path / nid), GID)
+            n.call(lambda n=n, s=storage: n.add_group(GID, s, founders or sorted(peers),
+                                                       birth_known=True)).result(5)
+        yield out
+    finally:
+        for n in out.values():
+            n.stop()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[dict[str, Node]]:
+    with _started(tmp_path, 3) as out:
+        yield out
 
 
 def _leader(nodes: dict[str, Node], among: list[str], within: float = 10.0) -> str:
@@ -179,21 +191,11 @@ def test_a_single_voters_entry_reaches_its_learner_only_once_durable(
     """A single voter commits an entry the moment it appends it: the AppendEntries that
     tell its learner so wait for its sync. Sent first, a learner would apply an entry
     the voter could still lose to a crash, and later commit another at that index."""
-    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(2))}
-    pair = {nid: Node(NodeConfig(nid, addr, b"reads-secret", peers=peers,
-                                 data_dir=str(tmp_path / nid), request_timeout=TIMEOUT,
-                                 quiesce=False))
-            for nid, addr in peers.items()}
-    try:
-        for nid, n in pair.items():
-            n.start()
-            storage = open_group_storage(str(tmp_path / nid), GID)
-            n.call(lambda n=n, s=storage: n.add_group(GID, s, ["n1"],
-                                                       birth_known=True)).result(5)
+    with _started(tmp_path, 2, founders=["n1"]) as pair:
         voter, learner = pair["n1"], pair["n2"]
         _leader({"n1": voter}, ["n1"])
         voter.change_membership(GID, ConfChange(ConfChangeOp.ADD_LEARNER, "n2",
-                                                peers["n2"].encode(),
+                                                learner.cfg.raft_addr.encode(),
                                                 auto_promote=False)).result(5)
         voter.propose(GID, encode_put(b"warm", b"up")).result(5)
         deadline = time.monotonic() + 5
@@ -215,9 +217,6 @@ def test_a_single_voters_entry_reaches_its_learner_only_once_durable(
         while learner.groups[GID].raft.log.committed < index:
             assert time.monotonic() < deadline, "the learner never got the entry"
             time.sleep(0.01)
-    finally:
-        for n in pair.values():
-            n.stop()
 
 
 def _ready(committed: range, new: range, conf_at: int | None = None,
@@ -317,17 +316,7 @@ def test_a_parked_write_forwarded_later_keeps_its_own_deadline(tmp_path: Path) -
     leader swallows forwarded writes; the write, parked for 90% of its 2 s and then
     forwarded, must fail by its deadline (it failed after 3.8 s)."""
     timeout = 2.0
-    peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
-    nodes = {nid: Node(NodeConfig(nid, addr, b"deadline-secret", peers=peers,
-                                  data_dir=str(tmp_path / nid), request_timeout=timeout,
-                                  quiesce=False))
-             for nid, addr in peers.items()}
-    try:
-        for nid, n in nodes.items():
-            n.start()
-            storage = open_group_storage(str(tmp_path / nid), GID)
-            n.call(lambda n=n, s=storage: n.add_group(GID, s, sorted(peers),
-                                                       birth_known=True)).result(5)
+    with _started(tmp_path, 3, request_timeout=timeout) as nodes:
         lead = _leader(nodes, list(nodes))
         leader = nodes[lead]
         leader.call(lambda: setattr(leader, "_answer_forward", lambda *a: None)).result(5)
@@ -341,6 +330,3 @@ def test_a_parked_write_forwarded_later_keeps_its_own_deadline(tmp_path: Path) -
         with pytest.raises(Exception):  # noqa: B017  # its kind is not the point
             fut.result(10 * timeout)
         assert time.monotonic() - t0 < timeout + 0.5
-    finally:
-        for n in nodes.values():
-            n.stop()

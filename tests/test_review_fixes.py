@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 
-import pytest
-from conftest import MT
+from conftest import MT, RowsHashed
 from raftkv.storage.log_store import MemoryLogStore
 from raftkv.storage.records import VoteFloor
 from raftkv.storage.state_store import MemoryStateStore
@@ -169,14 +168,13 @@ def test_a_malformed_snapshot_image_is_refused_before_the_core_sees_it() -> None
 
 
 def test_an_accepted_image_is_installed_without_a_second_check_and_not_held_after(
-    monkeypatch: pytest.MonkeyPatch,
+    rows_hashed: RowsHashed,
 ) -> None:
     """accept() checks the image before the core may adopt it; the persist of the Ready
     that carries the same snapshot installs what was checked without hashing it again.
     An image whose snapshot the core did not take is dropped at the next persist, and a
     snapshot that was not the accepted one is checked in full."""
     import msgpack
-    from raftkv.storage import state_store
     from raftkv.storage.commands import encode_put
 
     from raftkv.core import Ready
@@ -188,23 +186,13 @@ def test_an_accepted_image_is_installed_without_a_second_check_and_not_held_afte
         data = msgpack.packb(list(donor.snapshot_chunks()), use_bin_type=True)
         return Snapshot(SnapshotMeta(index, 3), data)
 
-    hashed = 0
-    real = state_store.DigestBuilder
-
-    class Counting(real):  # type: ignore[misc, valid-type]
-        def add(self, key: bytes, value: bytes) -> None:
-            nonlocal hashed
-            hashed += 1
-            super().add(key, value)
-
-    monkeypatch.setattr(state_store, "DigestBuilder", Counting)
     gs = GroupStorage(MemoryLogStore(), MemoryStateStore())
     first = image(9)
-    hashed = 0  # the donor's encoder hashes too
+    rows_hashed.n = 0  # the donor's encoder hashes too
     assert gs.accept(Message(MT.SNAPSHOT, "n2", "n1", 3, snapshot=first))
-    assert hashed == 9
+    assert rows_hashed.n == 9
     gs.persist(Ready(snapshot=first, must_sync=True))
-    assert hashed == 9 and gs.state.applied_index() == 9
+    assert rows_hashed.n == 9 and gs.state.applied_index() == 9
     assert state_of(gs.state) == state_of(donor)
     # Accepted, then not taken by the core: the next persist drops it, and the same
     # snapshot arriving in a later Ready is checked in full.
@@ -212,9 +200,9 @@ def test_an_accepted_image_is_installed_without_a_second_check_and_not_held_afte
     second = image(12)
     assert gs.accept(Message(MT.SNAPSHOT, "n2", "n1", 3, snapshot=second))
     gs.persist(Ready(must_sync=True))
-    hashed = 0
+    rows_hashed.n = 0
     gs.persist(Ready(snapshot=second, must_sync=True))
-    assert hashed == 12 and gs.state.applied_index() == 12
+    assert rows_hashed.n == 12 and gs.state.applied_index() == 12
     assert state_of(gs.state) == state_of(donor)
 
 
