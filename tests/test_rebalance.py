@@ -576,3 +576,31 @@ def test_a_blocking_admin_call_is_refused_only_on_the_live_loop_thread(
         assert got and isinstance(got[0], int)
     finally:
         mgr._loop_thread = live
+
+
+def test_a_retried_failure_is_a_warning_first_and_a_damaged_store_every_time(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found from outside: a partition whose state store was truncated failed to start
+    over and over, logged only at INFO. The first failure of a kind is a warning; a
+    StorageError (damage that retrying will not heal) is one every time."""
+    import logging
+
+    from raftkv.storage.errors import StorageError
+
+    mgr = _table(cluster, META)
+    cluster.wait_converged(TABLE, META, 3)
+    part = next(iter(mgr._parts.values()))
+
+    def fail(kind: str, exc: BaseException) -> None:
+        mgr.node.call(lambda: mgr._failed(part, kind, exc)).result(10)
+
+    with caplog.at_level(logging.INFO, logger="raftkv.placement.manager_base"):
+        fail("probe", RuntimeError("blip"))
+        fail("probe", RuntimeError("blip"))
+        fail("damaged", StorageError("truncated"))
+        fail("damaged", StorageError("truncated"))
+    levels = [(r.levelno, r.getMessage().split(" of ")[0].split()[-1])
+              for r in caplog.records if "; retry in" in r.getMessage()]
+    assert levels == [(logging.WARNING, "probe"), (logging.INFO, "probe"),
+                      (logging.WARNING, "damaged"), (logging.WARNING, "damaged")], levels

@@ -48,6 +48,7 @@ from raftkv.placement.meta_commands import (
 from raftkv.placement.partition_state import PartitionState
 from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
 from raftkv.placement.service import MetaService
+from raftkv.storage.errors import StorageError
 from raftkv.storage.lmdb_log import LogEnv
 
 if TYPE_CHECKING:
@@ -236,8 +237,13 @@ class ManagerBase:
                       "target changes: %s", self.id, kind, part.group, bo.failures, exc)
         else:
             self.metrics["retries"] += 1
-            log.info("node %s: %s of %s failed (%s); retry in %.2fs",
-                     self.id, kind, part.group, exc, delay)
+            # A damaged store does not heal by retrying: say so where an operator looks
+            # (found from outside: a truncated partition store showed only at INFO).
+            # Other failures are usually transient: the first is a warning, the rest info.
+            level = (logging.WARNING if bo.failures == 1 or isinstance(exc, StorageError)
+                     else logging.INFO)
+            log.log(level, "node %s: %s of %s failed (%s); retry in %.2fs",
+                    self.id, kind, part.group, exc, delay)
             self._timer.after(delay, lambda: self._kick(part.group))
 
     def _record(self, group: str, kind: str, exc: BaseException, attempts: int) -> None:
