@@ -108,19 +108,23 @@ def _write_backup(r: http.client.HTTPResponse, path: str) -> int:
 
     try:
         try:
-            f = open(part, "wb")  # noqa: SIM115  # closed by the with below; its own errors apart
+            # Unbuffered: a write that fails must fail in write(), not later in a close
+            # whose plain OSError would read as the network's (a small backup's last
+            # bytes stayed in the buffer, found in review).
+            f = open(part, "wb", buffering=0)  # noqa: SIM115  # closed by the with below
         except OSError as e:
             raise failed(e) from e
         n = 0
         with f:
             while chunk := r.read(1 << 20):  # a network error here is not ours: as is
+                view = memoryview(chunk)
                 try:
-                    f.write(chunk)
+                    while view:
+                        view = view[f.write(view):]
                 except OSError as e:
                     raise failed(e) from e
                 n += len(chunk)
             try:
-                f.flush()
                 os.fsync(f.fileno())  # durable before its name says it is whole
             except OSError as e:
                 raise failed(e) from e

@@ -120,10 +120,12 @@ from typing import TYPE_CHECKING, NoReturn
 
 import lmdb
 from raftkv.storage.dir_lock import lock_data_dir, release_data_dir
+from raftkv.storage.durable_fs import write_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import (
     DEFAULT_GROUP,
     META_GROUP,
+    NODE_ID_FILE,
     group_paths,
     partition_logs_path,
     read_node_id,
@@ -629,6 +631,19 @@ def _reset(opened: list[_Open], members: list[str], group: str, dry_run: bool) -
                 f"writing the new configuration to {s.node_id} failed, nothing was written: "
                 f"{_one_line(e)}"
             ) from e
+        # A survivor named by --node-id because its node_id file was lost gets one now:
+        # a node refuses to start on data without it (raftkv.node.stores.claim_data_dir).
+        for o in opened:
+            try:
+                if read_node_id(o.data_dir) is None:
+                    write_durable(os.path.join(o.data_dir, NODE_ID_FILE),
+                                  (o.node_id + "\n").encode())
+            except (OSError, ValueError) as e:
+                raise UnsafeResetError(
+                    f"the new configuration is written to {s.node_id}, but writing "
+                    f"{o.node_id}'s node_id file failed ({_one_line(e)}); write it by hand "
+                    f"into {o.data_dir}/{NODE_ID_FILE}"
+                ) from e
         # save() clears the chosen survivor's own floor: it now commits an entry of a term
         # newer than the floor's. The others need it done for them.
         for o in opened:

@@ -464,6 +464,29 @@ def test_vote_floors_are_cleared_or_the_pair_could_never_elect(tmp_path: Path) -
     restart_and_write({"n4": d4, "n5": d5}).close_all()
 
 
+def test_a_survivor_named_by_node_id_gets_its_node_id_file_back_and_starts(
+        tmp_path: Path) -> None:
+    """Found in review: a survivor whose node_id file was lost is named with --node-id,
+    and a node refuses to start on data without node_id (claim_data_dir); the reset
+    wrote none, so that survivor could never start. The reset writes it now; a dry run
+    writes nothing."""
+    d4 = write_survivor(tmp_path, "n4", prefix(n=8), HardState(2, "n1", 6), applied=6)
+    d5 = write_survivor(tmp_path, "n5", prefix(n=6), HardState(2, "n1", 5), applied=5)
+    os.remove(os.path.join(d5, "node_id"))
+    unsafe_reset([str(d4), str(d5)], ["n4", "n5"], node_ids=["n4", "n5"], dry_run=True)
+    assert not os.path.exists(os.path.join(d5, "node_id"))
+    unsafe_reset([str(d4), str(d5)], ["n4", "n5"], node_ids=["n4", "n5"])
+    with open(os.path.join(d5, "node_id")) as f:
+        assert f.read() == "n5\n"
+    from raftkv.storage.dir_lock import release_data_dir
+
+    from raftkv.node.stores import claim_data_dir
+
+    claim_data_dir(str(d5), "n5")  # what a node does first when it starts
+    release_data_dir(str(d5))
+    restart_and_write({"n4": d4, "n5": d5}).close_all()
+
+
 def test_without_clearing_the_floor_the_pair_never_elects(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

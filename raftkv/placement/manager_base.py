@@ -48,7 +48,12 @@ from raftkv.placement.meta_commands import (
 from raftkv.placement.partition_state import PartitionState
 from raftkv.placement.retry import Backoff, RetryPolicy, TickTimer
 from raftkv.placement.service import MetaService
-from raftkv.storage.errors import StorageError
+from raftkv.storage.errors import (
+    CheckpointDeferred,
+    Rebuildable,
+    SnapshotUnavailable,
+    StorageError,
+)
 from raftkv.storage.lmdb_log import LogEnv
 
 if TYPE_CHECKING:
@@ -240,8 +245,9 @@ class ManagerBase:
             # A damaged store does not heal by retrying: say so where an operator looks
             # (found from outside: a truncated partition store showed only at INFO).
             # Other failures are usually transient: the first is a warning, the rest info.
-            level = (logging.WARNING if bo.failures == 1 or isinstance(exc, StorageError)
-                     else logging.INFO)
+            damaged = isinstance(exc, StorageError) and not isinstance(
+                exc, Rebuildable | CheckpointDeferred | SnapshotUnavailable)
+            level = logging.WARNING if bo.failures == 1 or damaged else logging.INFO
             log.log(level, "node %s: %s of %s failed (%s); retry in %.2fs",
                     self.id, kind, part.group, exc, delay)
             self._timer.after(delay, lambda: self._kick(part.group))

@@ -218,6 +218,7 @@ class LeasesApi:
             if self._keeper is not None:
                 try:
                     await self._keeper.tick()
+                    said = ""  # the same failure coming back is news again
                 except Exception as e:  # noqa: BLE001 - the keeper must outlive a bad tick
                     # Once per distinct failure a minute: a node whose loop died failed
                     # every tick, four warnings a second (found from outside).
