@@ -979,6 +979,7 @@ class Node:
             started = self.clock()
             try:
                 data = pack_chunks(chunks)
+                packed = self.clock() - started
             except Exception:  # a failed image is dropped (and logged), never fatal
                 log.warning("group %s: packing a snapshot for %s failed", g.id, m.to,
                             exc_info=True)
@@ -993,7 +994,7 @@ class Node:
                 elif self.groups.get(g.id) is g:
                     log.info("group %s: sending %s a snapshot image of %d bytes (snapshot "
                              "%d, term %d), packed in %.2f s", g.id, m.to, len(data),
-                             meta.index, meta.term, self.clock() - started)
+                             meta.index, meta.term, packed)
                     m.snapshot = Snapshot(meta, data)
                     self.transport.send(m.to, codec.encode_message(g.wire, m))
                 done()
