@@ -710,6 +710,8 @@ class Node:
                     g.raft.peer_up(peer)
                 else:
                     g.raft.peer_down(peer)
+                    if g.leader != peer:
+                        self._abandon_forwards(g, peer)
             self._dirty.update(self.groups)
 
     def _when_leader(self, g: Group, fn: Callable[[], None], fut: Future[Any]) -> None:
@@ -1133,8 +1135,15 @@ class Node:
 
     def _abandon_forwards(self, g: Group, old: str | None) -> None:
         """Writes forwarded to a leader that is no longer leader will get no answer if it
-        died: fail them now (outcome unknown) rather than at the request deadline."""
-        if old is None or not self._forwarded:
+        died: fail them now (outcome unknown) rather than at the request deadline.
+
+        Only if it is down, though. A replaced leader that is still reachable answers
+        every forward it took: with the result if its entry committed, with NotLeader
+        (retried here) if another leader's entry took the index. Failing those at once
+        turned a write at a cluster's birth, when the first leader is often replaced,
+        into an unknown outcome (a CI failure). If it goes down later, ``_liveness``
+        abandons them then."""
+        if old is None or old not in self._down or not self._forwarded:
             return
         for rid, (fut, _, grp, _, target) in list(self._forwarded.items()):
             if grp is g and target == old:
@@ -1202,9 +1211,11 @@ class Node:
             _resolve(fut, result[0], value)
         elif not ok and len(result) == 3:
             kind, message, _ = result
-            if kind == "NotLeader":
-                # Refused before proposing (the peer no longer leads): retry with the
-                # next leader until the deadline, as for a write that never left.
+            if kind in ("NotLeader", "ProposalDropped"):
+                # Refused before proposing (the peer no longer leads, or is handing its
+                # leadership over): retry with the next leader until the deadline, as
+                # for a write that never left. A follower forwarding through a leader
+                # that was transferring had all 300 of its writes refused (a test).
                 self._park_forward(g, data, fut, deadline)
             else:
                 _fail(fut, RemoteError(str(kind), str(message)))
