@@ -39,6 +39,7 @@ from raftkv.core import (
 )
 from raftkv.node.driver import Node, NodeConfig, _applies_first
 from raftkv.node.stores import open_group_storage
+from raftkv.recovery.compaction import compact
 from raftkv.testing.procs import free_ports
 
 GID = "g"
@@ -360,3 +361,55 @@ def test_writes_forwarded_to_a_leader_replaced_while_alive_get_its_answer(
     assert len(set(indexes)) == len(indexes)
     held = nodes[follower].read(GID, lambda s: {k for k in futs if s.get(k) is not None})
     assert held.result(5) == set(futs)
+
+
+def test_a_snapshot_image_is_checked_off_the_loop_thread(tmp_path: Path) -> None:
+    """A received image is checked before the core adopts it, and a large one takes
+    seconds (2-3 s at 1M keys): on the loop thread, that stopped every group's
+    heartbeats on the node. The check runs on a worker thread and the message is stepped
+    after it. Here the learner's check is held until released: its loop keeps turning
+    meanwhile, and the snapshot then installs. A check that fails outright frees the
+    group to take the next image."""
+    with _started(tmp_path, 2, founders=["n1"]) as pair:
+        voter, learner = pair["n1"], pair["n2"]
+        _leader({"n1": voter}, ["n1"])
+        for i in range(50):
+            voter.propose(GID, encode_put(b"k%d" % i, b"v%d" % i)).result(5)
+        g, st = voter.groups[GID], voter.groups[GID].storage
+        assert voter.call(lambda: compact(st.log, st.state, g.raft.conf_at, 0)).result(5)
+        storage = learner.groups[GID].storage
+        check = storage.check
+        checking, release = threading.Event(), threading.Event()
+        calls: list[int] = []
+
+        def held(msg: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("a bug in the check")
+            checking.set()
+            release.wait(10)
+            return check(msg)
+
+        storage.check = held  # type: ignore[method-assign]
+        voter.change_membership(GID, ConfChange(ConfChangeOp.ADD_LEARNER, "n2",
+                                                learner.cfg.raft_addr.encode(),
+                                                auto_promote=False)).result(5)
+        try:
+            deadline = time.monotonic() + 5
+            while len(calls) < 1 or GID in learner._checking:
+                assert time.monotonic() < deadline, "the failed check kept its group"
+                time.sleep(0.01)
+            # The leader sends the snapshot again after its snapshot timeout (10 s or
+            # more); sooner here, by having its core probe the learner at once.
+            voter.call(lambda: g.raft.prs["n2"].become_probe()).result(5)
+            assert checking.wait(20), "no second snapshot"
+            for _ in range(3):
+                t0 = time.monotonic()
+                learner.call(lambda: None).result(5)
+                assert time.monotonic() - t0 < 1.0, "the loop waited for the check"
+        finally:
+            release.set()
+        deadline = time.monotonic() + 10
+        while learner.read(GID, lambda s: s.get(b"k49"), False).result(5) != b"v49":
+            assert time.monotonic() - deadline < 0, "the snapshot was not installed"
+            time.sleep(0.05)

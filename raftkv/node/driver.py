@@ -98,7 +98,7 @@ from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.durable_fs import write_durable
 from raftkv.storage.errors import CheckpointDeferred
 from raftkv.storage.lmdb_log import LogEnv
-from raftkv.storage.state_store import KVStateStore, StateStore
+from raftkv.storage.state_store import KVStateStore, StateStore, VerifiedImage
 from raftkv.tls import TlsConfig
 from raftkv.transport import codec
 from raftkv.transport.tcp import Connection
@@ -241,6 +241,7 @@ class Node:
         self._checkpoint_seq = itertools.count()
         # (group, peer) -> None while its image is packed, or the newer request to pack next
         self._imaging: dict[tuple[str, str], Message | None] = {}
+        self._checking: set[str] = set()  # groups whose received snapshot is being checked
         self._lock = threading.Lock()
         addresses = dict(self._load_addresses())
         addresses.update(config.peers)
@@ -1289,17 +1290,58 @@ class Node:
         if g is None:
             log.debug("message for unhosted group %s from %s dropped", group, peer)
             return
-        if not g.storage.accept(msg):
+        if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
+            self._check_snapshot(peer, g, msg)
             return
-        if msg.snapshot is not None:
-            log.info("group %s: received a snapshot image of %d bytes from %s (snapshot %d, "
-                     "term %d), checked", g.id, len(msg.snapshot.data), peer,
-                     msg.snapshot.index, msg.snapshot.term)
         self._dirty.add(g.id)
         try:
             g.raft.step(msg)
         except ValueError as e:  # the core's strict decoding of peer-supplied records
             raise codec.WireError(f"bad message from {peer}: {e}") from None
+
+    def _check_snapshot(self, peer: str, g: Group, msg: Message) -> None:
+        """Check a snapshot's image on a worker thread, then step the message here.
+
+        The image must be checked before the core adopts the snapshot
+        (``GroupStorage.accept``), and a large one takes seconds: 2-3 s at 1M keys, during
+        which a check on the loop thread stopped every group's heartbeats on this node
+        and had its peers mark it unreachable. Stepping the message later is safe, as
+        Raft tolerates any message delay; what the leader sends meanwhile is stepped
+        first (heartbeats are answered; appends past this log are refused, as they were
+        before the snapshot came). One image per group is checked at a time: another
+        that arrives meanwhile is dropped, and the leader sends one again after its
+        snapshot timeout if this one comes to nothing."""
+        assert msg.snapshot is not None
+        if g.id in self._checking:
+            log.info("group %s: a snapshot image from %s dropped: one is being checked",
+                     g.id, peer)
+            return
+        self._checking.add(g.id)
+        snap = msg.snapshot
+
+        def check() -> None:
+            try:
+                image = g.storage.check(msg)
+            except Exception:  # a bug here must not leave the group refusing snapshots
+                log.warning("group %s: checking a snapshot from %s failed", g.id, peer,
+                            exc_info=True)
+                image = None
+            self.call(lambda: stepped(image))
+
+        def stepped(image: VerifiedImage | None) -> None:
+            self._checking.discard(g.id)
+            if image is None or self._wire.get(g.wire) is not g:
+                return
+            g.storage.adopt(msg, image)
+            log.info("group %s: received a snapshot image of %d bytes from %s (snapshot %d, "
+                     "term %d), checked", g.id, len(snap.data), peer, snap.index, snap.term)
+            self._dirty.add(g.id)
+            try:
+                g.raft.step(msg)
+            except ValueError as e:  # its connection has moved on: drop the message
+                log.warning("group %s: bad snapshot message from %s: %s", g.id, peer, e)
+
+        self.runtime.spawn(check, f"check-{g.id}")
 
     # ============================================================ addresses ==========
     def _addresses_file(self) -> str | None:

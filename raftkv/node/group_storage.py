@@ -122,21 +122,36 @@ class GroupStorage:
         """Check what the core cannot: a snapshot image must be whole and valid (every
         chunk, the ordering, the trailing digest) and reach the snapshot's index before
         the core adopts the snapshot, because a failed install after that cannot be
-        undone. The checked image is kept for the install that the core's next Ready
-        asks for (``_install_image``), which then only decodes it; the next persist
-        drops it whichever way, so an image the core ignored is not held."""
+        undone. ``check`` then ``adopt``; the node runs the check on a worker thread."""
         if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
-            try:
-                image = verify_image(unpack_image(msg.snapshot.data))
-                if image.applied < msg.snapshot.index:
-                    raise StorageError(
-                        f"image at {image.applied} does not cover snapshot {msg.snapshot.index}"
-                    )
-            except StorageError as e:
-                log.warning("dropping a snapshot from %s: %s", msg.frm, e)
+            image = self.check(msg)
+            if image is None:
                 return False
-            self._accepted = (msg.snapshot.data, image)
+            self.adopt(msg, image)
         return True
+
+    @staticmethod
+    def check(msg: Message) -> VerifiedImage | None:
+        """The checked image of a snapshot message, or None (logged) if it is bad. Reads
+        nothing of this store, so any thread may run it."""
+        assert msg.snapshot is not None
+        try:
+            image = verify_image(unpack_image(msg.snapshot.data))
+            if image.applied < msg.snapshot.index:
+                raise StorageError(
+                    f"image at {image.applied} does not cover snapshot {msg.snapshot.index}"
+                )
+        except StorageError as e:
+            log.warning("dropping a snapshot from %s: %s", msg.frm, e)
+            return None
+        return image
+
+    def adopt(self, msg: Message, image: VerifiedImage) -> None:
+        """Keep ``check``'s image for the install that the core's next Ready asks for
+        (``_install_image``), which then only decodes it. The next persist drops it
+        whichever way, so an image the core ignored is not held."""
+        assert msg.snapshot is not None
+        self._accepted = (msg.snapshot.data, image)
 
 
 def persist_together(jobs: Sequence[tuple[GroupStorage, Ready]]) -> None:
