@@ -65,7 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from raftkv.client import Client, ClientError, Unavailable, resolve_token
+from raftkv.client import MIN_ATTEMPT, Client, ClientError, Unavailable, resolve_token
 from raftkv.server import serve
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import DEFAULT_GROUP
@@ -408,13 +408,7 @@ def _lease_command(args: argparse.Namespace, client: Client) -> int:
     if args.action == "grant":
         emit(args, {"id": client.lease_grant(args.ttl, args.id), "ttl": args.ttl})
     elif args.action == "keepalive":
-        while True:  # etcdctl lease keep-alive: until interrupted (or --once)
-            ttl = client.lease_keepalive(args.id)
-            emit(args, {"id": args.id, "ttl": ttl})
-            sys.stdout.flush()
-            if args.once:
-                return 0
-            time.sleep(max(ttl / 3, 0.5))
+        _keep_alive(args, client)
     elif args.action == "revoke":
         emit(args, {"id": args.id, "deleted": client.lease_revoke(args.id)})
     elif args.action == "info":
@@ -424,6 +418,31 @@ def _lease_command(args: argparse.Namespace, client: Client) -> int:
     else:
         emit(args, client.leases())
     return 0
+
+
+def _keep_alive(args: argparse.Namespace, client: Client) -> None:
+    """etcdctl lease keep-alive: one keepalive every TTL/3 seconds until interrupted
+    (or ``--once``). A keepalive that fails for want of an answer is tried again, on the
+    next endpoint, until the lease is reported gone: the first failure used to end the
+    command, and each attempt could wait the whole ``--timeout`` on a stopped leader, so
+    the lease it kept expired while two healthy nodes were up (found from outside). Each
+    keepalive is bounded by a third of the TTL."""
+    ttl = client.lease_keepalive(args.id)  # a lease that does not exist is an error now
+    while True:
+        emit(args, {"id": args.id, "ttl": ttl})
+        sys.stdout.flush()
+        if args.once:
+            return
+        client.timeout = min(client.timeout, max(ttl / 3, MIN_ATTEMPT))
+        time.sleep(max(ttl / 3, 0.5))
+        while True:
+            try:
+                ttl = client.lease_keepalive(args.id)
+                break
+            except Unavailable as e:  # no answer (a stopped node, an election): again
+                print(f"warning: keepalive of lease {args.id}: {e}; retrying",
+                      file=sys.stderr)
+                time.sleep(0.1)
 
 
 def _watch_command(args: argparse.Namespace, client: Client) -> int:

@@ -21,14 +21,20 @@ A write is never sent again after an attempt that may have applied (an answer lo
 a dropped connection, a 504), as etcd's client does not resend a put: a second copy
 would apply twice (two revisions and two watch events for one put, and a value another
 writer replaced in between would come back; found from outside). ``put``, ``delete``,
-``cas``, ``txn``, ``batch`` and a lease grant raise ``OutcomeUnknown`` instead; they
-retry only after a refused connection or a 503 that says no leader took the request.
+``cas``, ``txn``, ``batch``, a lease grant, a membership change and a leadership
+transfer raise ``OutcomeUnknown`` instead; they retry only after a refused connection
+or a 503 that says no leader took the request.
 (A ``cas`` retried would also answer 412 for the swap its first attempt made.) A
 partition batch with a ``batch_id`` applies at most once, so it is retried. Not
 thread-safe: one client per thread.
 
 Two timeouts, as etcdctl's ``--dial-timeout`` and ``--command-timeout``: ``timeout``
-bounds a whole request, retries included, and each read; ``connect_timeout`` bounds each
+bounds a whole request, retries included. A request that may be sent again waits at most
+a third of it (and at least a second) for one attempt's answer, then tries the next
+endpoint, so a node that accepts connections but never answers (stopped, wedged) cannot
+take the whole deadline; one that must not be sent twice waits for the rest of it, and
+after its ``OutcomeUnknown`` the next request starts at the next endpoint.
+``connect_timeout`` bounds each
 connection attempt and, when given, how long a request keeps trying to connect: once
 every endpoint has been tried and none has accepted a connection by then, it fails with
 ``Unavailable`` instead of retrying refused connections until ``timeout`` (``None``:
@@ -69,6 +75,10 @@ from raftkv.placement.assignments import partition_of
 from raftkv.tls import client_context
 
 RETRYABLE = {503, 504}
+# A request that may be retried waits at most timeout / ATTEMPTS (and no less than
+# MIN_ATTEMPT seconds) for each attempt's answer, leaving time to try another endpoint.
+ATTEMPTS = 3
+MIN_ATTEMPT = 1.0
 # A pooled connection idle longer than this is replaced before use: well inside the
 # server's default --http-idle-timeout (30 s), after which it closes idle connections.
 IDLE_REUSE = 10.0
@@ -154,7 +164,8 @@ class NotConnected(ConnectionError):
 class OutcomeUnknown(Unavailable):
     """A request that must not be sent twice (``cas``) reached a node and got no definite
     answer (a lost connection, a 504, a 503 that may follow a proposal): it may or may
-    not have applied. Read the key to find out."""
+    not have applied, and may still apply later (a stopped node proposes what it had
+    unread when it resumes). ``raftkv.errors`` says how to settle it safely."""
 
 
 def _raw(v: object, what: str) -> bytes:
@@ -284,8 +295,9 @@ class Client:
 
     def _once(
         self, endpoint: str, method: str, path: str, body: bytes | None,
-        headers: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None, wait: float | None = None,
     ) -> tuple[int, bytes, str]:
+        """One attempt; ``wait`` bounds each read of its answer (default ``timeout``)."""
         c = self._conn(endpoint)
         if c.sock is not None and (time.monotonic() - self._used.get(endpoint, 0.0) > IDLE_REUSE
                                    or _readable(c.sock)):
@@ -296,13 +308,15 @@ class Client:
             c.close()
         try:
             if c.sock is None:
+                # A TLS handshake with a stopped node waits as long as a read would.
+                c.timeout = min(self.connect_timeout or self.timeout, wait or self.timeout)
                 try:
-                    c.connect()  # within connect_timeout, then reads within timeout
+                    c.connect()  # within connect_timeout and wait, then reads within wait
                 except ssl.SSLCertVerificationError:
                     raise  # not a connection that may come up later (request() says why)
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
-                c.sock.settimeout(self.timeout)  # type: ignore[attr-defined]
+            c.sock.settimeout(wait or self.timeout)  # type: ignore[attr-defined]
             c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
             r = c.getresponse()
             out = r.status, r.read(), r.getheader("Content-Type", "")
@@ -349,8 +363,14 @@ class Client:
         while True:
             endpoint = self.endpoints[self._current]
             self._attempts += 1
+            # A request that may be sent again gets a share of the deadline per attempt:
+            # a node that accepts connections but never answers (SIGSTOPped, wedged)
+            # took the whole of it, so the next endpoint was never tried (found from
+            # outside). One that must not is sent once, so it may wait for all of it.
+            left = max(deadline - time.monotonic(), 0.001)
+            wait = left if once else min(left, self._probe_wait)
             try:
-                status, data, ctype = self._once(endpoint, method, path, body, headers)
+                status, data, ctype = self._once(endpoint, method, path, body, headers, wait)
             except ssl.SSLCertVerificationError as e:
                 # Not a passing fault: retrying until the deadline would only hide it.
                 raise Unavailable(f"{endpoint}: TLS: {e.verify_message}: its certificate is "
@@ -358,6 +378,9 @@ class Client:
                                   "or does not name that host") from e
             except (OSError, http.client.HTTPException) as e:
                 if once and not isinstance(e, NotConnected):
+                    # The next request starts elsewhere: this endpoint may be hung, and
+                    # the client stayed on it for good (found from outside).
+                    self._next()
                     raise OutcomeUnknown(f"{endpoint}: {e} after the request may have "
                                          "been sent; it may or may not have applied") from e
                 last = f"{endpoint}: {e}"
@@ -391,6 +414,7 @@ class Client:
                 if status not in RETRYABLE:
                     raise ClientError(status, info)  # includes 421 for a leader we cannot reach
                 if once and not _nothing_proposed(status, info):
+                    self._next()
                     raise OutcomeUnknown(f"{endpoint}: HTTP {status} "
                                          f"{info.get('error', '')}: it may or may not have "
                                          "applied")
@@ -400,6 +424,12 @@ class Client:
                 raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+    @property
+    def _probe_wait(self) -> float:
+        """How long a lookup (a node's id, a table's leaders, the published endpoints)
+        waits for one endpoint: as a retried request's attempt does."""
+        return min(self.timeout, max(MIN_ATTEMPT, self.timeout / ATTEMPTS))
 
     def _next(self) -> None:
         self._detours += 1
@@ -434,7 +464,7 @@ class Client:
             if e in self._ids.values():
                 continue
             try:
-                status, data, ctype = self._once(e, "GET", "/health", None)
+                status, data, ctype = self._once(e, "GET", "/health", None, wait=self._probe_wait)
             except (OSError, http.client.HTTPException):
                 continue
             if status in (200, 503):  # 503: up, but no leader known yet
@@ -467,7 +497,7 @@ class Client:
                       if e not in asked and self._silent.get(e, 0.0) <= now]:
                 asked.add(e)
                 try:
-                    status, data, ctype = self._once(e, "GET", path, None)
+                    status, data, ctype = self._once(e, "GET", path, None, wait=self._probe_wait)
                 except (OSError, http.client.HTTPException):
                     self._silent[e] = now + ROUTE_TTL
                     continue
@@ -491,7 +521,7 @@ class Client:
         metastore (``/v1/cluster``'s ``"http"``); new ones join our endpoints."""
         for e in list(self.endpoints):
             try:
-                status, data, ctype = self._once(e, "GET", "/v1/cluster", None)
+                status, data, ctype = self._once(e, "GET", "/v1/cluster", None, wait=self._probe_wait)
             except (OSError, http.client.HTTPException):
                 continue
             addrs = _json(data, ctype).get("http") if status == 200 else None
@@ -784,9 +814,10 @@ class Client:
         return self.batch(list(items.items()))
 
     # -- admin --------------------------------------------------------------------------
-    def _post(self, path: str, body: dict[str, Any] | None = None, method: str = "POST") -> Any:
+    def _post(self, path: str, body: dict[str, Any] | None = None, method: str = "POST",
+              once: bool = False) -> Any:
         raw = json.dumps(body).encode() if body is not None else None
-        return json.loads(self.request(method, path, raw)[1])
+        return json.loads(self.request(method, path, raw, once=once)[1])
 
     def status(self, endpoint: str | None = None) -> dict[str, Any]:
         if endpoint is None:
@@ -796,18 +827,24 @@ class Client:
             raise ClientError(status, _json(data, ctype))
         return json.loads(data)
 
+    # A membership change or a transfer that timed out may still happen (a transfer's
+    # target took over after the leader said it had not: found from outside), so each
+    # is sent once: a second attempt elsewhere hid the leader's answer behind "no answer
+    # in time" and asked again for a change already made.
     def add_learner(self, node_id: str, raft_addr: str) -> Any:
-        return self._post("/v1/cluster/learners", {"id": node_id, "raft_addr": raft_addr})
+        return self._post("/v1/cluster/learners", {"id": node_id, "raft_addr": raft_addr},
+                          once=True)
 
     def promote(self, node_id: str) -> Any:
-        return self._post(f"/v1/cluster/members/{quote(node_id, safe='')}/promote")
+        return self._post(f"/v1/cluster/members/{quote(node_id, safe='')}/promote",
+                          once=True)
 
     def remove(self, node_id: str) -> Any:
         path = f"/v1/cluster/members/{quote(node_id, safe='')}"
-        return json.loads(self.request("DELETE", path, ok=(200, 202))[1])
+        return json.loads(self.request("DELETE", path, ok=(200, 202), once=True)[1])
 
     def transfer(self, to: str) -> Any:
-        return self._post("/v1/cluster/transfer", {"to": to})
+        return self._post("/v1/cluster/transfer", {"to": to}, once=True)
 
     # -- tables -------------------------------------------------------------------------
     def create_table(self, name: str, partitions: int, replicas: int,

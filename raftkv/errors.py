@@ -46,8 +46,13 @@ The HTTP client (``raftkv.client.Client``, what the ``raftkv`` command uses):
 - ``Unavailable``: no endpoint answered before the deadline. (``raftkv.storage.errors``
   has an unrelated ``Unavailable``, a log index past the end, which users never see.)
 - ``OutcomeUnknown`` (an ``Unavailable``): a write (``put``, ``delete``, ``cas``,
-  ``txn``, ``batch``) reached a node and got no definite answer; it may or may not have
-  applied, and it is not sent again (it would apply twice). Read the key to find out.
+  ``txn``, ``batch``), a membership change or a leadership transfer reached a node and
+  got no definite answer; it may or may not have applied, and it is not sent again (it
+  would apply twice). It may also apply *later*: a node that was stopped with the
+  request unread proposes it when it resumes, after a read said it had not applied
+  (found from outside). So a read tells what holds now, not what will; where a late
+  copy would matter, write with ``cas`` (or ``txn``) conditioned on what the read
+  returned, so that whichever copy comes second fails its compare.
 
 Tools:
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from raftkv.recovery.compaction import compact
 from raftkv.storage.commands import encode_put
 
 from raftkv.core import (
@@ -39,7 +40,6 @@ from raftkv.core import (
 )
 from raftkv.node.driver import Node, NodeConfig, _applies_first
 from raftkv.node.stores import open_group_storage
-from raftkv.recovery.compaction import compact
 from raftkv.testing.procs import free_ports
 
 GID = "g"

@@ -1,0 +1,120 @@
+"""A node that accepts connections but never answers (SIGSTOPped: a wedged process, a
+paused VM), against real ``raftkv serve`` processes. Found from outside:
+
+- a ``Client`` (and so the CLI) whose first endpoint hung waited out its whole timeout
+  on it for every request and stayed on it for the next one, though two healthy nodes
+  were up: a retried request's attempt used the whole deadline, and a write whose
+  outcome was unknown left the client where it was;
+- ``raftkv lease keepalive`` exited on the first keepalive that got no answer, each of
+  which could wait longer than the lease's TTL, so the lease it kept expired;
+- a leadership transfer to a stopped node, which the leader answered with a 504 in a
+  second, was sent again to the next endpoint (the stopped one) and reported as "no
+  answer within 10s": the leader's answer was lost.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftkv.client import Client, OutcomeUnknown
+from raftkv.testing.procs import ProcCluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
+    with ProcCluster(str(tmp_path), size=3, tick=0.02) as c:
+        c.start()
+        c.wait_leader()
+        yield c
+
+
+def _stop(c: ProcCluster, nid: str) -> None:
+    proc = c.nodes[nid].proc
+    assert proc is not None
+    proc.send_signal(signal.SIGSTOP)
+
+
+def _resume(c: ProcCluster, nid: str) -> None:
+    proc = c.nodes[nid].proc
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+
+
+def _client(c: ProcCluster, first: str, timeout: float) -> Client:
+    order = [first] + [n for n in c.nodes if n != first]
+    return Client([c.nodes[n].endpoint for n in order], timeout)
+
+
+def test_a_client_whose_first_endpoint_hangs_reads_and_writes_through_the_others(
+        cluster: ProcCluster) -> None:
+    c = cluster
+    lead = c.wait_leader()
+    hung = next(n for n in c.nodes if n != lead)
+    setup = c.client()
+    setup.put("k", "before")
+    c.wait_caught_up()
+    _stop(c, hung)
+    try:
+        # A read may be sent again: it leaves the hung node after its share of the
+        # deadline and is answered by another.
+        assert _client(c, hung, 6.0).get("k") == b"before"
+        # A write is sent once: unknown on the hung node, and the next one goes on.
+        w = _client(c, hung, 3.0)
+        with pytest.raises(OutcomeUnknown):
+            w.put("k", "abandoned")
+        for i in range(3):
+            assert w.put(f"after{i}", "v") > 0
+        assert w.get("after2") == b"v"
+    finally:
+        _resume(c, hung)
+
+
+def test_lease_keepalive_outlives_a_stopped_leader(cluster: ProcCluster,
+                                                   tmp_path: Path) -> None:
+    c = cluster
+    lead = c.wait_leader()
+    setup = c.client()
+    lease = setup.lease_grant(3)
+    setup.put("held", "1", lease=lease)
+    endpoints = ",".join(c.nodes[n].endpoint
+                         for n in [lead] + [n for n in c.nodes if n != lead])
+    out = open(tmp_path / "keepalive.out", "w+")  # noqa: SIM115  # closed below
+    keeper = subprocess.Popen(
+        [sys.executable, "-m", "raftkv.cli", "--endpoints", endpoints, "lease",
+         "keepalive", str(lease)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.5)
+        _stop(c, lead)
+        try:
+            rest = [n for n in c.nodes if n != lead]
+            c.wait_leader(rest)
+            time.sleep(7.0)  # more than twice the TTL
+            out.seek(0)
+            assert keeper.poll() is None, out.read()
+            assert Client([c.nodes[n].endpoint for n in rest], 5.0).get("held") == b"1"
+        finally:
+            _resume(c, lead)
+    finally:
+        keeper.send_signal(signal.SIGINT)
+        keeper.wait(10)
+        out.close()
+
+
+def test_a_transfer_to_a_stopped_node_reports_the_leaders_answer(
+        cluster: ProcCluster) -> None:
+    c = cluster
+    lead = c.wait_leader()
+    target = next(n for n in c.nodes if n != lead)
+    _stop(c, target)
+    try:
+        with pytest.raises(OutcomeUnknown, match="did not take over"):
+            _client(c, lead, 10.0).transfer(target)
+    finally:
+        _resume(c, target)
