@@ -19,7 +19,7 @@ from typing import Any, Self
 from pysyncobj.monotonic import monotonic
 
 from raftkv.admin import NodeAdmin
-from raftkv.core import ConfChangeOp, LeaderStepping, RaftError
+from raftkv.core import ConfChangeOp, ConfChangeRejected, LeaderStepping, RaftError, Role
 from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import NodeStopped, RequestTimeout
 from raftkv.node.stores import claim_data_dir, open_group_storage
@@ -191,7 +191,13 @@ class EmbeddedNode:
         """Remove a member. Removing the leader itself hands leadership to the most
         up-to-date voter, which then performs the removal (the removed node never hears
         of it: the new configuration stops replicating to it). That case returns the
-        new leader's id once it has taken over; otherwise None once applied here."""
+        new leader's id once it has taken over; otherwise None once applied here.
+
+        Refused (``ConfChangeRejected``) when the voters left would not have a reachable
+        quorum, as etcd's strict reconfiguration check refuses it: removing a live voter
+        of three while another is down was accepted and stopped the group until the
+        down one came back (found from outside). Removing the down one is allowed."""
+        self.node.call(lambda: self._check_removal(node_id)).result(self.timeout)
         cc = conf_change(ConfChangeOp.REMOVE, node_id)
         try:
             self._wait(self.node.change_membership(self.group, cc))
@@ -205,6 +211,23 @@ class EmbeddedNode:
                 self._sleep()
             return self.leader()
         return None
+
+    def _check_removal(self, node_id: str) -> None:
+        """On the leader (loop thread): would the voters left after removing
+        ``node_id`` have a quorum among the peers this node reaches? A follower leaves
+        it to the leader, which it names when it refuses the change."""
+        raft = self.node.groups[self.group].raft
+        if raft.role != Role.LEADER or node_id not in raft.conf.voters:
+            return
+        rest = sorted(raft.conf.voters - {node_id})
+        down = [v for v in rest if not self.node.reachable(v)]
+        need = len(rest) // 2 + 1
+        if rest and len(rest) - len(down) < need:
+            raise ConfChangeRejected(
+                f"removing {node_id} would leave {len(rest) - len(down)} of the "
+                f"{len(rest)} remaining voters reachable, and a quorum needs {need}: the "
+                f"group could commit nothing until {', '.join(down)} came back. Bring it "
+                "back first, or remove a voter that is down")
 
     def transfer_leadership(self, to: str) -> None:
         self._wait(self.node.transfer_leadership(self.group, to))

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Self
 
+import pytest
+
 from raftkv.client import Client, ClientError, Unavailable
 from raftkv.testing.procs import ProcCluster, http_json
 
@@ -210,3 +212,27 @@ def test_admin_requests_to_a_follower_are_redirected_to_the_leader(tmp_path: Pat
         # A transfer asked of a follower is forwarded by Raft itself.
         c.client([follower]).transfer(follower)
         assert c.wait_leader() == follower
+
+
+def test_removing_a_live_voter_while_another_is_down_is_refused(tmp_path: Path) -> None:
+    """Found from outside: with n1 of three down, removing a live voter was accepted and
+    left two voters, one of them down: the group committed nothing until n1 came back,
+    and the client heard "no answer". The leader refuses such a removal with a 409, as
+    etcd's strict reconfiguration check does; removing the down voter is allowed."""
+    with ProcCluster(str(tmp_path), tick=0.02) as c:
+        c.start()
+        lead = c.wait_leader()
+        down, live = [n for n in c.nodes if n != lead]
+        client = c.client([lead])
+        client.put("before", "1")
+        c.kill(down)
+        time.sleep(4 * c.election_timeout)  # the leader counts it down after one
+        with pytest.raises(ClientError) as refused:
+            client.remove(live)
+        assert refused.value.status == 409 and "quorum" in str(refused.value)
+        assert set((c.group_status(lead) or {})["members"]) == set(c.nodes)
+        client.put("still", "2")
+        client.remove(down)
+        c.wait_until(lambda: set((c.group_status(lead) or {})["members"]) == {lead, live},
+                     what=f"{down} removed")
+        assert client.get("before") == b"1"
