@@ -485,3 +485,52 @@ def test_the_client_deletes_on_a_cas_to_none_and_refuses_what_is_not_a_key_or_va
             with pytest.raises(TypeError, match="bytes or str|pair"):
                 fn(*args, table=table)
         assert c.get("k", table=table) == b"v"
+
+
+def test_a_voter_that_does_not_host_its_partition_makes_it_under_replicated(
+        cluster: ProcCluster) -> None:
+    """Found from outside: a table created while a topology node was down had that node
+    as a voter of most partitions for the 30 s until it was declared dead, and
+    ``under_replicated`` was empty though only two copies existed. A voter that does not
+    host its partition (its node is down) counts now, before any declaration."""
+    admin = cluster.client()
+    admin.update_settings(scale_down_timeout=600.0)
+    admin.create_table("down", 2, 3)
+    _wait(lambda: admin.describe_table("down")["under_replicated"] == [], 60,
+          "fully replicated")
+    cluster.kill("n3")
+    _wait(lambda: admin.describe_table("down")["under_replicated"] == [0, 1], 30,
+          "both partitions named while n3 is down, not yet dead")
+    assert all("n3" in p["voters"] for p in admin.describe_table("down")["partitions"])
+    cluster.start("n3")
+    _wait(lambda: admin.describe_table("down")["under_replicated"] == [], 60,
+          "fully replicated again")
+    admin.close()
+
+
+def test_an_in_memory_partition_that_lost_a_majority_says_so(cluster: ProcCluster) -> None:
+    """Found from outside: two of three in-memory replicas restarted together left the
+    partition without a leader for good (rightly: a write they acknowledged may exist
+    nowhere else), and ``describe`` had no error, so it looked like an election under
+    way. Its ``errors`` now name the partition, the replicas that restarted empty and
+    the node that still holds what survives; the survivor's stale reads still work."""
+    admin = cluster.client()
+    admin.create_table("lost", 1, 3, "memory")
+    _wait(lambda: admin.describe_table("lost")["under_replicated"] == [], 60,
+          "fully replicated")
+    admin.put("k", "v", table="lost")
+    cluster.wait_caught_up()
+    for nid in ("n2", "n3"):
+        cluster.kill(nid)
+    for nid in ("n2", "n3"):
+        cluster.start(nid)
+
+    def said() -> bool:
+        d = admin.describe_table("lost")
+        return d["under_replicated"] == [0] and any(
+            "restarted empty" in e and "n2, n3" in e and "only on n1" in e
+            for e in d["errors"])
+
+    _wait(said, 60, "the lost majority named in describe's errors")
+    assert cluster.client(["n1"]).get("k", stale=True, table="lost") == b"v"
+    admin.close()

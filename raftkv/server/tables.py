@@ -18,9 +18,10 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   partition, ``stable``/``pending``/``planned`` assignments, the IGNITE-16668
   ``switch_reduce``/``switch_append``, ``leader``, ``voters``, ``learners`` (merged from
   every node's own view: ``?local=true`` gives just this node's), plus ``errors``
-  (rebalance errors recorded by any node's manager) and ``under_replicated``: the
-  partitions whose configuration has fewer voters than the table's replicas, or no
-  known leader. 404 unknown table.
+  (rebalance errors recorded by any node's manager, and for an in-memory table each
+  partition that lost a majority of its replicas to restarts) and ``under_replicated``:
+  the partitions whose configuration has fewer voters than the table's replicas, a voter
+  that does not host the partition, or no known leader. 404 unknown table.
 - ``DELETE /v1/tables/{t}``: ``{"dropped", "revision"}``; 404 unknown table. Every node
   stops the table's partition groups and deletes their files (``PlacementManager.
   drop_table``); a table re-created under the name starts empty. A KV request on the
@@ -523,11 +524,19 @@ class TablesApi:
                 "change": lead.get("change") if lead else None,
             })
         errors = [err for v in views for err in v.get("errors", [])]
+        answered = {v["node"] for v in views}
         # Said outright: a partition left with two voters of three (a drain begun while
         # another node was only suspect, a remove-node) looked healthy here, with no
-        # error and no change under way (found outside-in).
+        # error and no change under way (found outside-in). So is one with a voter that
+        # does not host it (its node down, or not started yet): a table created while a
+        # topology node was down had it as a voter of 7 partitions of 8 for 30 s, and
+        # looked fully replicated (found from outside).
         short = [p["partition"] for p in parts if p["leader"] is None or (
-            p["voters"] is not None and len(p["voters"]) < desc.replicas)]
+            p["voters"] is not None and (len(p["voters"]) < desc.replicas
+                                         or not set(p["voters"]) <= set(p["hosted_on"])))]
+        if desc.storage == MEMORY:
+            errors += [why for p in parts
+                       if p["leader"] is None and (why := _lost_majority(name, p, answered))]
         return web.json_response({**_desc_json(desc), "generation": generation,
                                   "partitions": parts, "errors": errors,
                                   "under_replicated": short,
@@ -1233,3 +1242,20 @@ def _check_replicas(replicas: object, storage: object, body: dict[str, Any]) -> 
 def _desc_json(d: TableDescriptor) -> dict[str, Any]:
     return {"name": d.name, "partitions": d.partitions, "replicas": d.replicas,
             "storage": d.storage}
+
+
+def _lost_majority(table: str, part: dict[str, Any], answered: set[str]) -> str:
+    """Why an in-memory partition without a leader will not get one (empty if it may):
+    a majority of its stable replicas run but host nothing, having restarted empty. It
+    must not elect from what is left, since a write acknowledged by that majority may
+    exist nowhere else; found from outside, where the partition sat at "no leader" with
+    no error for good. docs/operations.md gives the ways out."""
+    stable = part["stable"]
+    lost = sorted(n for n in stable if n in answered and n not in part["hosted_on"])
+    if not stable or len(lost) < len(stable) // 2 + 1:
+        return ""
+    return (f"{table} partition {part['partition']}: {len(lost)} of its {len(stable)} "
+            f"in-memory replicas ({', '.join(lost)}) restarted empty, a majority: it cannot "
+            f"elect a leader, and its data may survive only on "
+            f"{', '.join(part['hosted_on']) or 'no node'}; see \"In-memory tables\" in "
+            "docs/operations.md")
