@@ -29,12 +29,12 @@ partition batch with a ``batch_id`` applies at most once, so it is retried. Not
 thread-safe: one client per thread.
 
 Two timeouts, as etcdctl's ``--dial-timeout`` and ``--command-timeout``: ``timeout``
-bounds a whole request, retries included. A request that may be sent again waits at most
-a third of it (and at least a second) for one attempt's answer, then tries the next
-endpoint, so a node that accepts connections but never answers (stopped, wedged) cannot
-take the whole deadline; one that must not be sent twice waits for the rest of it, and
-after its ``OutcomeUnknown`` the next request starts at the next endpoint.
-``connect_timeout`` bounds each
+bounds a whole request, retries included. A request whose answer has not come after a
+third of it (at least a second) checks that the node is alive with ``/health`` on another
+connection, and gives up on a node that does not answer that either, so a node that
+accepts connections but never answers (stopped, wedged) cannot take the whole deadline;
+a request that may be sent again then tries the next endpoint, and after a write's
+``OutcomeUnknown`` the next request starts there. ``connect_timeout`` bounds each
 connection attempt and, when given, how long a request keeps trying to connect: once
 every endpoint has been tried and none has accepted a connection by then, it fails with
 ``Unavailable`` instead of retrying refused connections until ``timeout`` (``None``:
@@ -75,8 +75,9 @@ from raftkv.placement.assignments import partition_of
 from raftkv.tls import client_context
 
 RETRYABLE = {503, 504}
-# A request that may be retried waits at most timeout / ATTEMPTS (and no less than
-# MIN_ATTEMPT seconds) for each attempt's answer, leaving time to try another endpoint.
+# A request whose answer has not come after timeout / ATTEMPTS seconds (at least
+# MIN_ATTEMPT) checks that its node is alive (Client._await_answer); a lookup waits that
+# long for one node before it asks the next.
 ATTEMPTS = 3
 MIN_ATTEMPT = 1.0
 # A pooled connection idle longer than this is replaced before use: well inside the
@@ -296,8 +297,13 @@ class Client:
     def _once(
         self, endpoint: str, method: str, path: str, body: bytes | None,
         headers: dict[str, str] | None = None, wait: float | None = None,
+        probe: bool = False,
     ) -> tuple[int, bytes, str]:
-        """One attempt; ``wait`` bounds each read of its answer (default ``timeout``)."""
+        """One attempt, its answer waited for ``wait`` seconds (default ``timeout``).
+        ``probe``: if none has come after ``_probe_wait`` seconds, ask the node's
+        ``/health`` on another connection, and give up on it at once if that goes
+        unanswered too (``_await_answer``)."""
+        wait = wait or self.timeout
         c = self._conn(endpoint)
         if c.sock is not None and (time.monotonic() - self._used.get(endpoint, 0.0) > IDLE_REUSE
                                    or _readable(c.sock)):
@@ -308,16 +314,19 @@ class Client:
             c.close()
         try:
             if c.sock is None:
-                # A TLS handshake with a stopped node waits as long as a read would.
-                c.timeout = min(self.connect_timeout or self.timeout, wait or self.timeout)
+                # A stopped node accepts the TCP connection (the kernel does) but never
+                # completes a TLS handshake: bound it as a connection attempt.
+                c.timeout = min(self.connect_timeout or self._probe_wait, wait)
                 try:
-                    c.connect()  # within connect_timeout and wait, then reads within wait
+                    c.connect()
                 except ssl.SSLCertVerificationError:
                     raise  # not a connection that may come up later (request() says why)
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
-            c.sock.settimeout(wait or self.timeout)  # type: ignore[attr-defined]
+            c.sock.settimeout(wait)  # type: ignore[attr-defined]
             c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
+            if probe:
+                self._await_answer(endpoint, c, time.monotonic() + wait)
             r = c.getresponse()
             out = r.status, r.read(), r.getheader("Content-Type", "")
             self._used[endpoint] = time.monotonic()
@@ -326,6 +335,39 @@ class Client:
             c.close()
             self._conns.pop(endpoint, None)
             raise
+
+    def _await_answer(self, endpoint: str, c: http.client.HTTPConnection,
+                      deadline: float) -> None:
+        """Wait until ``c`` has an answer to read, or ``deadline``. Every
+        ``_probe_wait`` seconds without one, check that the node is alive with a
+        ``/health`` request on a connection of its own: a node that accepts connections
+        but never answers (SIGSTOPped, wedged) otherwise held a request, and the client,
+        for the whole timeout while other nodes were up (found from outside), whereas a
+        slow answer from a live node is worth waiting for (gRPC's keepalive pings tell
+        the two apart for etcd's client). ``TimeoutError`` if the node is not alive."""
+        sock = c.sock
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or getattr(sock, "pending", lambda: 0)() or poller.poll(
+                    1000 * min(left, self._probe_wait)):
+                return  # an answer (or the deadline: the read then times out)
+            if time.monotonic() < deadline and not self._alive(endpoint):
+                raise TimeoutError(f"no answer, and no answer to a health check either "
+                                   f"within {self._probe_wait:g}s: is the node stopped?")
+
+    def _alive(self, endpoint: str) -> bool:
+        """Whether ``endpoint`` answers ``/health`` (any status) within ``_probe_wait``."""
+        c = self._stream(endpoint, self._probe_wait)
+        try:
+            c.request("GET", "/health")
+            c.getresponse().read()
+            return True
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            c.close()
 
     def request(
         self, method: str, path: str, body: bytes | None = None, ok: tuple[int, ...] = (200,),
@@ -363,14 +405,10 @@ class Client:
         while True:
             endpoint = self.endpoints[self._current]
             self._attempts += 1
-            # A request that may be sent again gets a share of the deadline per attempt:
-            # a node that accepts connections but never answers (SIGSTOPped, wedged)
-            # took the whole of it, so the next endpoint was never tried (found from
-            # outside). One that must not is sent once, so it may wait for all of it.
             left = max(deadline - time.monotonic(), 0.001)
-            wait = left if once else min(left, self._probe_wait)
             try:
-                status, data, ctype = self._once(endpoint, method, path, body, headers, wait)
+                status, data, ctype = self._once(endpoint, method, path, body, headers,
+                                                 left, probe=len(self.endpoints) > 1)
             except ssl.SSLCertVerificationError as e:
                 # Not a passing fault: retrying until the deadline would only hide it.
                 raise Unavailable(f"{endpoint}: TLS: {e.verify_message}: its certificate is "

@@ -14,9 +14,12 @@ paused VM), against real ``raftkv serve`` processes. Found from outside:
 
 from __future__ import annotations
 
+import http.server
+import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,3 +121,40 @@ def test_a_transfer_to_a_stopped_node_reports_the_leaders_answer(
             _client(c, lead, 10.0).transfer(target)
     finally:
         _resume(c, target)
+
+
+def test_a_slow_answer_from_a_live_node_is_waited_for() -> None:
+    """Found in review of the fix above, which gave each attempt of a retried request a
+    third of the timeout: a live node answering a read in 1.5 s failed a client with a
+    3 s timeout, after three attempts. The client now waits the whole deadline for a
+    node that still answers its health check (a server here that takes 1.5 s for
+    everything but ``/health``), and gives up early only on one that does not."""
+    attempts: list[str] = []
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            if self.path != "/health":
+                attempts.append(self.path)
+                time.sleep(1.5)
+            body = json.dumps({"status": "ok"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ep = f"http://127.0.0.1:{server.server_address[1]}"
+        client = Client([ep, ep], 3.0)
+        assert client.request("GET", "/v1/slow")[0] == 200
+        assert attempts == ["/v1/slow"]
+    finally:
+        server.shutdown()
+        server.server_close()
