@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,11 +34,13 @@ from raftkv.core import (
     ConfChangeRejected,
     Entry,
     EntryType,
+    MessageType,
     Ready,
     Snapshot,
     SnapshotMeta,
 )
 from raftkv.node.driver import Node, NodeConfig, _applies_first
+from raftkv.node.errors import RequestTimeout
 from raftkv.node.stores import open_group_storage
 from raftkv.testing.procs import free_ports
 
@@ -48,13 +50,14 @@ TIMEOUT = 30.0
 
 @contextmanager
 def _started(tmp_path: Path, size: int, founders: list[str] | None = None,
-             request_timeout: float = TIMEOUT) -> Iterator[dict[str, Node]]:
+             request_timeout: float = TIMEOUT,
+             quiesce: bool = False) -> Iterator[dict[str, Node]]:
     """``size`` real nodes hosting group ``GID`` (founded by ``founders``, by default
     all of them), stopped on the way out."""
     peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(size))}
     out = {nid: Node(NodeConfig(nid, addr, b"turn-secret", peers=peers,
                                 data_dir=str(tmp_path / nid), request_timeout=request_timeout,
-                                quiesce=False))
+                                quiesce=quiesce))
            for nid, addr in peers.items()}
     try:
         for nid, n in out.items():
@@ -333,18 +336,52 @@ def test_a_parked_write_forwarded_later_keeps_its_own_deadline(tmp_path: Path) -
         assert time.monotonic() - t0 < timeout + 0.5
 
 
+def _versions(node: Node, keys: Iterable[bytes]) -> set[int]:
+    """Each key's version (one per put applied) as ``node``'s replica holds it."""
+    got = node.read_kv(GID, lambda s: {s.get_meta(k).version for k in keys}).result(5)
+    return set(got)
+
+
 def test_writes_forwarded_to_a_leader_replaced_while_alive_get_its_answer(
     nodes: dict[str, Node],
 ) -> None:
     """Found in CI: a metastore write forwarded at a cluster's birth failed "leader n3
     was replaced before answering; the outcome is unknown", because the follower failed
     every write it had forwarded as soon as it heard of a new leader. A replaced leader
-    that is alive answers each of them (the result, or NotLeader, which is retried), so
-    only a leader that is also down has its forwards failed early. Here a follower keeps
-    writes in flight through the old leader while it hands leadership to the third
-    node, five times. Every write is applied, once: the old leader's NotLeader and its
-    ProposalDropped (refused during the transfer; all 300 writes were, before) are
-    retried with the next leader by the follower, which knows nothing was applied."""
+    that is alive answers each of them, so only one that is down has its forwards
+    failed early. Here the old leader's answers are held back until the follower knows
+    the new leader (a review's test): each write still gets its answer, applied once."""
+    lead = _leader(nodes, list(nodes))
+    follower, heir = [n for n in nodes if n != lead]
+    node = nodes[follower]
+    held: list[tuple[Any, ...]] = []
+    on_reply = node._on_reply
+    node.call(lambda: setattr(node, "_on_reply", lambda *a: held.append(a))).result(5)
+    futs = {b"h%d" % i: node.propose(GID, encode_put(b"h%d" % i, b"v")) for i in range(20)}
+    deadline = time.monotonic() + 10
+    while not nodes[lead].read(GID, lambda s: all(s.get(k) for k in futs)).result(5):
+        assert time.monotonic() < deadline, "the writes never applied"
+        time.sleep(0.05)
+    nodes[lead].transfer_leadership(GID, heir).result(10)
+    while node.groups[GID].leader != heir:
+        assert time.monotonic() < deadline, "the follower never heard of the new leader"
+        time.sleep(0.02)
+    assert not any(f.done() for f in futs.values())
+    node.call(lambda: (setattr(node, "_on_reply", on_reply),
+                       [on_reply(*a) for a in held])).result(5)
+    errors = [e for e in (f.exception(TIMEOUT) for f in futs.values()) if e is not None]
+    assert errors == [], errors[:3]
+    assert _versions(node, futs) == {1}
+
+
+def test_writes_forwarded_through_leadership_transfers_apply_once(
+    nodes: dict[str, Node],
+) -> None:
+    """A leader handing its leadership over refuses proposals (ProposalDropped, nothing
+    appended), and that reached the forwarding follower's caller: in this test all 300
+    writes of a round were refused. The follower knows nothing was applied and retries
+    them with the next leader until their deadline, as it does NotLeader. Five transfers
+    with writes in flight: every write is applied, once."""
     lead = _leader(nodes, list(nodes))
     follower, heir = [n for n in nodes if n != lead]
     futs: dict[bytes, Future[Any]] = {}
@@ -357,10 +394,64 @@ def test_writes_forwarded_to_a_leader_replaced_while_alive_get_its_answer(
         _leader(nodes, list(nodes))
     errors = [e for e in (f.exception(TIMEOUT) for f in futs.values()) if e is not None]
     assert errors == [], errors[:3]
-    indexes = [f.result()[0] for f in futs.values()]
-    assert len(set(indexes)) == len(indexes)
-    held = nodes[follower].read(GID, lambda s: {k for k in futs if s.get(k) is not None})
-    assert held.result(5) == set(futs)
+    assert _versions(nodes[follower], futs) == {1}
+
+
+@pytest.mark.parametrize("quiesce", [True, False])
+def test_a_write_forwarded_to_a_leader_that_died_and_was_replaced_fails_early(
+        tmp_path: Path, quiesce: bool) -> None:
+    """The other side of the rule above, found in review: a leader that is replaced
+    and down will never answer, so its forwarded writes fail (outcome unknown) once it
+    is down, not at their deadline. The driver tracked who is down only with
+    quiescence on; without it, such a write waited out its whole request timeout."""
+    timeout = 8.0
+    with _started(tmp_path, 3, request_timeout=timeout, quiesce=quiesce) as nodes:
+        lead = _leader(nodes, list(nodes))
+        leader = nodes[lead]
+        leader.call(lambda: setattr(leader, "_answer_forward", lambda *a: None)).result(5)
+        fut = nodes[next(n for n in nodes if n != lead)].propose(GID, encode_put(b"k", b"v"))
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        leader.stop()
+        _leader(nodes, [n for n in nodes if n != lead])
+        with pytest.raises(RequestTimeout, match="replaced before answering"):
+            fut.result(3 * timeout)
+        assert time.monotonic() - t0 < timeout / 2
+
+
+def test_a_parked_write_this_node_proposes_once_it_leads_keeps_its_own_deadline(
+        tmp_path: Path) -> None:
+    """Found in review: a write parked on a follower and proposed there once it leads
+    got a fresh request timeout from the batch it joined, so it could wait about twice
+    its own. Here its entry never commits (the others drop the appends that carry it):
+    it must fail by its own deadline."""
+    timeout = 3.0
+    with _started(tmp_path, 3, request_timeout=timeout) as nodes:
+        lead = _leader(nodes, list(nodes))
+        fid = next(n for n in nodes if n != lead)
+        node = nodes[fid]
+        data = encode_put(b"late", b"v")
+        for nid, other in nodes.items():
+            if nid == fid:
+                continue
+            step = other._step
+
+            def dropping(peer: str, group: str, msg: Any, step: Any = step) -> None:
+                if peer == fid and msg.type == MessageType.APP and any(
+                        e.data == data for e in msg.entries or ()):
+                    return  # the write never commits
+                step(peer, group, msg)
+
+            other.call(lambda o=other, d=dropping: setattr(o, "_step", d)).result(5)
+        g = node.groups[GID]
+        node.call(lambda: setattr(g, "leader", None)).result(5)  # no leader known: parked
+        t0 = time.monotonic()
+        fut = node.propose(GID, data)
+        time.sleep(timeout * 0.8)
+        nodes[lead].transfer_leadership(GID, fid).result(5)
+        with pytest.raises(RequestTimeout):
+            fut.result(5 * timeout)
+        assert time.monotonic() - t0 < timeout + 0.5
 
 
 def test_a_snapshot_image_is_checked_off_the_loop_thread(tmp_path: Path) -> None:

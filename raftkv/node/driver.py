@@ -163,7 +163,10 @@ class Group:
     pending: dict[int, tuple[int, Future[Any]]] = field(default_factory=dict)
     # (deadline, index) in proposal order, so expiry only looks at the front.
     deadlines: deque[tuple[float, int]] = field(default_factory=deque)
-    queued: list[tuple[bytes, Future[Any]]] = field(default_factory=list)
+    # (deadline, index): proposals whose own deadline comes before their batch's (a
+    # write parked or forwarded before this node led), a heap.
+    own_deadlines: list[tuple[float, int]] = field(default_factory=list)
+    queued: list[tuple[bytes, Future[Any], float | None]] = field(default_factory=list)
     # Linearizable reads asked this turn: they share one ReadIndex round (``_flush_reads``).
     read_batch: list[_Read] = field(default_factory=list)
     # context -> the reads waiting on that ReadIndex round.
@@ -349,7 +352,7 @@ class Node:
             _fail(r.fut, err)
         for _, fut, _ in g.parked:
             _fail(fut, err)
-        for _, fut in g.queued:
+        for _, fut, _ in g.queued:
             _fail(fut, err)
         for _, fut, _ in g.transfers:
             _fail(fut, err)
@@ -587,8 +590,7 @@ class Node:
 
     def _tick(self, now: float) -> None:
         self.transport.maintain()
-        if self.cfg.quiesce:
-            self._liveness(now)
+        self._liveness(now)
         compact = now >= self._next_compact
         if compact:
             self._next_compact = now + COMPACT_EVERY
@@ -687,7 +689,10 @@ class Node:
 
     def _liveness(self, now: float) -> None:
         """Ping every known peer once per heartbeat interval and tell the cores which
-        peers went down or came back (see "Peer liveness" in the module docstring)."""
+        peers went down or came back (see "Peer liveness" in the module docstring).
+        Without quiescence the cores are not told, but the driver still tracks who is
+        down: a write forwarded to a replaced leader and the strict removal check
+        (``RaftKV.remove``) depend on it."""
         self._ticks += 1
         transport = self.transport
         members = self._members()
@@ -707,12 +712,13 @@ class Node:
                 self._down.add(peer)
                 log.info("peer %s is unreachable", peer)
             for g in self.groups.values():
-                if live:
-                    g.raft.peer_up(peer)
-                else:
-                    g.raft.peer_down(peer)
-                    if g.leader != peer:
-                        self._abandon_forwards(g, peer)
+                if self.cfg.quiesce:  # the cores need to know only to quiesce safely
+                    if live:
+                        g.raft.peer_up(peer)
+                    else:
+                        g.raft.peer_down(peer)
+                if not live and g.leader != peer:
+                    self._abandon_forwards(g, peer)
             self._dirty.update(self.groups)
 
     def _when_leader(self, g: Group, fn: Callable[[], None], fut: Future[Any]) -> None:
@@ -748,6 +754,12 @@ class Node:
                 _fail(g.pending.pop(index)[1], RequestTimeout(
                     f"entry {index} was not applied within {self.cfg.request_timeout}s; "
                     "its outcome is unknown"))
+        while g.own_deadlines and g.own_deadlines[0][0] < now:
+            _, index = heapq.heappop(g.own_deadlines)
+            waiter = g.pending.pop(index, None)
+            if waiter is not None:
+                _fail(waiter[1], RequestTimeout(
+                    f"entry {index} was not applied by its deadline; its outcome is unknown"))
         if g.parked:
             parked, g.parked = g.parked, []
             for fn, fut, deadline in parked:
@@ -771,9 +783,13 @@ class Node:
                     keep.append((to, fut, deadline))
             g.transfers = keep
 
-    def _queue(self, g: Group, data: bytes, fut: Future[Any]) -> None:
-        """Queue a proposal on this leader: the turn proposes each group's as one batch."""
-        g.queued.append((data, fut))
+    def _queue(self, g: Group, data: bytes, fut: Future[Any],
+               deadline: float | None = None) -> None:
+        """Queue a proposal on this leader: the turn proposes each group's as one batch.
+        ``deadline``: the write's own (it was parked or forwarded before this node led),
+        kept rather than given a fresh request timeout (twice its timeout, found in
+        review)."""
+        g.queued.append((data, fut, deadline))
         self._proposing[g.id] = g
 
     def _flush_proposals(self) -> None:
@@ -784,19 +800,21 @@ class Node:
             queued, g.queued = g.queued, []
             self._dirty.add(g.id)
             try:
-                last = g.raft.propose_batch(d for d, _ in queued)
+                last = g.raft.propose_batch(d for d, _, _ in queued)
             except RaftError as e:
-                for _, fut in queued:
+                for _, fut, _ in queued:
                     _fail(fut, e)
                 continue
             term = g.raft.term
             first = last - len(queued) + 1
             deadline = self.clock() + self.cfg.request_timeout
-            for i, (_, fut) in enumerate(queued):
+            for i, (_, fut, own) in enumerate(queued):
                 old = g.pending.get(first + i)
                 if old is not None:  # an earlier term's proposal here was truncated away
                     _fail(old[1], NotLeader(self.id, g.leader))
                 g.pending[first + i] = (term, fut)
+                if own is not None and own < deadline:
+                    heapq.heappush(g.own_deadlines, (own, first + i))
             g.deadlines.append((deadline, last))
             self.metrics.proposals(g.id, len(queued))
 
@@ -1072,12 +1090,16 @@ class Node:
                     break  # the leader went again: the next change asks the next one
         if lead is not None and g.parked:
             parked, g.parked = g.parked, []
-            for fn, fut, _ in parked:
-                self._retry(fn, fut)
+            now = self.clock()
+            for fn, fut, deadline in parked:
+                if now > deadline:  # not retried past it: it was not applied, say so
+                    _fail(fut, NotLeader(self.id, g.leader))
+                else:
+                    self._retry(fn, fut)
         if g.raft.role != Role.LEADER and g.queued:
             queued, g.queued = g.queued, []
-            for data, fut in queued:
-                self._propose_or_forward(g, data, fut)
+            for data, fut, own in queued:
+                self._propose_or_forward(g, data, fut, own)
 
     # ====================================================== forwarding writes ========
     def _propose_or_forward(self, g: Group, data: bytes, fut: Future[Any],
@@ -1085,7 +1107,7 @@ class Node:
         """Propose on this leader, forward to the leader known, or park until one is
         known (until ``deadline``, by default a request timeout from now)."""
         if g.raft.role == Role.LEADER:
-            self._queue(g, data, fut)
+            self._queue(g, data, fut, deadline)
             return
         lead = g.leader
         if deadline is None:
@@ -1326,7 +1348,12 @@ class Node:
                 log.warning("group %s: checking a snapshot from %s failed", g.id, peer,
                             exc_info=True)
                 image = None
-            self.call(lambda: stepped(image))
+            self.call(lambda: stepped(image)).add_done_callback(failed)
+
+        def failed(f: Future[None]) -> None:
+            if f.exception() is not None:  # on a future nobody waits for: say it here
+                log.error("group %s: stepping a checked snapshot from %s failed", g.id,
+                          peer, exc_info=f.exception())
 
         def stepped(image: VerifiedImage | None) -> None:
             self._checking.discard(g.id)
