@@ -297,12 +297,17 @@ class Client:
     def _once(
         self, endpoint: str, method: str, path: str, body: bytes | None,
         headers: dict[str, str] | None = None, wait: float | None = None,
-        probe: bool = False,
+        probe: bool = False, once: bool = False,
     ) -> tuple[int, bytes, str]:
         """One attempt, its answer waited for ``wait`` seconds (default ``timeout``).
         ``probe``: if none has come after ``_probe_wait`` seconds, ask the node's
         ``/health`` on another connection, and give up on it at once if that goes
-        unanswered too (``_await_answer``)."""
+        unanswered too (``_await_answer``). With ``once`` as well, a new connection
+        first asks ``/health`` itself: a stopped node accepts connections (its kernel
+        does), and a write sent on one could only end in an unknown outcome, whereas
+        a node found stopped before the write went out is simply not the one to ask
+        (every ``raftkv put`` listing a stopped node first failed so; etcd's client,
+        over HTTP/2, never sends on a connection whose handshake did not finish)."""
         wait = wait or self.timeout
         c = self._conn(endpoint)
         if c.sock is not None and (time.monotonic() - self._used.get(endpoint, 0.0) > IDLE_REUSE
@@ -323,6 +328,14 @@ class Client:
                     raise  # not a connection that may come up later (request() says why)
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
+                if probe and once:
+                    c.sock.settimeout(min(self._probe_wait, wait))  # type: ignore[attr-defined]
+                    try:
+                        c.request("GET", "/health")
+                        c.getresponse().read()
+                    except (OSError, http.client.HTTPException) as e:
+                        raise NotConnected(f"connected, but no answer to a health check "
+                                           f"({e}): is the node stopped?") from e
             c.sock.settimeout(wait)  # type: ignore[attr-defined]
             c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
             if probe:
@@ -354,8 +367,8 @@ class Client:
                     1000 * min(left, self._probe_wait)):
                 return  # an answer (or the deadline: the read then times out)
             if time.monotonic() < deadline and not self._alive(endpoint):
-                raise TimeoutError(f"no answer, and no answer to a health check either "
-                                   f"within {self._probe_wait:g}s: is the node stopped?")
+                raise TimeoutError(f"no answer, nor to a health check within "
+                                   f"{self._probe_wait:.1f}s (is the node stopped?)")
 
     def _alive(self, endpoint: str) -> bool:
         """Whether ``endpoint`` answers ``/health`` (any status) within ``_probe_wait``."""
@@ -408,7 +421,8 @@ class Client:
             left = max(deadline - time.monotonic(), 0.001)
             try:
                 status, data, ctype = self._once(endpoint, method, path, body, headers,
-                                                 left, probe=len(self.endpoints) > 1)
+                                                 left, probe=len(self.endpoints) > 1,
+                                                 once=once)
             except ssl.SSLCertVerificationError as e:
                 # Not a passing fault: retrying until the deadline would only hide it.
                 raise Unavailable(f"{endpoint}: TLS: {e.verify_message}: its certificate is "
@@ -419,7 +433,7 @@ class Client:
                     # The next request starts elsewhere: this endpoint may be hung, and
                     # the client stayed on it for good (found from outside).
                     self._next()
-                    raise OutcomeUnknown(f"{endpoint}: {e} after the request may have "
+                    raise OutcomeUnknown(f"{endpoint}: {e}, after the request may have "
                                          "been sent; it may or may not have applied") from e
                 last = f"{endpoint}: {e}"
                 self._next()

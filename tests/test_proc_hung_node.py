@@ -60,21 +60,24 @@ def test_a_client_whose_first_endpoint_hangs_reads_and_writes_through_the_others
     c = cluster
     lead = c.wait_leader()
     hung = next(n for n in c.nodes if n != lead)
-    setup = c.client()
-    setup.put("k", "before")
+    w = _client(c, hung, 3.0)
+    w.put("k", "before")  # its connection to the node that will hang is open
     c.wait_caught_up()
     _stop(c, hung)
     try:
-        # A read may be sent again: it leaves the hung node after its share of the
-        # deadline and is answered by another.
-        assert _client(c, hung, 6.0).get("k") == b"before"
-        # A write is sent once: unknown on the hung node, and the next one goes on.
-        w = _client(c, hung, 3.0)
-        with pytest.raises(OutcomeUnknown):
+        # A write sent on the open connection is sent once: unknown, and the next goes
+        # on to another node.
+        with pytest.raises(OutcomeUnknown, match="is the node stopped"):
             w.put("k", "abandoned")
         for i in range(3):
             assert w.put(f"after{i}", "v") > 0
         assert w.get("after2") == b"v"
+        # A read may be sent again: it leaves the hung node, which answers no health
+        # check either, and is answered by another.
+        assert _client(c, hung, 6.0).get("after0") == b"v"
+        # A write on a new connection finds the node hung before it goes out, and is
+        # sent to another node (every CLI write failed so).
+        assert _client(c, hung, 3.0).put("fresh", "v") > 0
     finally:
         _resume(c, hung)
 
