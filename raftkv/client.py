@@ -265,7 +265,8 @@ class Client:
         self._detours = 0  # endpoint moves (a redirect or a retry elsewhere), ever
         self._attempts = 0  # requests sent, ever (a call that sent more than one retried)
         self._missing: dict[str, float] = {}  # node id -> until when not to look again
-        self._silent: dict[str, float] = {}  # endpoint -> until when not to ask for routes
+        # endpoint -> until when it is not asked for routes or ids, nor moved to first
+        self._silent: dict[str, float] = {}
         bearer = resolve_token(token, token_file)
         self._auth = {"Authorization": f"Bearer {bearer}"} if bearer else {}
 
@@ -429,6 +430,9 @@ class Client:
                                   "not signed by the trusted CA (--cacert, RAFTKV_CACERT) "
                                   "or does not name that host") from e
             except (OSError, http.client.HTTPException) as e:
+                if isinstance(e, TimeoutError | NotConnected):
+                    # Not asked again for a while by lookups, nor moved to first.
+                    self._silent[endpoint] = time.monotonic() + ROUTE_TTL
                 if once and not isinstance(e, NotConnected):
                     # The next request starts elsewhere: this endpoint may be hung, and
                     # the client stayed on it for good (found from outside).
@@ -484,8 +488,16 @@ class Client:
         return min(self.timeout, max(MIN_ATTEMPT, self.timeout / ATTEMPTS))
 
     def _next(self) -> None:
+        """Move to the next endpoint, passing over those that went silent lately (if
+        any other is left)."""
         self._detours += 1
-        self._current = (self._current + 1) % len(self.endpoints)
+        now = time.monotonic()
+        n = len(self.endpoints)
+        for step in range(1, n + 1):
+            i = (self._current + step) % n
+            if self._silent.get(self.endpoints[i], 0.0) <= now or step == n:
+                self._current = i
+                return
 
     def _partition_leader(self, table: str, where: bytes | int) -> str | None:
         """The endpoint of the leader of ``table``'s partition ``where`` (or the one
@@ -512,12 +524,14 @@ class Client:
         again for ``ROUTE_TTL`` seconds."""
         if node_id in self._ids or self._missing.get(node_id, 0.0) > time.monotonic():
             return self._ids.get(node_id)
+        now = time.monotonic()
         for e in self.endpoints:
-            if e in self._ids.values():
-                continue
+            if e in self._ids.values() or self._silent.get(e, 0.0) > now:
+                continue  # a silent one cost a redirect its deadline (found from outside)
             try:
                 status, data, ctype = self._once(e, "GET", "/health", None, wait=self._probe_wait)
             except (OSError, http.client.HTTPException):
+                self._silent[e] = now + ROUTE_TTL
                 continue
             if status in (200, 503):  # 503: up, but no leader known yet
                 ident = _json(data, ctype).get("id")
