@@ -220,7 +220,12 @@ class EmbeddedNode:
         if raft.role != Role.LEADER or node_id not in raft.conf.voters:
             return
         rest = sorted(raft.conf.voters - {node_id})
-        down = [v for v in rest if not self.node.reachable(v)]
+        # Connected and heard from within an election timeout now, not only as of the
+        # last liveness check: a removal sent right after a voter was SIGKILLed was let
+        # through by that check's tick-old view (found from outside).
+        within = self.node.lease_seconds()
+        down = [v for v in rest
+                if not (self.node.reachable(v) and self.node.heard_from(v, within))]
         need = len(rest) // 2 + 1
         if rest and len(rest) - len(down) < need:
             raise ConfChangeRejected(
