@@ -33,7 +33,10 @@ frame, sent only when nothing else went that way), and a peer is live while it i
 connected and was heard from within one election timeout. Each tick the driver
 reports changes to every core (``peer_down``/``peer_up``); the core decides what they
 mean. A SIGKILLed leader's connection drops at once, so its followers wake and
-campaign one randomized election timeout later, as before quiescence.
+campaign one randomized election timeout later, as before quiescence. With quiescence
+off the cores are not told, but the driver tracks who is down all the same: writes
+forwarded to a replaced leader that is down fail early (``_abandon_forwards``), and a
+removal that would leave no reachable quorum is refused (``RaftKV.remove``).
 
 Only members of a hosted group's configuration are pinged. A member removed from the
 last group it shared with this node is forgotten by the transport (connection closed,
