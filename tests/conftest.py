@@ -34,6 +34,7 @@ from raftkv.core import (
 from raftkv.core.membership import ConfChange, encode_conf_entry
 from raftkv.testing.cluster import Cluster
 from raftkv.testing.node import SimNode, encode_command
+from raftkv.testing.procs import ProcCluster
 
 MT = MessageType
 
@@ -224,3 +225,12 @@ def rows_hashed(monkeypatch: pytest.MonkeyPatch) -> RowsHashed:
     monkeypatch.setattr(state_store, "DigestBuilder", Counting)
     return counter
 
+
+@pytest.fixture
+def proc_cluster(tmp_path: Path) -> Iterator[ProcCluster]:
+    """Three ``raftkv serve`` processes (20 ms ticks) with a leader elected, stopped on
+    the way out."""
+    with ProcCluster(str(tmp_path), size=3, tick=0.02) as c:
+        c.start()
+        c.wait_leader()
+        yield c

@@ -414,3 +414,23 @@ def test_a_follower_below_the_named_commit_stays_awake_until_it_learns_it():
     r2.step(msg(MT.HEARTBEAT, "n1", "n2", r1.term, index=r2.log.last_index(),
                 log_term=r2.log.term(r2.log.last_index()), commit=r2.log.last_index()))
     assert r2.quiesced
+
+
+def test_followers_back_but_silent_do_not_let_a_leader_quiesce_without_a_quorum():
+    """Found from outside (an in-memory table, two of three replicas SIGKILLed and
+    restarted at once): a quiet leader whose followers are reported down, then up again
+    within a check-quorum period, but which never answer for the group (restarted
+    empty, they host nothing yet). Its progress still showed them caught up from before
+    (REPLICATE, match at the last index), so it quiesced again and stayed leader for
+    good, with no quorum behind it. peer_down now sends a replicating follower back to
+    probe, as etcd's ReportUnreachable does: it counts toward quiescing only once it
+    answers again, so the leader keeps ticking and check-quorum deposes it (§6.2)."""
+    c = quiet_cluster()
+    c.isolate("n1")  # n2 and n3 never answer again
+    c.raft("n1").peer_down("n2")
+    c.raft("n1").peer_down("n3")
+    c.tick(["n1"], n=3)
+    c.raft("n1").peer_up("n2")
+    c.raft("n1").peer_up("n3")
+    c.tick(["n1"], n=60)
+    assert c.raft("n1").role != Role.LEADER

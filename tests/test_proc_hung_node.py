@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,11 +30,8 @@ from raftkv.testing.procs import ProcCluster
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    with ProcCluster(str(tmp_path), size=3, tick=0.02) as c:
-        c.start()
-        c.wait_leader()
-        yield c
+def cluster(proc_cluster: ProcCluster) -> ProcCluster:
+    return proc_cluster
 
 
 def _stop(c: ProcCluster, nid: str) -> None:

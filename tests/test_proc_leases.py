@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,11 +18,8 @@ from raftkv.testing.procs import ProcCluster
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    with ProcCluster(str(tmp_path), size=3, tick=0.02) as c:
-        c.start()
-        c.wait_leader()
-        yield c
+def cluster(proc_cluster: ProcCluster) -> ProcCluster:
+    return proc_cluster
 
 
 def test_an_unkept_lease_expires_and_a_kept_one_stays_even_through_a_leader_kill(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,11 +20,8 @@ from raftkv.testing.procs import ProcCluster
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    with ProcCluster(str(tmp_path), size=3, tick=0.02) as c:
-        c.start()
-        c.wait_leader()
-        yield c
+def cluster(proc_cluster: ProcCluster) -> ProcCluster:
+    return proc_cluster
 
 
 def _writes(c: Client, lo: int, hi: int) -> list[tuple[int, str, bytes, bytes | None]]:
