@@ -9,6 +9,7 @@ with pre-vote and stickiness from dissertation §9.6 still in force).
 
 from __future__ import annotations
 
+import pytest
 from conftest import MT, Hold, cmd, make_raft, msg
 
 from raftkv.core import Role
@@ -416,15 +417,20 @@ def test_a_follower_below_the_named_commit_stays_awake_until_it_learns_it():
     assert r2.quiesced
 
 
+@pytest.mark.xfail(strict=True, reason="known hole, not closed yet: the fix tried (peer_down "
+                   "sends a replicating follower to probe, as etcd's ReportUnreachable) "
+                   "failed the simulator's liveness check, seed 944")
 def test_followers_back_but_silent_do_not_let_a_leader_quiesce_without_a_quorum():
     """Found from outside (an in-memory table, two of three replicas SIGKILLed and
     restarted at once): a quiet leader whose followers are reported down, then up again
     within a check-quorum period, but which never answer for the group (restarted
     empty, they host nothing yet). Its progress still showed them caught up from before
     (REPLICATE, match at the last index), so it quiesced again and stayed leader for
-    good, with no quorum behind it. peer_down now sends a replicating follower back to
-    probe, as etcd's ReportUnreachable does: it counts toward quiescing only once it
-    answers again, so the leader keeps ticking and check-quorum deposes it (§6.2)."""
+    good, with no quorum behind it; it should keep ticking, so that check-quorum deposes
+    it (§6.2). Sending a replicating follower back to probe on peer_down, as etcd's
+    ReportUnreachable does, passes this but left a settled simulator cluster without a
+    leader for too long (python -m raftkv.sim --seeds 944 --nodes 5), so it is not in.
+    ``describe`` names such a partition's loss all the same (tests/test_proc_tables.py)."""
     c = quiet_cluster()
     c.isolate("n1")  # n2 and n3 never answer again
     c.raft("n1").peer_down("n2")

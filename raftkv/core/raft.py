@@ -720,13 +720,6 @@ class Raft:
         if peer == self.id or peer in self._unreachable:
             return
         self._unreachable.add(peer)
-        pr = self.prs.get(peer) if self.role == Role.LEADER else None
-        if pr is not None and pr.state == ProgressState.REPLICATE:
-            # As etcd's ReportUnreachable: what the follower acknowledged before it went
-            # may not hold when it comes back (a restart, its group not hosted yet), and
-            # counted as acknowledged it let a leader with no quorum behind it quiesce
-            # for good (found from outside). A probe must be answered first.
-            pr.become_probe()
         if self.quiesced and (peer == self.lead or peer in self.prs):
             self._unquiesce()
 

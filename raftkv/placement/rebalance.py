@@ -747,6 +747,9 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
                 "switch_append": self._nodes(part.sw.append),
                 "start": part.start.value,
                 "hosted": g is not None,
+                # Hosted before this start and not since: a replica that restarted empty
+                # (in memory) or wiped, waiting for the safe restart protocol.
+                "lost": g is None and self._held_before(part),
             }
             if g is not None:
                 conf = g.raft.conf

@@ -524,7 +524,6 @@ class TablesApi:
                 "change": lead.get("change") if lead else None,
             })
         errors = [err for v in views for err in v.get("errors", [])]
-        answered = {v["node"] for v in views}
         # Said outright: a partition left with two voters of three (a drain begun while
         # another node was only suspect, a remove-node) looked healthy here, with no
         # error and no change under way (found outside-in). So is one with a voter that
@@ -535,8 +534,10 @@ class TablesApi:
             p["voters"] is not None and (len(p["voters"]) < desc.replicas
                                          or not set(p["voters"]) <= set(p["hosted_on"])))]
         if desc.storage == MEMORY:
-            errors += [why for p in parts
-                       if p["leader"] is None and (why := _lost_majority(name, p, answered))]
+            # Whatever leader it names: one whose quorum restarted empty commits nothing
+            # (and a quiet one can go on claiming the leadership: an xfail scenario in
+            # tests/test_core_quiesce.py).
+            errors += [why for p in parts if (why := _lost_majority(name, p, views))]
         return web.json_response({**_desc_json(desc), "generation": generation,
                                   "partitions": parts, "errors": errors,
                                   "under_replicated": short,
@@ -1244,18 +1245,21 @@ def _desc_json(d: TableDescriptor) -> dict[str, Any]:
             "storage": d.storage}
 
 
-def _lost_majority(table: str, part: dict[str, Any], answered: set[str]) -> str:
-    """Why an in-memory partition without a leader will not get one (empty if it may):
-    a majority of its stable replicas run but host nothing, having restarted empty. It
+def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]) -> str:
+    """Why an in-memory partition cannot commit (empty if it may): a majority of its
+    stable replicas run but host nothing, having restarted empty (their managers say
+    so: they hosted it before this start, which a replica not started yet did not). It
     must not elect from what is left, since a write acknowledged by that majority may
-    exist nowhere else; found from outside, where the partition sat at "no leader" with
-    no error for good. docs/operations.md gives the ways out."""
+    exist nowhere else; found from outside, where the partition sat at "no leader"
+    with no error for good. docs/operations.md gives the ways out."""
     stable = part["stable"]
-    lost = sorted(n for n in stable if n in answered and n not in part["hosted_on"])
+    gid = part["group"]
+    lost = sorted(v["node"] for v in views if v["node"] in stable
+                  and v.get("partitions", {}).get(gid, {}).get("lost"))
     if not stable or len(lost) < len(stable) // 2 + 1:
         return ""
     return (f"{table} partition {part['partition']}: {len(lost)} of its {len(stable)} "
             f"in-memory replicas ({', '.join(lost)}) restarted empty, a majority: it cannot "
-            f"elect a leader, and its data may survive only on "
+            f"commit or elect a leader, and its data may survive only on "
             f"{', '.join(part['hosted_on']) or 'no node'}; see \"In-memory tables\" in "
             "docs/operations.md")
