@@ -180,13 +180,14 @@ def _raw(v: object, what: str) -> bytes:
     raise TypeError(f"{what} must be bytes or str, not {type(v).__name__}")
 
 
-def _readable(sock: Any) -> bool:
-    """Whether an idle kept-alive socket has something to read: the server closed it (or
-    sent what no request asked for); either way it is not fit for the next request.
-    poll, not select: select refuses descriptors from 1,024 on (found in review)."""
+def _readable(sock: Any, wait: float = 0.0) -> bool:
+    """Whether ``sock`` has something to read, waiting up to ``wait`` seconds. For an
+    idle kept-alive socket (no wait): the server closed it (or sent what no request
+    asked for); either way it is not fit for the next request. poll, not select:
+    select refuses descriptors from 1,024 on (found in review)."""
     p = select.poll()
     p.register(sock, select.POLLIN)
-    return bool(p.poll(0))
+    return bool(p.poll(1000 * wait))
 
 
 def _nothing_proposed(status: int, info: dict[str, Any]) -> bool:
@@ -360,12 +361,10 @@ class Client:
         slow answer from a live node is worth waiting for (gRPC's keepalive pings tell
         the two apart for etcd's client). ``TimeoutError`` if the node is not alive."""
         sock = c.sock
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or getattr(sock, "pending", lambda: 0)() or poller.poll(
-                    1000 * min(left, self._probe_wait)):
+            if left <= 0 or getattr(sock, "pending", lambda: 0)() or _readable(
+                    sock, min(left, self._probe_wait)):
                 return  # an answer (or the deadline: the read then times out)
             if time.monotonic() < deadline and not self._alive(endpoint):
                 raise TimeoutError(f"no answer, nor to a health check within "
