@@ -1,6 +1,7 @@
 """Campaigning at restart (``Config.early_campaign``; "Campaigning at restart" in
 raftkv.core.raft): a voter that restarts from a used log pre-campaigns within its first
-``election_tick // 3`` ticks. Safe by pre-vote and stickiness (dissertation §9.6 and
+``election_tick // 3`` ticks, and again at the next tick whenever a voter comes up
+(``peer_up``) until it knows a leader. Safe by pre-vote and stickiness (dissertation §9.6 and
 §4.2.3): a healthy leader is never deposed by a restarting node."""
 
 from __future__ import annotations
@@ -86,6 +87,120 @@ def test_the_second_node_up_wins_at_once_when_starts_are_staggered():
     assert _ticks_to_leader(c) <= 10 // 3 + 1
 
 
+def _restart_alone_and_fail(c: Cluster) -> None:
+    """Everyone crashes; n1 restarts, is told n2 and n3 are down (the driver's first
+    liveness report), and its early pre-election reaches no one."""
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    for nid in NODES:
+        c.nodes[nid].crash()
+    c.nodes["n1"].restart()
+    for peer in ("n2", "n3"):
+        c.raft("n1").peer_down(peer)
+    c.tick(["n1"], n=4)
+    assert c.raft("n1").role == Role.PRE_CANDIDATE and c.leader() is None
+
+
+@pytest.mark.parametrize("reported", [True, False])
+def test_a_voter_coming_up_brings_a_restarted_nodes_campaign_forward(reported):
+    """n2 restarts too, but its own early pre-election goes out before its connection to
+    n1 is up, and is lost. When the driver reports n2 reachable, n1 campaigns at its next
+    tick and wins. The control (no report): n1 waits out its election timeout."""
+    c = Cluster(NODES, seed=4, early_campaign=True)
+    _restart_alone_and_fail(c)
+    c.nodes["n2"].restart()
+    c.cut("n1", "n2")
+    c.tick(["n2"], n=4)
+    assert c.leader() is None
+    c.heal()
+    if reported:
+        c.raft("n1").peer_up("n2")
+    c.tick(["n1"])
+    assert c.leader() == ("n1" if reported else None)
+
+
+def test_a_node_that_voted_since_its_restart_leaves_that_election_alone():
+    """n1 and n3 restart; n1 campaigns when n3 connects and wins with n3's vote, but
+    its first append to n3 is still on the way when n2 connects to n3. n3, which voted
+    in the new term, must not campaign again: with n2's vote it would depose n1 (seen
+    from outside, a full election timeout lost)."""
+    c = Cluster(NODES, seed=6, early_campaign=True)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    for nid in NODES:
+        c.nodes[nid].crash()
+    for nid in ("n1", "n3"):
+        c.nodes[nid].restart()
+        for peer in NODES:
+            if peer != nid:
+                c.raft(nid).peer_down(peer)
+    c.filters.append(lambda m: not (m.frm == "n1" and m.to == "n3"
+                                    and m.type in (MT.APP, MT.HEARTBEAT)))
+    c.raft("n1").peer_up("n3")
+    c.stabilize()
+    term = c.raft("n1").term
+    assert c.leader() == "n1" and c.raft("n3").term == term and c.raft("n3").lead is None
+    c.nodes["n2"].restart()
+    sent = len(c.delivered)
+    c.raft("n3").peer_up("n2")
+    c.stabilize()
+    assert not any(m.frm == "n3" and m.type == MT.PRE_VOTE for m in c.delivered[sent:])
+    c.heal()
+    c.tick(n=3)
+    assert c.leader() == "n1" and all(c.raft(n).term == term for n in NODES)
+
+
+def test_a_node_that_backed_a_pre_candidate_leaves_its_pre_election_alone():
+    """n1 and n2 restart and pre-campaign together when they connect; n2 grants n1's
+    pre-vote and steps back (the lower id goes on). When n3 connects to n2 before n1's
+    vote request reaches n2, n2 must not campaign again: with n3's vote it would split
+    the vote with n1 (seen from outside: a full election timeout lost)."""
+    c = Cluster(NODES, seed=7, early_campaign=True)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    for nid in NODES:
+        c.nodes[nid].crash()
+    for nid in ("n1", "n2"):
+        c.nodes[nid].restart()
+        for peer in NODES:
+            if peer != nid:
+                c.raft(nid).peer_down(peer)
+    c.raft("n1").peer_up("n2")
+    c.raft("n2").peer_up("n1")
+    held: list = []  # n1's vote requests, on the way
+    c.filters.append(lambda m: m.type != MT.VOTE or held.append(m))
+    c.stabilize()
+    assert c.raft("n1").role == Role.CANDIDATE and c.raft("n2").role == Role.FOLLOWER
+    c.nodes["n3"].restart()
+    sent = len(c.delivered)
+    c.raft("n2").peer_up("n3")
+    c.stabilize()
+    assert not any(m.frm == "n2" and m.type == MT.PRE_VOTE for m in c.delivered[sent:])
+    c.heal()
+    c.deliver(held)
+    c.stabilize()
+    assert c.leader() == "n1"
+
+
+def test_the_rule_ends_once_a_leader_is_known():
+    """A restarted node that has found its leader is an ordinary follower: a voter
+    coming up later does not make it campaign."""
+    c = Cluster(NODES, seed=5, early_campaign=True)
+    _restart_alone_and_fail(c)
+    c.nodes["n2"].restart()
+    c.raft("n1").peer_up("n2")
+    c.tick(["n1"])
+    assert c.leader() == "n1"
+    c.nodes["n3"].restart()
+    c.raft("n2").peer_down("n3")
+    c.tick(n=3)
+    c.raft("n2").peer_up("n3")
+    before = sum(m.type == MT.PRE_VOTE and m.frm == "n2" for m in c.delivered)
+    c.tick()
+    assert sum(m.type == MT.PRE_VOTE and m.frm == "n2" for m in c.delivered) == before
+    assert c.raft("n2").lead == "n1"
+
+
 @pytest.mark.parametrize("quiesce", [False, True])
 @pytest.mark.parametrize("seed", range(12))
 def test_a_healthy_leader_is_never_deposed_by_restarting_nodes(seed, quiesce):
@@ -104,6 +219,9 @@ def test_a_healthy_leader_is_never_deposed_by_restarting_nodes(seed, quiesce):
         down = rng.sample(followers, 2 if len(nodes) == 5 and rng.random() < 0.5 else 1)
         for nid in down:
             c.nodes[nid].crash()
+            for peer in nodes:  # its connections drop: the others' drivers see it
+                if peer != nid:
+                    c.raft(peer).peer_down(nid)
         if rng.random() < 0.5:
             c.propose("n1", cmd(step))
         for _ in range(rng.randrange(4)):
@@ -112,7 +230,14 @@ def test_a_healthy_leader_is_never_deposed_by_restarting_nodes(seed, quiesce):
         for nid in down:
             c.nodes[nid].restart()
             restarts += 1
+            for peer in nodes:  # its driver's first report, before any connection
+                if peer != nid:
+                    c.raft(nid).peer_down(peer)
         for _ in range(rng.randrange(1, 15)):
+            for nid in down:  # connections come up one by one, seen from both ends
+                peer = rng.choice([p for p in nodes if p != nid])
+                c.raft(nid).peer_up(peer)
+                c.raft(peer).peer_up(nid)
             c.tick()
             assert c.raft("n1").role == Role.LEADER and c.raft("n1").term == term, (
                 f"step {step}: the leader was deposed")

@@ -108,10 +108,19 @@ and so does the leader itself, so while a leader is healthy the early pre-electi
 fails, the restarted node keeps its term and waits for the leader's heartbeat, which
 makes it a follower. (A quiet follower keeps no time, so it goes on refusing: its
 leader is as healthy as when it went quiet, or the transport reports it down.) If
-the pre-election fails for any other reason (the peers are not up yet), the node waits
-a full randomized timeout, as before. When the whole group restarted, no node knows a
-leader, so the first node to campaign once a majority is up wins at once, and the
-others, started a moment apart, are asked before their own first tick comes. Nodes
+the pre-election fails for any other reason (the peers are not up yet, or a campaign
+went out before the connections did and reached no one), the node would wait a full
+randomized timeout. Instead, until it first knows a leader or its term moves, a
+restarted voter campaigns again whenever the driver reports a voter reachable
+(``peer_up``, which the driver calls as soon as a connection's handshake completes):
+that voter has just come up, or come back, and may be the vote it lacked. When the
+whole group restarted, no node knows a leader, so the first node to campaign once a
+majority is up wins at once: as soon as the second node of that majority connects.
+A grant of a vote or pre-vote, or a new term, ends the rule too: a node that backed
+another candidate must leave that election its time. Campaigning again when a third
+node connected, before the candidate's votes or its first append arrived, split the
+vote or deposed the new leader (found from outside: 1 whole restart in 30 waited out
+a full election timeout, each way). Nodes
 that restart together may pre-campaign on the same tick; each pre-election would
 succeed and the elections could split the vote, so a pre-candidate that grants a
 pre-vote for its own pre-election's term to a lower id steps back to follower.
@@ -549,6 +558,10 @@ class Raft:
         # the last acknowledgement").
         self._notice_held = False
         self._unreachable: set[str] = set()
+        # Restarted with early_campaign, and since then no leader known, no vote or
+        # pre-vote granted and no term changed: a voter coming up brings the next
+        # campaign forward ("Campaigning at restart").
+        self._restarting = False
         self._prev_soft = SoftState(None, Role.FOLLOWER)
         self._prev_hard = hard
         self._snapshot_timeout = config.snapshot_timeout or config.election_tick
@@ -563,11 +576,14 @@ class Raft:
                 and self.term > BOOTSTRAP_TERM and self.id in self.conf.voters):
             early = 1 + self.rng.randrange(max(1, config.election_tick // 3))
             self.election_elapsed = self.randomized_election_timeout - early
+            self._restarting = True
 
     # ================================================================ public API ======
     def tick(self) -> None:
         if self.quiesced:
             return  # a quiet group keeps no time: that is the whole point
+        if self._restarting and self.lead is not None:
+            self._restarting = False  # it has found a leader: the restart is over
         if self.role == Role.LEADER:
             self._tick_heartbeat()
         else:
@@ -729,14 +745,20 @@ class Raft:
         founder of a group not yet born announces itself again at its next tick: its
         first-tick announcement went out before any connection was up, and a founder
         that died before its first timed campaign would otherwise never have been
-        heard, leaving the other two unable to elect anyone (found from outside)."""
+        heard, leaving the other two unable to elect anyone (found from outside). A
+        restarted voter that has not found a leader yet campaigns at once ("Campaigning
+        at restart")."""
         if peer not in self._unreachable:
             return
         self._unreachable.discard(peer)
         if self.quiesced and self.role == Role.LEADER and peer in self.prs:
             self._unquiesce()
-        if (self._unborn_founder() and peer in self.conf.voters
-                and self.role in (Role.FOLLOWER, Role.PRE_CANDIDATE) and self.lead is None):
+        if not (peer in self.conf.voters and self.lead is None
+                and self.role in (Role.FOLLOWER, Role.PRE_CANDIDATE)):
+            return
+        if self._restarting:
+            self.campaign()
+        elif self._unborn_founder():
             self.election_elapsed = max(self.election_elapsed,
                                         self.randomized_election_timeout - 1)
 
@@ -892,6 +914,9 @@ class Raft:
         if term != self.term:
             self.term = term
             self.vote = None
+            # An election ran since the restart (this node's or one it voted in): its
+            # outcome is awaited with the ordinary timers ("Campaigning at restart").
+            self._restarting = False
         self.lead = None
         self.election_elapsed = 0
         self.heartbeat_elapsed = 0
@@ -1118,6 +1143,7 @@ class Raft:
             # A granted pre-vote answers in the candidate's future term, so it is not
             # mistaken for a rejection from a newer term.
             self._send(Message(resp, m.frm, self.id, m.term))
+            self._restarting = False  # it backs that candidate: no campaign against it
             if m.type == MT.VOTE:
                 self.election_elapsed = 0
                 self.vote = m.frm

@@ -265,8 +265,10 @@ class Node:
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
         self._next_compact = 0.0
-        # Peers whose connection is down or silent, as last reported to the cores.
-        self._down: set[str] = set()
+        # Peers whose connection is down or silent, as last reported to the cores. None
+        # is connected yet: each is down until its handshake proves it up
+        # (``_on_connected``), which a restarted core acts on ("Campaigning at restart").
+        self._down: set[str] = {p for p in self.transport.peers if p != self.id}
         # Hosted groups by the id their frames carry (``add_group``'s ``wire_id``).
         self._wire: dict[str, Group] = {}
         self._ticks = 0
@@ -366,6 +368,12 @@ class Node:
 
     def start(self) -> None:
         self.transport.start()
+        # Dial every member now, not at the first tick: when a whole cluster restarts,
+        # the first election waits for the connections (``_on_connected``). The loop
+        # thread does not run yet, so this thread may flush.
+        for peer in sorted(self._members() - {self.id}):
+            self.transport.ping(peer)
+        self.transport.flush()
         self._thread = threading.Thread(target=self._run, name=f"raftkv-{self.id}", daemon=True)
         self._thread.start()
 
@@ -706,23 +714,34 @@ class Node:
         timeout = self._election_seconds()
         for peer in peers:
             live = transport.is_live(peer, now, timeout)
-            if live == (peer not in self._down):
-                continue
-            if live:
-                self._down.discard(peer)
-                log.info("peer %s is reachable", peer)
-            else:
-                self._down.add(peer)
-                log.info("peer %s is unreachable", peer)
-            for g in self.groups.values():
-                if self.cfg.quiesce:  # the cores need to know only to quiesce safely
-                    if live:
-                        g.raft.peer_up(peer)
-                    else:
-                        g.raft.peer_down(peer)
-                if not live and g.leader != peer:
-                    self._abandon_forwards(g, peer)
-            self._dirty.update(self.groups)
+            if live != (peer not in self._down):
+                self._peer_changed(peer, live)
+
+    def _on_connected(self, peer: str) -> None:
+        """A connection's handshake completed: a peer reported down (every peer is, at
+        start) is told up now, not at the next tick, since a restarted voter campaigns on
+        it ("Campaigning at restart" in ``raftkv.core.raft``): in a whole-cluster restart
+        that is when the second node of a majority comes up."""
+        if (peer in self._down and peer in self._members()
+                and self.transport.is_live(peer, self.clock(), self._election_seconds())):
+            self._peer_changed(peer, True)
+
+    def _peer_changed(self, peer: str, live: bool) -> None:
+        if live:
+            self._down.discard(peer)
+            log.info("peer %s is reachable", peer)
+        else:
+            self._down.add(peer)
+            log.info("peer %s is unreachable", peer)
+        for g in self.groups.values():
+            if self.cfg.quiesce:  # the cores need to know only to quiesce safely
+                if live:
+                    g.raft.peer_up(peer)
+                else:
+                    g.raft.peer_down(peer)
+            if not live and g.leader != peer:
+                self._abandon_forwards(g, peer)
+        self._dirty.update(self.groups)
 
     def _when_leader(self, g: Group, fn: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``fn`` now if a leader is known, else when one is elected (within the

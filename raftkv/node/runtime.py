@@ -89,7 +89,8 @@ class ThreadRuntime:
         return Transport(
             node.id, cfg.raft_addr, cfg.secret, self.poller, node._on_items,
             addresses=addresses, on_address=node._on_address,
-            on_undelivered=node._on_undelivered, on_admin=node._on_admin,
+            on_undelivered=node._on_undelivered, on_connected=node._on_connected,
+            on_admin=node._on_admin,
             faults=cfg.faults, tls=cfg.peer_tls,
         )
 

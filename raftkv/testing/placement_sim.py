@@ -262,7 +262,8 @@ class SimTransport(Transport):
     def __init__(self, host: Host, node: Node, addresses: dict[str, str]) -> None:
         super().__init__(node.id, node.cfg.raft_addr, b"sim", None,  # type: ignore[arg-type]
                          node._on_items, addresses=addresses, on_address=node._on_address,
-                         on_undelivered=node._on_undelivered)
+                         on_undelivered=node._on_undelivered,
+                         on_connected=node._on_connected)
         self.host = host
 
     def start(self) -> None:
@@ -290,6 +291,8 @@ class SimTransport(Transport):
         if p.conn is None:
             p.conn = _Link()  # type: ignore[assignment]
             p.last_heard = self.host.sim.world.now  # the handshake proved it alive
+            if self.on_connected is not None:
+                self.on_connected(peer_id)
 
     def flush(self) -> None:
         sim = self.host.sim

@@ -495,6 +495,7 @@ class Transport:
         addresses: dict[str, str] | None = None,
         on_address: Callable[[str, str], None] | None = None,
         on_undelivered: ItemsHandler | None = None,
+        on_connected: Callable[[str], None] | None = None,
         on_admin: AdminHandler | None = None,
         max_send_buffer: int = 64 << 20,
         max_frame: int = DEFAULT_MAX_FRAME,
@@ -516,6 +517,7 @@ class Transport:
         self.on_items = on_items
         self.on_address = on_address
         self.on_undelivered = on_undelivered
+        self.on_connected = on_connected  # a peer's connection came up (its handshake)
         self.on_admin = on_admin
         self.admins: set[Connection] = set()  # admin tools' connections
         self.max_send_buffer = max_send_buffer
@@ -625,6 +627,8 @@ class Transport:
         p.last_heard = monotonic()  # the handshake just proved it alive
         self.stats["connects"] += 1
         log.info("connected to %s", conn.peer)
+        if self.on_connected is not None:
+            self.on_connected(conn.peer)
 
     def disconnected(self, conn: Connection, authenticated: bool) -> None:
         self.pending.discard(conn)
