@@ -417,20 +417,18 @@ def test_a_follower_below_the_named_commit_stays_awake_until_it_learns_it():
     assert r2.quiesced
 
 
-@pytest.mark.xfail(strict=True, reason="known hole, not closed yet: the fix tried (peer_down "
-                   "sends a replicating follower to probe, as etcd's ReportUnreachable) "
-                   "failed the simulator's liveness check, seed 944")
 def test_followers_back_but_silent_do_not_let_a_leader_quiesce_without_a_quorum():
     """Found from outside (an in-memory table, two of three replicas SIGKILLed and
     restarted at once): a quiet leader whose followers are reported down, then up again
     within a check-quorum period, but which never answer for the group (restarted
     empty, they host nothing yet). Its progress still showed them caught up from before
     (REPLICATE, match at the last index), so it quiesced again and stayed leader for
-    good, with no quorum behind it; it should keep ticking, so that check-quorum deposes
-    it (§6.2). Sending a replicating follower back to probe on peer_down, as etcd's
-    ReportUnreachable does, passes this but left a settled simulator cluster without a
-    leader for too long (python -m raftkv.sim --seeds 944 --nodes 5), so it is not in.
-    ``describe`` names such a partition's loss all the same (tests/test_proc_tables.py)."""
+    good, with no quorum behind it. Now a follower counts for quiescence only once it
+    has answered since it was reported down (``Progress.unheard``), so the leader keeps
+    ticking and check-quorum deposes it (§6.2). (Sending a replicating follower back to
+    probe on peer_down, as etcd's ReportUnreachable does, also passed this, but left a
+    settled simulator cluster without a leader for too long: seed 944, kept as a
+    regression seed.)"""
     c = quiet_cluster()
     c.isolate("n1")  # n2 and n3 never answer again
     c.raft("n1").peer_down("n2")

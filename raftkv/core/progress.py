@@ -73,6 +73,7 @@ class Progress:
         "recent_active",
         "snapshot_elapsed",
         "state",
+        "unheard",
     )
 
     def __init__(self, next_index: int, inflights: Inflights, learner: bool) -> None:
@@ -83,6 +84,9 @@ class Progress:
         self.pending_snapshot = 0
         self.snapshot_elapsed = 0
         self.recent_active = False
+        # Reported unreachable (``Raft.peer_down``) and silent since: what this progress
+        # says of the follower may describe a process that is gone (see "Quiescence").
+        self.unheard = False
         self.inflights = inflights
         self.learner = learner
         # The incarnation this progress describes (0: not heard from yet). What the

@@ -59,7 +59,13 @@ deterministic):
 - a quorum of voters, itself included, is reachable, and every reachable follower has
   acknowledged the last index (``Progress.match``). Followers the driver reported
   unreachable (``peer_down``) are exempt, as CockroachDB exempts non-live nodes: the
-  leader is woken when they come back (``peer_up``).
+  leader is woken when they come back (``peer_up``). A follower that came back counts
+  only once it has answered since (``Progress.unheard``): while it was down, its
+  process may have restarted without its state, and then its old acknowledgement
+  vouches for nothing. (Found from outside: two of three replicas of an in-memory
+  partition restarted empty; the leader, still counting their old match, went quiet
+  again and led with no quorum behind it, for good. Kept awake, it is deposed by
+  check-quorum, §6.2.)
 
 If so it sends one last heartbeat carrying its last entry's (index, term) (a HEARTBEAT
 with ``index > 0``; ordinary heartbeats carry 0) and stops ticking. A follower that
@@ -736,6 +742,9 @@ class Raft:
         if peer == self.id or peer in self._unreachable:
             return
         self._unreachable.add(peer)
+        pr = self.prs.get(peer) if self.role == Role.LEADER else None
+        if pr is not None:
+            pr.unheard = True
         if self.quiesced and (peer == self.lead or peer in self.prs):
             self._unquiesce()
 
@@ -1435,6 +1444,8 @@ class Raft:
         for nid, pr in self.prs.items():
             if nid == self.id or nid in self._unreachable:
                 continue
+            if pr.unheard:
+                return f"{nid} has not answered since it was reported unreachable"
             replicating = pr.state == ProgressState.REPLICATE
             acked = replicating and (pr.match == last or (acks_in_flight and pr.next > last))
             if not acked:
@@ -1623,6 +1634,7 @@ class Raft:
         if pr is None:
             return
         pr.recent_active = True
+        pr.unheard = False
         if m.reject:
             hint = m.reject_hint
             if m.log_term > 0:
@@ -1663,6 +1675,7 @@ class Raft:
         if pr is None:
             return
         pr.recent_active = True
+        pr.unheard = False
         pr.probe_sent = False
         if pr.state == ProgressState.REPLICATE and pr.inflights.full():
             pr.inflights.free_first()
