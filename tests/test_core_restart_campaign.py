@@ -1,7 +1,7 @@
 """Campaigning at restart (``Config.early_campaign``; "Campaigning at restart" in
 raftkv.core.raft): a voter that restarts from a used log pre-campaigns within its first
-``election_tick // 3`` ticks, and again at the next tick whenever a voter comes up
-(``peer_up``) until it knows a leader. Safe by pre-vote and stickiness (dissertation §9.6 and
+``election_tick // 3`` ticks, and again at once whenever a voter comes up
+(``peer_up``) until it knows a leader, backs a candidate or its term moves. Safe by pre-vote and stickiness (dissertation §9.6 and
 §4.2.3): a healthy leader is never deposed by a restarting node."""
 
 from __future__ import annotations
@@ -183,22 +183,69 @@ def test_a_node_that_backed_a_pre_candidate_leaves_its_pre_election_alone():
 
 
 def test_the_rule_ends_once_a_leader_is_known():
-    """A restarted node that has found its leader is an ordinary follower: a voter
-    coming up later does not make it campaign."""
+    """n2 restarts under a live leader n1 and follows it at its own term (no vote, no new
+    term). Later n1 dies and n2's own timed pre-election fails: it knows no leader again,
+    at the same term. It is an ordinary follower by then: a voter coming up must not make
+    it campaign (review finding: nothing tested this clause)."""
     c = Cluster(NODES, seed=5, early_campaign=True)
-    _restart_alone_and_fail(c)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    c.nodes["n2"].crash()
     c.nodes["n2"].restart()
-    c.raft("n1").peer_up("n2")
-    c.tick(["n1"])
-    assert c.leader() == "n1"
+    for peer in ("n1", "n3"):
+        c.raft("n2").peer_down(peer)
+    c.raft("n2").peer_up("n1")
+    c.tick(n=2)
+    term = c.raft("n2").term
+    assert c.raft("n2").lead == "n1" and c.raft("n1").term == term
+    c.nodes["n1"].crash()
+    c.nodes["n3"].crash()
+    c.raft("n2").peer_down("n1")
+    for _ in range(60):
+        c.tick(["n2"])
+        if c.raft("n2").role == Role.FOLLOWER and c.raft("n2").lead is None:
+            break
+    assert c.raft("n2").term == term and c.raft("n2").lead is None
     c.nodes["n3"].restart()
-    c.raft("n2").peer_down("n3")
-    c.tick(n=3)
+    sent = len(c.delivered)
     c.raft("n2").peer_up("n3")
-    before = sum(m.type == MT.PRE_VOTE and m.frm == "n2" for m in c.delivered)
-    c.tick()
-    assert sum(m.type == MT.PRE_VOTE and m.frm == "n2" for m in c.delivered) == before
-    assert c.raft("n2").lead == "n1"
+    c.stabilize()
+    assert not any(m.frm == "n2" and m.type == MT.PRE_VOTE for m in c.delivered[sent:])
+
+
+def test_a_node_whose_term_moved_leaves_that_election_alone():
+    """n3 restarts with the longest log, so it refuses n1's vote request; refusing, it
+    takes n1's term. n1 wins with n2's vote, but neither has heard from n1 as leader yet
+    when n2 connects to n3. n3 granted nothing, but its term moved: an election it took
+    part in is under way, and it must not campaign against it (with n2's grant it would
+    depose n1 at once)."""
+    c = Cluster(NODES, seed=8, early_campaign=True)
+    c.elect("n3")
+    c.propose("n3", cmd(1))
+    c.isolate("n3")
+    c.propose("n3", cmd(2))  # only n3 holds it: its log is the longest
+    c.heal()
+    for nid in NODES:
+        c.nodes[nid].crash()
+    for nid in NODES:
+        c.nodes[nid].restart()
+        for peer in NODES:
+            if peer != nid:
+                c.raft(nid).peer_down(peer)
+    c.filters.append(lambda m: not (m.frm == "n1" and m.type in (MT.APP, MT.HEARTBEAT)))
+    c.raft("n1").peer_up("n2")  # n1 and n2 connect: n1 pre-campaigns, n2 grants
+    c.raft("n1").peer_up("n3")  # then n3: it refuses, and takes the term of n1's election
+    c.stabilize()
+    term = c.raft("n1").term
+    assert c.leader() == "n1" and c.raft("n3").term == term
+    assert c.raft("n2").lead is None and c.raft("n3").lead is None
+    sent = len(c.delivered)
+    c.raft("n3").peer_up("n2")
+    c.stabilize()
+    assert not any(m.frm == "n3" and m.type == MT.PRE_VOTE for m in c.delivered[sent:])
+    c.heal()
+    c.tick(n=3)
+    assert c.leader() == "n1" and all(c.raft(n).term == term for n in NODES)
 
 
 @pytest.mark.parametrize("quiesce", [False, True])

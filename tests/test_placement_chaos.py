@@ -430,6 +430,52 @@ def test_a_lone_holder_leading_keeps_itself_in_the_pending_it_writes(tmp_path: P
         store.close()
 
 
+def test_a_change_that_ends_away_from_calc_with_nothing_planned_plans_calc(
+        tmp_path: Path) -> None:
+    """Placement simulator seed 5176: the lone holder n2 of stable [n1, n2] (n1 wiped, in
+    switch.reduce) kept itself in the pending its cancel wrote, planned [n3, n4, n5] plus
+    n2, and planned was gone with the move. The change ended at [n2, n3, n4, n5] and
+    onRebalanceDone cleared pending: no trigger was left to plan calc, and the partition
+    kept four replicas for good. It now plans calc itself; a change that ended at calc, or
+    one with a lost node still to reduce, is left as before."""
+    from raftkv.placement.assignments import DONE_CLEARED, encode_nodes, partition_keys
+    from raftkv.placement.meta_commands import encode_iif, encode_put
+    from raftkv.placement.rebalance_steps import (
+        DONE_REPLANNED,
+        DONE_SWITCH_REDUCE,
+        rebalance_done_switch,
+        switch_keys,
+    )
+
+    meta = _Store(tmp_path)
+    store, run, nodes = meta.store, meta.run, meta.nodes
+    try:
+        k, sw = partition_keys("t", 0), switch_keys("t", 0)
+
+        def done(peers: list[str], calc: list[str]) -> object:
+            st, pe, pl, red, app = (store.get_entry(x) for x in
+                                    (k.stable, k.pending, k.planned, sw.reduce, sw.append))
+            d = rebalance_done_switch(k, sw, peers, st, pe, pl, red, app, calc)
+            assert d.tree is not None
+            return getattr(run(encode_iif(d.tree)), "tag", None)
+
+        calc = ["n3", "n4", "n5"]
+        run(encode_put(k.stable, encode_nodes(["n1", "n2"])))
+        run(encode_put(sw.reduce, encode_nodes(["n1"])))
+        run(encode_put(k.pending, encode_nodes(["n2", *calc])))
+        assert done(["n2", *calc], calc) == DONE_REPLANNED
+        assert [nodes(k.stable), nodes(k.pending), nodes(sw.reduce)] == [
+            ["n2", *calc], calc, []]
+        assert done(calc, calc) == DONE_CLEARED
+        assert [nodes(k.stable), nodes(k.pending)] == [calc, []]
+        # A lost node still in the configuration goes the switch.reduce way instead.
+        run(encode_put(sw.reduce, encode_nodes(["n3"])))
+        run(encode_put(k.pending, encode_nodes(["n3", "n4", "n5", "n6"])))
+        assert done(["n3", "n4", "n5", "n6"], calc) == DONE_SWITCH_REDUCE
+    finally:
+        store.close()
+
+
 def test_a_cancel_in_flight_is_refused_once_the_leader_fenced_its_removals(
         tmp_path: Path) -> None:
     """A review of the survivor rule (``safe_restart``, (B)): a leader's cancel is decided

@@ -923,8 +923,9 @@ class Raft:
         if term != self.term:
             self.term = term
             self.vote = None
-            # An election ran since the restart (this node's or one it voted in): its
-            # outcome is awaited with the ordinary timers ("Campaigning at restart").
+            # An election is under way or done since the restart (its own, or one it
+            # voted in or refused): its outcome is awaited with the ordinary timers
+            # ("Campaigning at restart").
             self._restarting = False
         self.lead = None
         self.election_elapsed = 0

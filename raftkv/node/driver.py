@@ -325,8 +325,9 @@ class Node:
             ),
             storage.log, self.runtime.random(),
         )
-        for peer in sorted(self._down):  # what the other cores have been told already
-            raft.peer_down(peer)
+        if self.cfg.quiesce:  # what the other cores have been told already (_peer_changed)
+            for peer in sorted(self._down):
+                raft.peer_down(peer)
         g = Group(group_id, raft, storage, report, wire=wire, durable_term=raft.term)
         self.groups[group_id] = g
         self._wire[wire] = g

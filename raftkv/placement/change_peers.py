@@ -695,7 +695,7 @@ class ChangePeers(ManagerBase):
                 self.metrics["switch_append" if tag == steps.DONE_SWITCH_APPEND
                              else "switch_reduce"] += 1
             if tag in (DONE_CLEARED, DONE_PLANNED_MOVED, steps.DONE_SWITCH_APPEND,
-                       steps.DONE_SWITCH_REDUCE):
+                       steps.DONE_SWITCH_REDUCE, steps.DONE_REPLANNED):
                 self.metrics["rebalances_done"] += 1
                 log.info("node %s: %s rebalanced to %s", self.id, part.group, sorted(voters))
             else:

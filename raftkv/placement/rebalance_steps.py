@@ -154,7 +154,7 @@ def fence_removals(keys: PartitionKeys, pending: VersionedValue) -> If:
 # Tags of trigger_switch_reduce (SKIPPED: nothing written).
 SWITCH_PENDING_WRITTEN = 5
 # Tags of rebalance_done_switch (besides DONE_RETRY / DONE_CLEARED / DONE_PLANNED_MOVED).
-DONE_SWITCH_APPEND, DONE_SWITCH_REDUCE = 6, 7
+DONE_SWITCH_APPEND, DONE_SWITCH_REDUCE, DONE_REPLANNED = 6, 7, 8
 
 
 class SwitchKeys(NamedTuple):
@@ -297,6 +297,8 @@ def rebalance_done_switch(
                                       switch.reduce = reduce'; switch.append = append'
         elif reduce' != {}: if <pre>: stable, pending = resolvedStable, pendingReduction; ...
         else:               if <pre>: common done (pending = planned or empty) + append'
+                            (ours: pending = calc if nothing is planned and the resolved
+                            stable is not calc, with no lost node in it: see below)
 
     Ours, where the seed is silent: the planned revision joins the preconditions (the
     common branch copies planned, a value the invoke cannot read); nothing is written
@@ -339,17 +341,26 @@ def rebalance_done_switch(
         tag, new_pending = DONE_SWITCH_REDUCE, pending_reduction
     else:
         has_planned = planned is not None and bool(planned.value)
-        tag = DONE_PLANNED_MOVED if has_planned else DONE_CLEARED
+        # Ours: nothing planned, yet the change ended away from calc, with no lost node in
+        # it (a lone holder kept itself in the pending it wrote, ``ChangePeers._lone_holder``).
+        # Step (1) runs only on a newer trigger, and none may come: plan calc now, as its
+        # first branch would (placement simulator seed 5176: stable [n2, n3, n4, n5] for
+        # calc [n3, n4, n5], for good, after n2 kept itself through a cancel).
+        replan = not has_planned and not calc_reduce and bool(calc) and resolved != calc
+        tag = (DONE_PLANNED_MOVED if has_planned else DONE_REPLANNED if replan
+               else DONE_CLEARED)
         ops = [Op.put(keys.stable, new_stable)]
         if has_planned:
             assert planned is not None
             ops += [Op.put(keys.pending, planned.value), Op.remove(keys.planned)]
+            next_pending = sorted(_nodes(planned))
         else:
-            ops.append(Op.put(keys.pending, b""))
+            next_pending = sorted(calc) if replan else []
+            ops.append(Op.put(keys.pending, encode_nodes(next_pending) if replan else b""))
         tree = If(pre, Do(tag, *ops, *switch_ops, Op.remove(keys.removing),
                           *_applied_ops(keys, committed)), Do(DONE_RETRY))
         return SwitchDone(tree, sorted(resolved), sorted(calc_reduce), sorted(calc_append),
-                          sorted(_nodes(planned)))
+                          next_pending)
     tree = If(pre, Do(tag, Op.put(keys.stable, new_stable),
                       Op.put(keys.pending, encode_nodes(new_pending)), *switch_ops,
                       Op.remove(keys.removing), *_applied_ops(keys, committed)),

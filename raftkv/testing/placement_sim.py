@@ -291,8 +291,18 @@ class SimTransport(Transport):
         if p.conn is None:
             p.conn = _Link()  # type: ignore[assignment]
             p.last_heard = self.host.sim.world.now  # the handshake proved it alive
-            if self.on_connected is not None:
+            if self.on_connected is None:
+                return
+            sim = self.host.sim
+            sim.current = self.host.id
+            try:
                 self.on_connected(peer_id)
+            except Exception as e:  # noqa: BLE001  # in the real loop: the driver dies
+                sim.violation(f"{self.host.id}: the driver loop failed on the handshake "
+                              f"of {peer_id}: {e!r}")
+                self.host.crash()
+                return
+            self.host.wake()  # the cores may have campaigned: their messages go now
 
     def flush(self) -> None:
         sim = self.host.sim

@@ -392,6 +392,17 @@ class Simulation:
                 view.discard(p)
             self._tell(node, p, not down)
 
+    def _peers_down_at_start(self, node: SimNode) -> None:
+        """A restarted core hears every peer down, and each up as its liveness report
+        catches up (``_report_liveness``): the driver counts a peer down until its
+        connection's handshake, and reports the handshake, on which a restarted core
+        campaigns ("Campaigning at restart" in raftkv.core.raft). Only with quiescence,
+        as there."""
+        peers = {p for p in self.nodes if p != node.id} if self.cfg.quiesce else set()
+        self.down_view[node.id] = peers
+        for p in sorted(peers):
+            node.raft.peer_down(p)
+
     def _tell(self, node: SimNode, peer: str, live: bool) -> None:
         was = node.raft.quiesced
         if live:
@@ -492,7 +503,7 @@ class Simulation:
         if down and (self.rng.random() < 0.6 or len(down) * 2 >= len(self.nodes) - 1):
             nid = self.rng.choice(down)
             self.nodes[nid].restart()
-            self.down_view[nid] = set()  # a new core starts believing every peer is up
+            self._peers_down_at_start(self.nodes[nid])
             self._rebuild_chain(self.nodes[nid])
             self._touch(nid)
             self._log(f"restart {nid} (incarnation {self.nodes[nid].incarnation})")
@@ -748,7 +759,7 @@ class Simulation:
                 self._log(f"settle: {nid} is lost for good")
             elif not node.alive:
                 node.restart()
-                self.down_view[nid] = set()
+                self._peers_down_at_start(node)
                 self._rebuild_chain(node)
                 self._touch(nid)
         self._log("settle: faults off, partitions healed, all nodes restarted")
