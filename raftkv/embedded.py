@@ -99,19 +99,21 @@ class EmbeddedNode:
         self.group = group
         self.timeout = request_timeout
         self.data_dir = data_dir
+        # The node binds its raft address as it is built: one in use fails here, before
+        # the data directory is claimed or anything written (found from outside).
+        self.node = Node(NodeConfig(
+            node_id=node_id, raft_addr=raft_addr,
+            secret=secret,
+            peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
+            request_timeout=request_timeout, data_dir=data_dir, faults=faults,
+            peer_tls=peer_tls,
+        ), metrics)
         if data_dir is not None:
-            claim_data_dir(data_dir, node_id)
-        try:
-            self.node = Node(NodeConfig(
-                node_id=node_id, raft_addr=raft_addr,
-                secret=secret,
-                peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
-                request_timeout=request_timeout, data_dir=data_dir, faults=faults,
-                peer_tls=peer_tls,
-            ), metrics)
-        except BaseException:
-            self._release_data_dir()
-            raise
+            try:
+                claim_data_dir(data_dir, node_id)
+            except BaseException:
+                self.node.transport.close()
+                raise
         self.node.admin_handler = admin(self)
         storage = None
         try:

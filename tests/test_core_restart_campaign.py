@@ -119,6 +119,24 @@ def test_a_voter_coming_up_brings_a_restarted_nodes_campaign_forward(reported):
     assert c.leader() == ("n1" if reported else None)
 
 
+def test_a_connection_reported_again_brings_a_lost_campaign_back():
+    """Two nodes that dial each other keep one connection; a campaign that went out on
+    the other is lost with it (a driver test with 2 s ticks found it: no leader until
+    the first tick). The driver reports the kept connection again, a peer_up for a peer
+    not reported down, and a restarted node with no leader yet campaigns again."""
+    c = Cluster(NODES, seed=9, early_campaign=True)
+    _restart_alone_and_fail(c)
+    c.nodes["n2"].restart()
+    c.cut("n1", "n2")  # the connection its campaign goes out on is closed
+    c.raft("n1").peer_up("n2")
+    c.stabilize()
+    c.heal()
+    assert c.leader() is None and "n2" not in c.raft("n1")._unreachable
+    c.raft("n1").peer_up("n2")
+    c.stabilize()
+    assert c.leader() == "n1"
+
+
 def test_a_node_that_voted_since_its_restart_leaves_that_election_alone():
     """n1 and n3 restart; n1 campaigns when n3 connects and wins with n3's vote, but
     its first append to n3 is still on the way when n2 connects to n3. n3, which voted

@@ -4,10 +4,12 @@ anything is written. (``/health`` and ``/ready`` at start: ``tests/test_ready.py
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from raftkv.testing.procs import free_ports
 
 
@@ -72,12 +74,12 @@ def test_an_embedded_node_holds_its_directory_until_closed(tmp_path: Path) -> No
     the same process works at once)."""
     from raftkv.kv import RaftKV
 
-    port = free_ports(1)[0]
+    port, other = free_ports(2)  # the probe listens elsewhere: the lock is what it meets
     data = str(tmp_path / "n1")
     probe = ("import sys\nfrom raftkv.kv import RaftKV\n"
              "from raftkv.storage.errors import StorageError\n"
              "try:\n"
-             f"    RaftKV('n1', '127.0.0.1:{port + 0}', {{'n1': '127.0.0.1:{port}'}}, "
+             f"    RaftKV('n1', '127.0.0.1:{other}', {{'n1': '127.0.0.1:{other}'}}, "
              f"'s', data_dir={data!r}).close()\n"
              "except StorageError as e:\n    print(e); sys.exit(3)\n")
     kv = RaftKV("n1", f"127.0.0.1:{port}", {"n1": f"127.0.0.1:{port}"}, "s", data_dir=data)
@@ -95,3 +97,59 @@ def test_an_embedded_node_holds_its_directory_until_closed(tmp_path: Path) -> No
     res = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _serve(tmp_path: Path, *extra: str, raft: int | None = None) -> tuple[
+        subprocess.CompletedProcess[str], Path]:
+    """``raftkv serve`` of a one-node cluster with ``extra`` arguments, expected to
+    refuse to start: (the finished process, its data directory)."""
+    ports = free_ports(2)
+    raft_port = ports[0] if raft is None else raft
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cret")
+    data = tmp_path / "n1"
+    res = subprocess.run(
+        [sys.executable, "-m", "raftkv.cli", "serve", "--id", "n1", "--data-dir", str(data),
+         "--raft-addr", f"127.0.0.1:{raft_port}", "--http-addr", f"127.0.0.1:{ports[1]}",
+         "--peers", f"n1=127.0.0.1:{raft_port}", "--secret-file", str(secret), *extra],
+        check=False, capture_output=True, text=True, timeout=60)
+    return res, data
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--tick", "0"], "--tick: must be more than 0 seconds"),
+    (["--tick", "-1"], "--tick: must be more than 0 seconds"),
+    (["--election-ticks", "0"], "--election-ticks: must be a whole number of at least 3"),
+    (["--election-ticks", "2"], "--election-ticks: must be a whole number of at least 3"),
+    (["--compact-entries", "0"], "--compact-entries: must be a whole number of at least 1"),
+    (["--compact-keep", "-5"], "--compact-keep: must be a whole number of at least 0"),
+])
+def test_timing_and_compaction_arguments_out_of_range_are_refused(
+        tmp_path: Path, args: list[str], says: str) -> None:
+    """Found from outside: ``--tick 0`` was accepted and the node spun a core at 99%;
+    ``--election-ticks 0`` created the data directory and then failed in randrange;
+    ``--election-ticks 1``, ``--compact-entries 0`` and ``--compact-keep -5`` were
+    accepted. Each is now a one-line usage error, before anything is written."""
+    res, data = _serve(tmp_path, *args)
+    assert res.returncode != 0
+    assert says in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not data.exists()
+
+
+def test_a_raft_address_in_use_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Found from outside: with its raft port taken, a node claimed its data directory
+    (LOCK, node_id, groups/) and then exited with a bare "Address already in use" that
+    did not say which address. It now names the raft address and writes nothing."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        res, data = _serve(tmp_path, raft=taken.getsockname()[1])
+    finally:
+        taken.close()
+    assert res.returncode != 0
+    assert "cannot listen on the raft address 127.0.0.1:" in res.stderr, res.stderr
+    assert "Address already in use" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not data.exists() or not os.listdir(data)

@@ -756,18 +756,19 @@ class Raft:
         that died before its first timed campaign would otherwise never have been
         heard, leaving the other two unable to elect anyone (found from outside). A
         restarted voter that has not found a leader yet campaigns at once ("Campaigning
-        at restart")."""
-        if peer not in self._unreachable:
-            return
+        at restart"), also on a report for a peer not reported down: the driver reports
+        a connection that replaced another (two nodes that dialed each other keep one
+        connection, and what went out on the other may be lost with it)."""
+        was_down = peer in self._unreachable
         self._unreachable.discard(peer)
-        if self.quiesced and self.role == Role.LEADER and peer in self.prs:
+        if was_down and self.quiesced and self.role == Role.LEADER and peer in self.prs:
             self._unquiesce()
         if not (peer in self.conf.voters and self.lead is None
                 and self.role in (Role.FOLLOWER, Role.PRE_CANDIDATE)):
             return
         if self._restarting:
             self.campaign()
-        elif self._unborn_founder():
+        elif was_down and self._unborn_founder():
             self.election_elapsed = max(self.election_elapsed,
                                         self.randomized_election_timeout - 1)
 

@@ -722,10 +722,18 @@ class Node:
         """A connection's handshake completed: a peer reported down (every peer is, at
         start) is told up now, not at the next tick, since a restarted voter campaigns on
         it ("Campaigning at restart" in ``raftkv.core.raft``): in a whole-cluster restart
-        that is when the second node of a majority comes up."""
-        if (peer in self._down and peer in self._members()
-                and self.transport.is_live(peer, self.clock(), self._election_seconds())):
+        that is when the second node of a majority comes up. A connection that replaced
+        another (both nodes dialed; the transport keeps one) is reported to the cores
+        again: a campaign that went out on the closed one may be lost with it."""
+        if peer not in self._members() or not self.transport.is_live(
+                peer, self.clock(), self._election_seconds()):
+            return
+        if peer in self._down:
             self._peer_changed(peer, True)
+        elif self.cfg.quiesce:
+            for g in self.groups.values():
+                g.raft.peer_up(peer)
+            self._dirty.update(self.groups)
 
     def _peer_changed(self, peer: str, live: bool) -> None:
         if live:

@@ -86,13 +86,15 @@ class ThreadRuntime:
 
     def transport(self, node: Node, addresses: dict[str, str]) -> Transport:
         cfg = node.cfg
-        return Transport(
+        transport = Transport(
             node.id, cfg.raft_addr, cfg.secret, self.poller, node._on_items,
             addresses=addresses, on_address=node._on_address,
             on_undelivered=node._on_undelivered, on_connected=node._on_connected,
             on_admin=node._on_admin,
             faults=cfg.faults, tls=cfg.peer_tls,
         )
+        transport.bind()  # an address in use fails the node's construction (Transport.bind)
+        return transport
 
     def notify(self) -> None:
         self._notifier.notify()

@@ -120,10 +120,21 @@ def _positive_seconds(text: str) -> float:
     return v
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
-    return int(text)
+def _whole_number(least: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (``why`` says why)."""
+    def check(text: str) -> int:
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number of at least {least}{why}, not {text!r}")
+        return int(text)
+    return check
+
+
+_positive_int = _whole_number(1)
+# NodeConfig.heartbeat_tick, which raftkv serve leaves at its default (not imported here:
+# the driver loads on the node's thread, while this one imports the HTTP stack). An
+# election timeout must be longer than the heartbeat interval.
+HEARTBEAT_TICKS = 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -141,8 +152,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start empty and wait to be added as a learner")
     p.add_argument("--memory", action="store_true", help="in-memory storage (nothing persists)")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync the Raft log")
-    p.add_argument("--tick", type=float, default=0.05, help="seconds per Raft tick")
-    p.add_argument("--election-ticks", type=int, default=10,
+    p.add_argument("--tick", type=_positive_seconds, default=0.05,
+                   help="seconds per Raft tick")
+    p.add_argument("--election-ticks", default=10,
+                   type=_whole_number(HEARTBEAT_TICKS + 1,
+                                      f" (more than the {HEARTBEAT_TICKS} between heartbeats)"),
                    help="election timeout in ticks (randomized up to twice this)")
     p.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
                    help="the HTTP server's event loop: uvloop (a libuv loop, less CPU per "
@@ -155,9 +169,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "keep it above that)")
     p.add_argument("--http-max-connections", type=_positive_int, default=None, metavar="N",
                    help="close HTTP connections beyond this many at once (default: 4096)")
-    p.add_argument("--compact-entries", type=int, default=CompactionPolicy.max_entries,
+    p.add_argument("--compact-entries", type=_positive_int,
+                   default=CompactionPolicy.max_entries,
                    help="compact the Raft log once it holds this many entries")
-    p.add_argument("--compact-keep", type=int, default=CompactionPolicy.keep,
+    p.add_argument("--compact-keep", type=_whole_number(0), default=CompactionPolicy.keep,
                    help="entries kept after compaction for slightly-behind followers")
     for peer in (False, True):
         flag, who = ("--peer-", "peer") if peer else ("--", "HTTP")

@@ -543,15 +543,29 @@ class Transport:
         return p
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> None:
+    def bind(self) -> None:
+        """Bind and listen on the raft address (``start`` accepts on it). Done when the
+        node is built, so that an address in use fails it before anything else does:
+        before a data directory is claimed, a file written or a vote cast."""
+        if self._server is not None:
+            return
         host, port = parse_addr(self.listen_addr)
         s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.setblocking(False)
-        s.bind((host, port))
-        s.listen(64)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setblocking(False)
+            s.bind((host, port))
+            s.listen(64)
+        except OSError as e:
+            s.close()
+            raise ValueError(f"cannot listen on the raft address {self.listen_addr}: "
+                             f"{e.strerror or e}") from None
         self._server = s
-        self.poller.subscribe(s.fileno(), self._on_accept, READ | ERROR)
+
+    def start(self) -> None:
+        self.bind()
+        assert self._server is not None
+        self.poller.subscribe(self._server.fileno(), self._on_accept, READ | ERROR)
 
     def close(self) -> None:
         if self._server is not None:
