@@ -9,7 +9,6 @@ with pre-vote and stickiness from dissertation §9.6 still in force).
 
 from __future__ import annotations
 
-import pytest
 from conftest import MT, Hold, cmd, make_raft, msg
 
 from raftkv.core import Role

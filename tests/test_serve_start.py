@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from raftkv.testing.procs import free_ports
 
 
