@@ -87,16 +87,35 @@ def test_the_second_node_up_wins_at_once_when_starts_are_staggered():
     assert _ticks_to_leader(c) <= 10 // 3 + 1
 
 
-def _restart_alone_and_fail(c: Cluster) -> None:
-    """Everyone crashes; n1 restarts, is told n2 and n3 are down (the driver's first
-    liveness report), and its early pre-election reaches no one."""
-    c.elect("n1")
-    c.propose("n1", cmd(1))
+def _restart_after_crash(c: Cluster, restarted: list[str]) -> None:
+    """Every node crashes; ``restarted`` come back, each told every peer is down (the
+    driver counts a peer down until its connection's handshake)."""
     for nid in NODES:
         c.nodes[nid].crash()
-    c.nodes["n1"].restart()
-    for peer in ("n2", "n3"):
-        c.raft("n1").peer_down(peer)
+    for nid in restarted:
+        c.nodes[nid].restart()
+        for peer in NODES:
+            if peer != nid:
+                c.raft(nid).peer_down(peer)
+
+
+def _leaves_it_alone(c: Cluster, nid: str, peer: str, term: int) -> None:
+    """``nid`` hears that ``peer`` connected and must not pre-campaign; once the messages
+    held back flow, n1 leads at ``term`` everywhere."""
+    sent = len(c.delivered)
+    c.raft(nid).peer_up(peer)
+    c.stabilize()
+    assert not any(m.frm == nid and m.type == MT.PRE_VOTE for m in c.delivered[sent:])
+    c.heal()
+    c.tick(n=3)
+    assert c.leader() == "n1" and all(c.raft(n).term == term for n in NODES)
+
+
+def _restart_alone_and_fail(c: Cluster) -> None:
+    """Everyone crashes; n1 restarts alone, and its early pre-election reaches no one."""
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    _restart_after_crash(c, ["n1"])
     c.tick(["n1"], n=4)
     assert c.raft("n1").role == Role.PRE_CANDIDATE and c.leader() is None
 
@@ -145,13 +164,7 @@ def test_a_node_that_voted_since_its_restart_leaves_that_election_alone():
     c = Cluster(NODES, seed=6, early_campaign=True)
     c.elect("n1")
     c.propose("n1", cmd(1))
-    for nid in NODES:
-        c.nodes[nid].crash()
-    for nid in ("n1", "n3"):
-        c.nodes[nid].restart()
-        for peer in NODES:
-            if peer != nid:
-                c.raft(nid).peer_down(peer)
+    _restart_after_crash(c, ["n1", "n3"])
     c.filters.append(lambda m: not (m.frm == "n1" and m.to == "n3"
                                     and m.type in (MT.APP, MT.HEARTBEAT)))
     c.raft("n1").peer_up("n3")
@@ -159,13 +172,7 @@ def test_a_node_that_voted_since_its_restart_leaves_that_election_alone():
     term = c.raft("n1").term
     assert c.leader() == "n1" and c.raft("n3").term == term and c.raft("n3").lead is None
     c.nodes["n2"].restart()
-    sent = len(c.delivered)
-    c.raft("n3").peer_up("n2")
-    c.stabilize()
-    assert not any(m.frm == "n3" and m.type == MT.PRE_VOTE for m in c.delivered[sent:])
-    c.heal()
-    c.tick(n=3)
-    assert c.leader() == "n1" and all(c.raft(n).term == term for n in NODES)
+    _leaves_it_alone(c, "n3", "n2", term)
 
 
 def test_a_node_that_backed_a_pre_candidate_leaves_its_pre_election_alone():
@@ -176,13 +183,7 @@ def test_a_node_that_backed_a_pre_candidate_leaves_its_pre_election_alone():
     c = Cluster(NODES, seed=7, early_campaign=True)
     c.elect("n1")
     c.propose("n1", cmd(1))
-    for nid in NODES:
-        c.nodes[nid].crash()
-    for nid in ("n1", "n2"):
-        c.nodes[nid].restart()
-        for peer in NODES:
-            if peer != nid:
-                c.raft(nid).peer_down(peer)
+    _restart_after_crash(c, ["n1", "n2"])
     c.raft("n1").peer_up("n2")
     c.raft("n2").peer_up("n1")
     held: list = []  # n1's vote requests, on the way
@@ -243,13 +244,7 @@ def test_a_node_whose_term_moved_leaves_that_election_alone():
     c.isolate("n3")
     c.propose("n3", cmd(2))  # only n3 holds it: its log is the longest
     c.heal()
-    for nid in NODES:
-        c.nodes[nid].crash()
-    for nid in NODES:
-        c.nodes[nid].restart()
-        for peer in NODES:
-            if peer != nid:
-                c.raft(nid).peer_down(peer)
+    _restart_after_crash(c, NODES)
     c.filters.append(lambda m: not (m.frm == "n1" and m.type in (MT.APP, MT.HEARTBEAT)))
     c.raft("n1").peer_up("n2")  # n1 and n2 connect: n1 pre-campaigns, n2 grants
     c.raft("n1").peer_up("n3")  # then n3: it refuses, and takes the term of n1's election
@@ -257,13 +252,7 @@ def test_a_node_whose_term_moved_leaves_that_election_alone():
     term = c.raft("n1").term
     assert c.leader() == "n1" and c.raft("n3").term == term
     assert c.raft("n2").lead is None and c.raft("n3").lead is None
-    sent = len(c.delivered)
-    c.raft("n3").peer_up("n2")
-    c.stabilize()
-    assert not any(m.frm == "n3" and m.type == MT.PRE_VOTE for m in c.delivered[sent:])
-    c.heal()
-    c.tick(n=3)
-    assert c.leader() == "n1" and all(c.raft(n).term == term for n in NODES)
+    _leaves_it_alone(c, "n3", "n2", term)
 
 
 @pytest.mark.parametrize("quiesce", [False, True])

@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,6 +258,18 @@ class _Store:
         e = self.store.get_entry(key)
         return decode_nodes(e.value if e is not None else None)
 
+    def done(self, k: Any, sw: Any, peers: list[str], calc: list[str]) -> object:
+        """onRebalanceDone of a change to ``peers`` with ``calc`` (one read, one invoke):
+        the branch's tag."""
+        from raftkv.placement.meta_commands import encode_iif
+        from raftkv.placement.rebalance_steps import rebalance_done_switch
+
+        st, pe, pl, red, app = (self.store.get_entry(x) for x in
+                                (k.stable, k.pending, k.planned, sw.reduce, sw.append))
+        d = rebalance_done_switch(k, sw, peers, st, pe, pl, red, app, calc)
+        assert d.tree is not None
+        return getattr(self.run(encode_iif(d.tree)), "tag", None)
+
 
 def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
     tmp_path: Path,
@@ -274,7 +287,6 @@ def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
     from raftkv.placement.rebalance_steps import (
         DONE_SWITCH_APPEND,
         leave_pending_for_switch_reduce,
-        rebalance_done_switch,
         switch_keys,
     )
 
@@ -300,11 +312,7 @@ def test_a_restarted_node_left_out_of_pending_is_re_added_through_switch_append(
         assert state(k.pending, sw.reduce) == [["A", "B"], ["X"]]
 
         def done(peers: list[str]) -> object:
-            st, pe, pl, red, app = (store.get_entry(x) for x in
-                                    (k.stable, k.pending, k.planned, sw.reduce, sw.append))
-            d = rebalance_done_switch(k, sw, peers, st, pe, pl, red, app, ["A", "B", "X"])
-            assert d.tree is not None
-            return getattr(run(encode_iif(d.tree)), "tag", None)
+            return meta.done(k, sw, peers, ["A", "B", "X"])
 
         assert done(["A", "B"]) == DONE_SWITCH_APPEND  # X removed from the configuration
         assert state(k.stable, k.pending, sw.reduce, sw.append) == [
@@ -332,7 +340,6 @@ def test_a_re_add_cancelled_out_of_pending_is_added_again_by_the_next_done(
         DONE_SWITCH_APPEND,
         MOVED,
         move_planned_to_pending,
-        rebalance_done_switch,
         switch_keys,
     )
 
@@ -345,11 +352,7 @@ def test_a_re_add_cancelled_out_of_pending_is_added_again_by_the_next_done(
             return [meta.nodes(x) for x in keys]
 
         def done(peers: list[str], calc: list[str]) -> object:
-            st, pe, pl, red, app = (store.get_entry(x) for x in
-                                    (k.stable, k.pending, k.planned, sw.reduce, sw.append))
-            d = rebalance_done_switch(k, sw, peers, st, pe, pl, red, app, calc)
-            assert d.tree is not None
-            return getattr(run(encode_iif(d.tree)), "tag", None)
+            return meta.done(k, sw, peers, calc)
 
         # X lost its state and was removed: the done of that change re-adds it.
         run(encode_put(k.stable, encode_nodes(["A", "B", "C"])))
@@ -439,11 +442,10 @@ def test_a_change_that_ends_away_from_calc_with_nothing_planned_plans_calc(
     kept four replicas for good. It now plans calc itself; a change that ended at calc, or
     one with a lost node still to reduce, is left as before."""
     from raftkv.placement.assignments import DONE_CLEARED, encode_nodes, partition_keys
-    from raftkv.placement.meta_commands import encode_iif, encode_put
+    from raftkv.placement.meta_commands import encode_put
     from raftkv.placement.rebalance_steps import (
         DONE_REPLANNED,
         DONE_SWITCH_REDUCE,
-        rebalance_done_switch,
         switch_keys,
     )
 
@@ -453,11 +455,7 @@ def test_a_change_that_ends_away_from_calc_with_nothing_planned_plans_calc(
         k, sw = partition_keys("t", 0), switch_keys("t", 0)
 
         def done(peers: list[str], calc: list[str]) -> object:
-            st, pe, pl, red, app = (store.get_entry(x) for x in
-                                    (k.stable, k.pending, k.planned, sw.reduce, sw.append))
-            d = rebalance_done_switch(k, sw, peers, st, pe, pl, red, app, calc)
-            assert d.tree is not None
-            return getattr(run(encode_iif(d.tree)), "tag", None)
+            return meta.done(k, sw, peers, calc)
 
         calc = ["n3", "n4", "n5"]
         run(encode_put(k.stable, encode_nodes(["n1", "n2"])))
