@@ -315,7 +315,8 @@ DRAIN_SEEDS = [153, 104, 232, 230, *range(2000, 2003)]
 # 5176 (found on 9f6f29b): a metastore step that demoted voters above metastore_voters
 # demoted the spare promoted for n1 when n1 came back first; on that course a partition's
 # stable stayed above its assignment ([n2, n3, n4, n5] for [n3, n4, n5]) and was never
-# planned again. The step was left out; the stuck state it reached is not diagnosed.
+# planned again. The step was left out; the stuck state it reached came back on 42f8de6
+# and is fixed (docs/placement-simulator.md, "seed 5176 again": DONE_REPLANNED).
 LONG_DRAIN_SEEDS = [420, 430, 2808, 5176]
 
 
