@@ -321,8 +321,16 @@ def _kv_commands(args: argparse.Namespace, client: Client) -> int:
             body = json.loads(raw)
         except json.JSONDecodeError as e:
             raise UsageError(f"raftkv txn: error: {args.file} is not JSON: {e}") from None
+        except RecursionError:
+            raise UsageError(f"raftkv txn: error: {args.file} nests too deeply") from None
         if not isinstance(body, dict):
             raise UsageError(f"raftkv txn: error: {args.file} must hold a JSON object")
+        # As strict as the API: a misspelt "compare" must not turn the transaction into
+        # unconditional writes (found from outside: "compares" ran the success branch).
+        unknown = sorted(set(body) - {"compare", "success", "failure"})
+        if unknown:
+            raise UsageError(f"raftkv txn: error: {args.file}: unknown field {unknown[0]!r} "
+                             "(a transaction has \"compare\", \"success\" and \"failure\")")
         answer = client.txn(body.get("compare"), body.get("success"), body.get("failure"),
                             table=table)
         emit(args, answer, indent=1)
@@ -628,6 +636,19 @@ def _seconds(text: str, zero: bool = False) -> float:
     return v
 
 
+# The longest wait a socket and poll() take (poll's milliseconds are a C int): found
+# from outside, --timeout 1e300 ended in an OverflowError traceback.
+MAX_WAIT = 1_000_000.0
+
+
+def _wait(text: str) -> float:
+    """``_seconds``, at most ``MAX_WAIT``."""
+    v = _seconds(text)
+    if v > MAX_WAIT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_WAIT:,.0f} seconds, not {text}")
+    return v
+
+
 def _version() -> str:
     from importlib import metadata
 
@@ -665,9 +686,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoints", default=os.environ.get("RAFTKV_ENDPOINTS", DEFAULT_ENDPOINTS),
                    help="comma-separated HTTP endpoints of any nodes (default: "
                         "$RAFTKV_ENDPOINTS, else %(default)s)")
-    p.add_argument("--timeout", type=_seconds, default=10.0,
+    p.add_argument("--timeout", type=_wait, default=10.0,
                    help="seconds a command may take, retries included (default: %(default)s)")
-    p.add_argument("--connect-timeout", type=_seconds, default=2.0,
+    p.add_argument("--connect-timeout", type=_wait, default=2.0,
                    help="seconds to connect to an endpoint, and to keep trying when none "
                         "accepts a connection (default: %(default)s)")
     p.add_argument("-w", "--write-out", choices=("table", "json"), default=None,

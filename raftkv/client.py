@@ -334,10 +334,23 @@ class Client:
                     c.sock.settimeout(min(self._probe_wait, wait))  # type: ignore[attr-defined]
                     try:
                         c.request("GET", "/health")
-                        c.getresponse().read()
+                        health = c.getresponse()
+                        health.read()
                     except (OSError, http.client.HTTPException) as e:
                         raise NotConnected(f"connected, but no answer to a health check "
                                            f"({e}): is the node stopped?") from e
+                    if health.status != 200:
+                        # Not a raftkv node (a proxy's error page, another server): the
+                        # write goes to the next endpoint. A node answers 200 even while
+                        # it starts (found from outside: a 501 that closed the connection
+                        # ended the command in a traceback).
+                        raise NotConnected(f"its health check answered HTTP {health.status}: "
+                                           f"not a raftkv node, or not serving")
+                    if c.sock is None:  # answered, then closed the connection
+                        try:
+                            c.connect()
+                        except OSError as e:
+                            raise NotConnected(f"cannot connect again: {e}") from e
             c.sock.settimeout(wait)  # type: ignore[attr-defined]
             c.request(method, path, body=body, headers={**self._auth, **(headers or {})})
             if probe:
@@ -466,7 +479,10 @@ class Client:
                         time.sleep(delay)
                         delay = min(delay * 2, 0.5)
                         continue
-                if status not in RETRYABLE:
+                # A 5xx that is not raftkv's JSON comes from something else on the way (a
+                # proxy's error page, another server): another endpoint may serve.
+                foreign = status >= 500 and "json" not in ctype
+                if status not in RETRYABLE and not foreign:
                     raise ClientError(status, info)  # includes 421 for a leader we cannot reach
                 if once and not _nothing_proposed(status, info):
                     self._next()
@@ -1051,4 +1067,5 @@ def _json(data: bytes, ctype: str) -> dict[str, Any]:
                 return body
         except ValueError:
             pass
-    return {"error": data[:200].decode(errors="replace")}
+    # Not raftkv's JSON (an HTML error page, say): one line of it, for a one-line error.
+    return {"error": " ".join(data[:400].decode(errors="replace").split())[:200]}

@@ -197,3 +197,57 @@ def test_status_with_a_member_down_shows_it_and_exits_1(cluster: ProcCluster,
                    for line in text.stdout.splitlines()), text.stdout
     finally:
         cluster.start(victim)
+
+
+def test_input_the_api_would_refuse_is_refused_before_anything_is_sent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found from outside: ``raftkv txn`` dropped unknown top-level fields, so a misspelt
+    "compares" ran the success branch unconditionally (the API answers 400); a deeply
+    nested file ended in a RecursionError traceback, and ``--timeout 1e300`` in an
+    OverflowError one. Each is a one-line usage error now; nothing is sent (the
+    endpoint does not exist)."""
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"compares": [{"key": "g", "target": "value", "op": "==",
+                                              "operand": "x"}],
+                                "success": [{"put": {"key": "v", "value": "W"}}]}))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    nowhere = ["--endpoints", "http://127.0.0.1:1", "--timeout", "1"]
+    for argv, says in (([*nowhere, "txn", str(typo)], "unknown field 'compares'"),
+                       ([*nowhere, "txn", str(deep)], "nests too deeply"),
+                       (["--timeout", "1e300", "get", "k"], "must be at most 1,000,000")):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], (argv, err)
+
+
+def test_an_endpoint_that_is_not_raftkv_is_passed_over(cluster: ProcCluster) -> None:
+    """Found from outside: a first endpoint answering a 5xx and closing the connection
+    (a proxy's error page, another server) ended ``raftkv put`` in an AttributeError
+    traceback, and the write never reached the next endpoint; a read ended in "HTTP
+    501". Its health check's answer now rules it out for a write, and a 5xx that is not
+    raftkv's JSON sends a read to the next endpoint."""
+    import http.server
+    import threading
+
+    class NotRaftkv(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(501)
+            self.send_header("Connection", "close")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotRaftkv)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        fake = f"http://127.0.0.1:{server.server_address[1]}"
+        endpoints = ",".join([fake, *(n.endpoint for n in cluster.nodes.values())])
+        for cmd in (["put", "via-fake", "one"], ["del", "via-fake"], ["put", "via-fake", "two"]):
+            res = raftkv("--endpoints", endpoints, *cmd)
+            assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+        res = raftkv("--endpoints", endpoints, "get", "via-fake")
+        assert res.stdout.strip() == "two", (res.returncode, res.stdout, res.stderr)
+    finally:
+        server.shutdown()
