@@ -356,6 +356,19 @@ def _info_json(info: BackupInfo) -> dict[str, Any]:
             "revisions_digest": info.digest, "voters": info.voters, "node": info.node}
 
 
+def _check_restore_mode(args: argparse.Namespace) -> None:
+    """``snapshot restore`` is one of two things: a new cluster from a group backup
+    (``--members``, ``--data-dirs``) or a table backup into a running cluster
+    (``--table``, ``--replicas``). Flags of the other mode were ignored without a word
+    (found from outside)."""
+    if args.table and (args.members or args.data_dirs):
+        raise UsageError("raftkv snapshot restore: error: --table loads a table into a "
+                         "running cluster; --members and --data-dirs make a new cluster: "
+                         "give one or the other")
+    if args.replicas is not None and not args.table:
+        raise UsageError("raftkv snapshot restore: error: --replicas goes with --table")
+
+
 def _snapshot_offline(args: argparse.Namespace) -> int:
     """``snapshot status`` and ``snapshot restore``: files only, no cluster."""
     from raftkv.backup import BackupError, restore, verify, verify_table
@@ -945,6 +958,8 @@ def main(argv: list[str] | None = None) -> int:
                 else parser().parse_args(argv))
         if args.cmd == "serve":
             return serve.run(args)
+        if args.cmd == "snapshot" and args.action == "restore":
+            _check_restore_mode(args)
         if args.cmd == "snapshot" and args.action != "save" and not (
                 args.action == "restore" and args.table):
             return _snapshot_offline(args)

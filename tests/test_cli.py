@@ -251,3 +251,38 @@ def test_an_endpoint_that_is_not_raftkv_is_passed_over(cluster: ProcCluster) -> 
         assert res.stdout.strip() == "two", (res.returncode, res.stdout, res.stderr)
     finally:
         server.shutdown()
+
+
+def test_flags_of_another_mode_are_refused_not_ignored(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found from outside: ``snapshot restore --table`` with ``--members``/``--data-dirs``
+    loaded the table and ignored them; ``--replicas`` without ``--table`` was ignored;
+    ``serve --memory --data-dir D`` ran in memory and ignored the directory."""
+    backup = str(tmp_path / "b.rkv")
+    for argv, says in (
+            (["snapshot", "restore", backup, "--table", "t", "--members", "n1=127.0.0.1:1",
+              "--data-dirs", str(tmp_path / "d")], "give one or the other"),
+            (["snapshot", "restore", backup, "--replicas", "3", "--members", "n1=127.0.0.1:1",
+              "--data-dirs", str(tmp_path / "d")], "--replicas goes with --table"),
+            (["serve", "--id", "n1", "--memory", "--data-dir", str(tmp_path / "d"),
+              "--raft-addr", "127.0.0.1:1", "--http-addr", "127.0.0.1:2"],
+             "give --data-dir or --memory, not both")):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], (argv, err)
+    assert not (tmp_path / "d").exists()
+
+
+def test_describe_and_cluster_refuse_unknown_query_parameters(cluster: ProcCluster) -> None:
+    """Found from outside: ``GET /v1/tables/T?x=1`` and ``GET /v1/cluster?x=1`` answered
+    200, where every other route answers a parameter it does not know with a 400."""
+    import http.client
+
+    n1 = cluster.nodes["n1"]
+    for path in ("/v1/cluster?x=1", "/v1/tables/nosuch?x=1"):
+        conn = http.client.HTTPConnection("127.0.0.1", n1.http_port, timeout=30)
+        conn.request("GET", path)
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        conn.close()
+        assert r.status == 400 and "unknown query parameter ?x" in body["error"], (path, body)

@@ -298,6 +298,7 @@ class Api:
 
     # -- admin ------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
+        check_query(request, ())
         st = await wait(self.kv.node.status())
         # Every member's HTTP address, for `raftkv cluster status` and the client's
         # discovery: not a drained or removed node's, which stays published and was

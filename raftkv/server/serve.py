@@ -196,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.memory and not args.data_dir:
         raise ValueError("--data-dir is required unless --memory is given")
+    if args.memory and args.data_dir:  # the directory was ignored (found from outside)
+        raise ValueError("--memory keeps nothing on disk: give --data-dir or --memory, "
+                         "not both")
     peers = parse_peers(args.peers)
     if peers and args.id not in peers and not args.join:
         # Bootstrapping with itself added would make a configuration of len(peers) + 1

@@ -483,6 +483,7 @@ class TablesApi:
         return web.json_response(out)
 
     async def describe(self, request: web.Request) -> web.Response:
+        check_query(request, ("local",))
         name = self._name(request)
         desc, generation = await self._desc_row(name)
         local = await self._run(lambda: self._local_view(name))
