@@ -30,7 +30,7 @@ from raftkv.storage.dir_lock import release_data_dir
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 from raftkv.storage.state_store import StateStore
 from raftkv.tls import TlsConfig
-from raftkv.transport.tcp import check_peer_addresses, parse_addr
+from raftkv.transport.tcp import check_peer_addresses, listen_on, parse_addr
 
 log = logging.getLogger(__name__)
 
@@ -333,6 +333,10 @@ class ReplicatedNode(EmbeddedNode):
         data_dir = kwargs.get("data_dir")
         path = group_paths(data_dir, kwargs.get("group", DEFAULT_GROUP))[1] if data_dir else None
         if data_dir is not None:
+            # Its raft address first, as the base class binds it before it claims the
+            # directory: one in use must leave nothing written (review finding). The
+            # probe's socket is closed at once; the base class binds for good.
+            listen_on(raft_addr).close()
             # Before the state store reads (and tidies) its checkpoint files: a second
             # process on a running node's directory must not touch them. The base class
             # claims it again, which in one process is a no-op.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -915,3 +916,28 @@ def test_a_call_refused_not_leader_is_proposed_again_while_it_waits_for_a_leader
         else:
             assert got.wait() == (None, FAIL_REASON.NOT_LEADER)
             assert node.getCounter() == 0
+
+
+def test_a_port_taken_after_the_bindable_probe_is_a_bind_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review finding: the raft address is bound when the node is built, and an error
+    there must stay the OSError PySyncObj's layer turns into BindError (a ValueError
+    escaped the constructor and left the journal's directory claimed)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    addr = f"127.0.0.1:{taken.getsockname()[1]}"
+    # Another process takes the port between _bindable's probe and the node's bind.
+    from raftkv.compat.pysyncobj import syncobj as so
+
+    monkeypatch.setattr(so, "_bindable", lambda a: True)
+    conf = SyncObjConf(journalFile=str(tmp_path / "j"), maxBindRetries=1)
+    try:
+        o = SyncObj(addr, [], conf)  # PySyncObj: the constructor returns ...
+        try:
+            with pytest.raises(SyncObjException, match="BindError"):
+                o.waitBinded()  # ... and waitBinded says BindError
+        finally:
+            o.destroy()
+    finally:
+        taken.close()

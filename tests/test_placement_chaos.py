@@ -524,3 +524,46 @@ def test_a_cancel_in_flight_is_refused_once_the_leader_fenced_its_removals(
         assert nodes(k.pending) == ["y"]
     finally:
         store.close()
+
+
+def test_a_replan_read_before_a_newer_trigger_does_not_undo_it(tmp_path: Path) -> None:
+    """42f8de6: DONE_REPLANNED writes pending = calc as read, but its preconditions do
+    not cover what calc is computed from (topology, dead, descriptor) nor the trigger.
+    n2, lone holder, ended its change at [n2, n3, n4, n5] with replicas 3 (calc [n3, n4,
+    n5]); onRebalanceDone reads that. Before its invoke applies, set_replicas(4) (or a
+    topology change) makes calc [n2, n3, n4, n5]: step (1) finds pending == calc and
+    only records the trigger (PLANNED_REMOVED, planned untouched). The invoke then
+    writes pending = the stale [n3, n4, n5], moving the partition away from the newest
+    calc, and only the next onRebalanceDone moves it back (two copies for nothing). The
+    replan is now conditioned on the trigger it read (review finding)."""
+    from raftkv.placement.assignments import PLANNED_REMOVED, encode_nodes, partition_keys
+    from raftkv.placement.meta_commands import encode_iif, encode_put
+    from raftkv.placement.rebalance_steps import (
+        DONE_REPLANNED,
+        plan_rebalance,
+        rebalance_done_switch,
+        switch_keys,
+    )
+
+    meta = _Store(tmp_path)
+    store, run, nodes = meta.store, meta.run, meta.nodes
+    try:
+        k, sw = partition_keys("t", 0), switch_keys("t", 0)
+        ended = ["n2", "n3", "n4", "n5"]
+        run(encode_put(k.stable, encode_nodes(["n1", "n2"])))
+        run(encode_put(k.pending, encode_nodes(ended)))
+        run(encode_put(k.trigger, b"\x00" * 7 + b"\x05"))
+        st, pe, pl, red, app = (store.get_entry(x) for x in
+                                (k.stable, k.pending, k.planned, sw.reduce, sw.append))
+        d = rebalance_done_switch(k, sw, ended, st, pe, pl, red, app, ["n3", "n4", "n5"],
+                                  trigger=store.get_entry(k.trigger))
+        # ... the newer trigger's step (1) applies first:
+        res = run(encode_iif(plan_rebalance(k, 10_000, encode_nodes(ended))))
+        assert getattr(res, "tag", None) == PLANNED_REMOVED
+        assert d.tree is not None
+        tag = getattr(run(encode_iif(d.tree)), "tag", None)
+        assert not (tag == DONE_REPLANNED and nodes(k.pending) != ended), (
+            f"stale replan: stable {nodes(k.stable)}, pending {nodes(k.pending)}, "
+            f"newest calc {ended}")
+    finally:
+        store.close()

@@ -120,6 +120,8 @@ def _serve(tmp_path: Path, *extra: str, raft: int | None = None) -> tuple[
 @pytest.mark.parametrize("args,says", [
     (["--tick", "0"], "--tick: must be more than 0 seconds"),
     (["--tick", "-1"], "--tick: must be more than 0 seconds"),
+    (["--tick", "1e-300"], "--tick: must be at least 0.001 seconds"),
+    (["--election-ticks", "²"], "--election-ticks: must be a whole number of at least 3"),
     (["--election-ticks", "0"], "--election-ticks: must be a whole number of at least 3"),
     (["--election-ticks", "2"], "--election-ticks: must be a whole number of at least 3"),
     (["--compact-entries", "0"], "--compact-entries: must be a whole number of at least 1"),
@@ -154,3 +156,33 @@ def test_a_raft_address_in_use_is_refused_before_anything_is_written(tmp_path: P
     assert "Address already in use" in res.stderr
     assert "Traceback" not in res.stderr
     assert not data.exists() or not os.listdir(data)
+
+
+def test_the_heartbeat_interval_serve_assumes_is_the_drivers() -> None:
+    """``--election-ticks`` is checked against the heartbeat interval without importing
+    the driver (it loads on the node's thread while the HTTP stack imports)."""
+    from raftkv.node.driver import NodeConfig
+    from raftkv.server.serve import HEARTBEAT_TICKS
+
+    assert NodeConfig("n1", "127.0.0.1:1", b"s").heartbeat_tick == HEARTBEAT_TICKS
+
+
+def test_a_replicated_node_with_its_raft_port_taken_writes_nothing(tmp_path: Path) -> None:
+    """Review finding: a ReplicatedNode claims its directory before its state store
+    opens, so it checks its raft address first, as the embedded node does."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    addr = f"127.0.0.1:{taken.getsockname()[1]}"
+    d = tmp_path / "n1"
+    probe = ("from raftkv.embedded import ReplicatedNode\n"
+             "from raftkv.statemachine import ReplicatedObject\n"
+             f"ReplicatedNode(ReplicatedObject(), 'n1', {addr!r}, {{'n1': {addr!r}}}, 's', "
+             f"data_dir={str(d)!r})\n")
+    try:
+        res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             timeout=60, check=False)
+    finally:
+        taken.close()
+    assert "cannot listen on the raft address" in res.stderr, res.stderr
+    assert not d.exists(), sorted(p.name for p in d.iterdir())

@@ -308,15 +308,16 @@ class ChangePeers(ManagerBase):
             done)
 
     def _calc(self, part: PartitionState, topo: VersionedValue | None,
-              dead: VersionedValue | None, dkv: VersionedValue | None) -> list[str]:
+              dead: VersionedValue | None, dkv: VersionedValue | None) -> list[str] | None:
         """calcPartAssignments() from the data nodes (the topology without ``dead``) and a
-        descriptor (stable without them)."""
+        descriptor; None without them (a caller may fall back to stable, but must not
+        plan a change from it)."""
         if topo is None or dkv is None:
-            return self._nodes(part.keys.stable)
+            return None
         try:
             desc = TableDescriptor.decode(dkv.value)
         except ValueError:
-            return self._nodes(part.keys.stable)
+            return None
         return calc_assignments(desc.name, part.index, data_nodes(topo, dead)[0],
                                 desc.replicas)
 
@@ -334,6 +335,8 @@ class ChangePeers(ManagerBase):
         part.switch_key = key
         calc = self._calc(part, self._kv.get(TOPOLOGY_KEY), self._kv.get(DEAD_KEY),
                           self._kv.get(table_key(part.table)))
+        if calc is None:
+            calc = self._nodes(part.keys.stable)
         tree = self._if_table(
             part, steps.trigger_switch_reduce(part.keys, part.sw, reduce, calc, stable,
                                               self._lone_holder(part, g)))
@@ -650,7 +653,8 @@ class ChangePeers(ManagerBase):
         part.finishing = key
 
         keys = [part.keys.stable, part.keys.pending, part.keys.planned, part.sw.reduce,
-                part.sw.append, TOPOLOGY_KEY, DEAD_KEY, table_key(part.table)]
+                part.sw.append, TOPOLOGY_KEY, DEAD_KEY, table_key(part.table),
+                part.keys.trigger]
 
         def attempt(retries: int) -> None:
             def read(f: Future[Any]) -> None:
@@ -658,10 +662,12 @@ class ChangePeers(ManagerBase):
                 if exc is not None:
                     give_up(exc)
                     return
-                st, pe, pl, red, app, topo, dead, dkv = f.result()
+                st, pe, pl, red, app, topo, dead, dkv, trig = f.result()
+                calc = self._calc(part, topo, dead, dkv)
                 done = steps.rebalance_done_switch(
                     part.keys, part.sw, voters, st, pe, pl, red, app,
-                    self._calc(part, topo, dead, dkv), committed)
+                    self._nodes(part.keys.stable) if calc is None else calc, committed,
+                    trigger=trig, calc_exact=calc is not None)
                 if done.tree is None:
                     bo.succeeded()
                     self.metrics["done_stale"] += 1

@@ -282,6 +282,7 @@ def rebalance_done_switch(
     planned: VersionedValue | None, reduce: VersionedValue | None,
     append: VersionedValue | None, calc_part_assignments: Iterable[str],
     committed: tuple[int, int] | None = None,
+    trigger: VersionedValue | None = None, calc_exact: bool = True,
 ) -> SwitchDone:
     """IGNITE-16668 onRebalanceDone, one iteration of its retry loop (the caller reads the
     five keys, runs the tree, and on ``DONE_RETRY`` reads again)::
@@ -346,7 +347,14 @@ def rebalance_done_switch(
         # Step (1) runs only on a newer trigger, and none may come: plan calc now, as its
         # first branch would (placement simulator seed 5176: stable [n2, n3, n4, n5] for
         # calc [n3, n4, n5], for good, after n2 kept itself through a cancel).
-        replan = not has_planned and not calc_reduce and bool(calc) and resolved != calc
+        # Only from a calc read from the topology and the descriptor (``calc_exact``), and
+        # only if no step (1) ran since the read (the trigger, which every step (1) but a
+        # skipped one writes, unchanged): a newer trigger finding pending equal to its
+        # calc writes nothing else, and this invoke would then undo it (review finding).
+        replan = (calc_exact and not has_planned and not calc_reduce and bool(calc)
+                  and resolved != calc)
+        if replan:
+            pre = pre & Cond.revision(keys.trigger).eq(_rev(trigger))
         tag = (DONE_PLANNED_MOVED if has_planned else DONE_REPLANNED if replan
                else DONE_CLEARED)
         ops = [Op.put(keys.stable, new_stable)]

@@ -145,6 +145,23 @@ def check_peer_addresses(peers: dict[str, str]) -> None:
                          "every node needs its own")
 
 
+def listen_on(addr: str) -> socket.socket:
+    """A non-blocking socket listening on the raft address ``addr``; OSError, naming the
+    address, if it cannot be had."""
+    host, port = parse_addr(addr)
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setblocking(False)
+        s.bind((host, port))
+        s.listen(64)
+    except OSError as e:
+        s.close()
+        raise OSError(e.errno, f"cannot listen on the raft address {addr}: "
+                               f"{e.strerror or e}") from None
+    return s
+
+
 class _State:
     CONNECTING = "connecting"
     TLS_HANDSHAKE = "tls-handshake"
@@ -546,21 +563,10 @@ class Transport:
     def bind(self) -> None:
         """Bind and listen on the raft address (``start`` accepts on it). Done when the
         node is built, so that an address in use fails it before anything else does:
-        before a data directory is claimed, a file written or a vote cast."""
-        if self._server is not None:
-            return
-        host, port = parse_addr(self.listen_addr)
-        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.setblocking(False)
-            s.bind((host, port))
-            s.listen(64)
-        except OSError as e:
-            s.close()
-            raise ValueError(f"cannot listen on the raft address {self.listen_addr}: "
-                             f"{e.strerror or e}") from None
-        self._server = s
+        before a data directory is claimed, a file written or a vote cast. The error is
+        an OSError naming the address (the PySyncObj layer turns it into BindError)."""
+        if self._server is None:
+            self._server = listen_on(self.listen_addr)
 
     def start(self) -> None:
         self.bind()
