@@ -88,8 +88,13 @@ def test_lease_keepalive_outlives_a_stopped_leader(cluster: ProcCluster,
     endpoints = ",".join(c.nodes[n].endpoint
                          for n in [lead] + [n for n in c.nodes if n != lead])
     out = open(tmp_path / "keepalive.out", "w+")  # noqa: SIM115  # closed below
+    # The command with Python's SIGINT handler installed whatever it inherited: a suite
+    # started in the background by a shell without job control has SIGINT ignored, and
+    # a keeper inheriting that outlived the SIGINT below (a fresh-clone run under `&`).
+    cli = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           "from raftkv.cli import main; sys.exit(main(sys.argv[1:]))")
     keeper = subprocess.Popen(
-        [sys.executable, "-m", "raftkv.cli", "--endpoints", endpoints, "lease",
+        [sys.executable, "-c", cli, "--endpoints", endpoints, "lease",
          "keepalive", str(lease)], stdout=out, stderr=subprocess.STDOUT)
     try:
         time.sleep(1.5)
