@@ -725,23 +725,20 @@ class Node:
         that is when the second node of a majority comes up. A connection that replaced
         another (both nodes dialed; the transport keeps one) is reported to the cores
         again: a campaign that went out on the closed one may be lost with it."""
-        if peer not in self._members() or not self.transport.is_live(
+        if peer in self._members() and self.transport.is_live(
                 peer, self.clock(), self._election_seconds()):
-            return
-        if peer in self._down:
             self._peer_changed(peer, True)
-        elif self.cfg.quiesce:
-            for g in self.groups.values():
-                g.raft.peer_up(peer)
-            self._dirty.update(self.groups)
 
     def _peer_changed(self, peer: str, live: bool) -> None:
-        if live:
-            self._down.discard(peer)
-            log.info("peer %s is reachable", peer)
-        else:
-            self._down.add(peer)
-            log.info("peer %s is unreachable", peer)
+        """Record ``peer``'s liveness and tell the cores (told up again, for a connection
+        that replaced another: see ``_on_connected``)."""
+        if live != (peer not in self._down):
+            if live:
+                self._down.discard(peer)
+                log.info("peer %s is reachable", peer)
+            else:
+                self._down.add(peer)
+                log.info("peer %s is unreachable", peer)
         for g in self.groups.values():
             if self.cfg.quiesce:  # the cores need to know only to quiesce safely
                 if live:
