@@ -245,7 +245,9 @@ own vote and its grants closes it, but slowed the birth of groups under load eno
 to fail placement tests, and is not done yet. A leader's match for a follower that was
 wiped while down counts until the new incarnation first answers, which matters only
 for an entry not yet committed when the follower went down. Two or more wiped voters
-of one configuration are beyond any majority protocol, as two lost disks are; so is a
+of one configuration are beyond any majority protocol, as two lost disks are (a wiped
+voter stays lost to the group until its new record commits: simulator seed 2750, where
+a second voter was wiped while the first one's record was uncommitted); so is a
 removed founder started again on empty files with its founding arguments: it
 bootstraps the founding configuration, and a majority of such founders would form a
 group of their own.

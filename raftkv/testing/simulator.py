@@ -515,11 +515,17 @@ class Simulation:
 
     def _wipe_pending(self) -> bool:
         """A wiped node the group has not yet readmitted: not recorded under its new
-        incarnation by the newest leader's configuration. One removed before that stays
-        pending for good: it keeps a founding configuration at its birth, and so counts
-        as a lost disk of that configuration for the rest of the run."""
+        incarnation by a configuration the newest leader has applied. A record still in
+        an uncommitted entry is not enough: until it commits, the group counts on the
+        incarnation that was lost, and a second wipe makes two lost disks of one
+        configuration, beyond any majority protocol (seed 2750: n4's record, appended in
+        term 3, never committed; with n1 wiped too, the voters left could commit
+        nothing). One removed before that stays pending for good: it keeps a founding
+        configuration at its birth, and so counts as a lost disk of that configuration
+        for the rest of the run."""
         leader = self._leader()
-        conf = self.nodes[leader].raft.conf if leader else None
+        raft = self.nodes[leader].raft if leader else None
+        conf = raft.conf_at(raft.log.applied) if raft else None
         for nid in sorted(self.wiped):
             inc = self.nodes[nid].storage.identity().incarnation
             if conf is None or conf.incarnation_of(nid) != inc:
