@@ -146,6 +146,48 @@ def test_two_transports_share_one_connection_in_both_directions() -> None:
         b.close()
 
 
+def test_what_went_out_on_a_duplicate_connection_is_delivered() -> None:
+    """Both dial at once, and each sends on whichever connection it holds from the moment
+    it holds one. The connection they do not keep is retired, not closed: what went out
+    on it is still read, so every item not dropped for want of a connection arrives,
+    in order per connection. (Closing it at once lost a vote request or its answer now
+    and then, and a whole-cluster restart then waited out an election timeout.)"""
+    for _ in range(5):
+        poller, a, b, got = _pair()
+        try:
+            a.send("b", [0, 0])
+            b.send("a", [0, 0])
+            for t in (a, b):
+                t.flush()
+            base = {t.node_id: t.stats["dropped"] for t in (a, b)}
+            sent: dict[str, list[int]] = {"a": [], "b": []}
+            retired = False
+            deadline = time.monotonic() + 5
+            for step in range(1, 400):
+                for t, peer in ((a, "b"), (b, "a")):
+                    if t.peers[peer].conn is not None:
+                        t.send(peer, [0, step])
+                        sent[t.node_id].append(step)
+                    t.flush()
+                    t.maintain()
+                retired = retired or bool(a.draining or b.draining)
+                poller.poll(0.001)
+                if step > 50 and not (a.draining or b.draining) or time.monotonic() > deadline:
+                    break
+            for _ in range(50):
+                poller.poll(0.01)
+            assert retired, "the duplicate connection was never retired"
+            for t, peer in ((a, "b"), (b, "a")):
+                dropped = t.stats["dropped"] - base[t.node_id]
+                arrived = [n for frm, items in got if frm == t.node_id
+                           for _, n in items if n]
+                assert sorted(arrived) == sorted(set(arrived))
+                assert len(arrived) == len(sent[t.node_id]) - dropped, (t.node_id, dropped)
+        finally:
+            a.close()
+            b.close()
+
+
 def test_a_peer_with_the_wrong_secret_never_gets_a_frame_decoded() -> None:
     poller, a, b, got = _pair(secret_b=b"not-the-secret")
     try:

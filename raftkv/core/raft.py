@@ -129,7 +129,12 @@ vote or deposed the new leader (found from outside: 1 whole restart in 30 waited
 a full election timeout, each way). Nodes
 that restart together may pre-campaign on the same tick; each pre-election would
 succeed and the elections could split the vote, so a pre-candidate that grants a
-pre-vote for its own pre-election's term to a lower id steps back to follower.
+pre-vote for its own pre-election's term to a lower id steps back to follower. Any
+campaign under way (a candidate's, or a pre-candidate's outside the rule) sends its
+request again to a voter reported reachable that has not answered it: two nodes that
+dialed each other keep one connection, and a request that went out on the other is
+lost with it; the candidate would otherwise wait out a full timeout (0.5 to 1 s at the
+driver's defaults). A repeated (pre-)vote request changes nothing at the voter.
 
 Commit notices
 --------------
@@ -518,6 +523,8 @@ class Raft:
         # Candidate: the incarnations of the voters that granted this campaign (its
         # pre-vote or vote), for the no-op to record.
         self._grants: dict[str, int] = {}
+        # (Pre-)candidate: its vote requests' type, term and context (``_request_vote``).
+        self._vote_request: tuple[MT, int, Any] = (MT.PRE_VOTE, 0, None)
         # Newborn and unrecorded (see "Incarnations"): the voters whose vote requests,
         # since this start, showed no record of this node (or a committed record of it
         # as it is), and whether one showed another incarnation of it.
@@ -751,8 +758,9 @@ class Raft:
             self._unquiesce()
 
     def peer_up(self, peer: str) -> None:
-        """``peer`` is reachable again. A quiet leader wakes so its heartbeats bring the
-        returning follower up to date (it was exempt while unreachable). A newborn
+        """``peer`` is reachable again, or on a new connection. A leader (woken, if quiet)
+        sends it a heartbeat at once, so that its answer brings the returning follower up
+        to date (it was exempt from quiescence while unreachable). A newborn
         founder of a group not yet born announces itself again at its next tick: its
         first-tick announcement went out before any connection was up, and a founder
         that died before its first timed campaign would otherwise never have been
@@ -763,8 +771,21 @@ class Raft:
         connection, and what went out on the other may be lost with it)."""
         was_down = peer in self._unreachable
         self._unreachable.discard(peer)
-        if was_down and self.quiesced and self.role == Role.LEADER and peer in self.prs:
+        pr = self.prs.get(peer) if self.role == Role.LEADER and peer != self.id else None
+        if pr is not None:
             self._unquiesce()
+            # What went to it while unreachable, or on a connection that was replaced
+            # since, may be lost (the first append of a leader elected as its
+            # connections came up, say): a heartbeat now tells it who leads, and its
+            # answer resumes replication, a heartbeat tick sooner.
+            self._send_heartbeat(peer, pr, self.read_only.last_seq())
+        if (peer in self.conf.voters and peer not in self.votes and self._survivor is None
+                and self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE) and not self._restarting):
+            # A campaign under way asks again whoever has not answered: its request may
+            # have been lost on the connection the new one replaced, and without this it
+            # would wait out an election timeout. A (pre-)vote request is idempotent.
+            self._request_vote(peer)
+            return
         if not (peer in self.conf.voters and self.lead is None
                 and self.role in (Role.FOLLOWER, Role.PRE_CANDIDATE)):
             return
@@ -1059,11 +1080,16 @@ class Raft:
             self._won(kind)
             return
         ctx = _CAMPAIGN_TRANSFER if kind == CampaignKind.TRANSFER else None
-        last = self.log.last_index()
-        last_term = self.log.last_term()
+        self._vote_request = (vote_type, term, ctx)
         for v in sorted(self.conf.voters):
             if v != self.id:
-                self._send(Message(vote_type, v, self.id, term, last_term, last, context=ctx))
+                self._request_vote(v)
+
+    def _request_vote(self, v: str) -> None:
+        """Send ``v`` this campaign's (pre-)vote request."""
+        vote_type, term, ctx = self._vote_request
+        self._send(Message(vote_type, v, self.id, term, self.log.last_term(),
+                           self.log.last_index(), context=ctx))
 
     def _won(self, kind: CampaignKind) -> None:
         if kind == CampaignKind.PRE_ELECTION:
@@ -1801,13 +1827,14 @@ class Raft:
         return True
 
     def _bcast_heartbeat(self, context: Any) -> None:
-        committed = self.log.committed
         for nid, pr in self.prs.items():
             if nid != self.id:
-                self._send(Message(
-                    MT.HEARTBEAT, nid, self.id, self.term,
-                    commit=min(pr.match, committed), context=context, to_inc=pr.inc,
-                ))
+                self._send_heartbeat(nid, pr, context)
+
+    def _send_heartbeat(self, nid: str, pr: Progress, context: Any) -> None:
+        self._send(Message(MT.HEARTBEAT, nid, self.id, self.term,
+                           commit=min(pr.match, self.log.committed), context=context,
+                           to_inc=pr.inc))
 
     # -- reads -------------------------------------------------------------------------
     def _leader_read(self, frm: str, context: Any) -> None:

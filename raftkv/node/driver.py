@@ -740,7 +740,9 @@ class Node:
                 self._down.add(peer)
                 log.info("peer %s is unreachable", peer)
         for g in self.groups.values():
-            if self.cfg.quiesce:  # the cores need to know only to quiesce safely
+            # Without quiescence the cores are never told a peer is down, so not that
+            # it is up either (they then campaign on their election timers alone).
+            if self.cfg.quiesce:
                 if live:
                     g.raft.peer_up(peer)
                 else:

@@ -11,7 +11,11 @@ Theory of operation
 -------------------
 - **One connection per pair.** Either side may dial when it has something to send and
   no connection. Should both dial at once, both keep the connection dialed by the
-  smaller node id and close the other, so they converge without talking about it.
+  smaller node id and retire the other, so they converge without talking about it.
+  Retiring is a drain, not a close (``Connection.retire``): what was already queued or
+  sent on the other connection is delivered, then each side half-closes it and closes
+  it at the other's end of stream. Closing it at once lost what was in flight on it,
+  and a vote request or answer lost so cost a full election timeout at a restart.
 - **Handshake first** (``handshake``): until both MACs check out, the only parsing is
   of fixed-size fields; msgpack never sees an unauthenticated byte. A failure is logged
   and closes that connection; the node goes on.
@@ -98,6 +102,7 @@ log = logging.getLogger(__name__)
 READ, WRITE, ERROR = POLL_EVENT_TYPE.READ, POLL_EVENT_TYPE.WRITE, POLL_EVENT_TYPE.ERROR
 SOCK_BUFFER = 1 << 20
 HANDSHAKE_TIMEOUT = 5.0
+DRAIN_TIMEOUT = 5.0  # seconds a retired duplicate connection may take to drain
 MAX_HANDSHAKE_BYTES = 1024
 MAX_UNAUTHENTICATED = 128
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
@@ -169,6 +174,7 @@ class _State:
     AWAIT_HELLO = "await-hello"  # acceptor
     AWAIT_WELCOME = "await-welcome"  # dialer
     READY = "ready"
+    DRAINING = "draining"  # a retired duplicate: no new messages, frames still read
     CLOSED = "closed"
 
 
@@ -197,6 +203,7 @@ class Connection:
         self.send_mac: FrameMac | None = None  # set once authenticated, unless under TLS
         self.tls: TlsSession | None = None
         self._mask = 0
+        self._half_closed = False  # a retired duplicate that sent all it had
         if dialed_to:
             self.state = _State.CONNECTING
             self._subscribe(READ | WRITE | ERROR)  # writable: the connect completed
@@ -301,7 +308,7 @@ class Connection:
                         self._queue(hs.challenge(self.nonce_a))
                 if not data:
                     continue
-            if self.state == _State.READY:
+            if self.state == _State.READY or self.state == _State.DRAINING:
                 self._frames(data)
             else:
                 self.inbuf += data
@@ -406,7 +413,7 @@ class Connection:
         rest = bytes(self.inbuf)
         self.inbuf = bytearray()
         self.t.connected(self)
-        if rest and self.state == _State.READY:
+        if rest and self.state in (_State.READY, _State.DRAINING):
             self._frames(rest)
 
     # -- output ---------------------------------------------------------------------------
@@ -457,6 +464,8 @@ class Connection:
             return
         self._fill()
         if not self.outbuf:
+            if self.state == _State.DRAINING:
+                self._half_close()
             return
         try:
             n = self.sock.send(self.outbuf)
@@ -469,7 +478,29 @@ class Connection:
             self.t.stats["bytes_out"] += n
             del self.outbuf[:n]
             self._fill()  # so the next writable event finds the next part ready
+        if self.state == _State.DRAINING and not self.outbuf:
+            self._half_close()
         self._subscribe(READ | ERROR | (WRITE if self.outbuf else 0))
+
+    def retire(self) -> None:
+        """Retire this connection, a duplicate (module docstring, "One connection per
+        pair"): it takes no new messages, sends what it holds, then half-closes; the
+        peer's frames are read until its end of stream, which closes it (or until
+        ``DRAIN_TIMEOUT``). Both sides retire the same connection, so each sees the
+        other's half-close once the other has sent all it had."""
+        self.state = _State.DRAINING
+        self.deadline = monotonic() + DRAIN_TIMEOUT
+        self.t.draining.add(self)
+        self._write()  # half-closes once nothing is left to send
+
+    def _half_close(self) -> None:
+        if self._half_closed:
+            return
+        self._half_closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError as e:  # reset meanwhile: nothing more will come either
+            self.close(f"socket error: {e}", quiet=True)
 
     def close(self, why: str, quiet: bool = False) -> None:
         if self.state == _State.CLOSED:
@@ -544,6 +575,7 @@ class Transport:
         self.blocked: frozenset[str] = frozenset()
         self.peers: dict[str, _Peer] = {}
         self.pending: set[Connection] = set()  # accepted, not yet authenticated
+        self.draining: set[Connection] = set()  # retired duplicates (Connection.retire)
         self.stats: dict[str, int] = dict.fromkeys(
             ("bytes_in", "bytes_out", "frames_in", "frames_out", "dropped", "rejected",
              "connects"), 0,
@@ -582,7 +614,7 @@ class Transport:
             for c in (p.conn, p.dialing):
                 if c is not None:
                     c.close("transport closed", quiet=True)
-        for c in list(self.pending) + list(self.admins):
+        for c in list(self.pending) + list(self.admins) + list(self.draining):
             c.close("transport closed", quiet=True)
 
     @staticmethod
@@ -639,7 +671,7 @@ class Transport:
         if old is not None and old is not conn:
             # Both dialed: keep the connection the smaller id dialed (both sides agree).
             keep_old = old.dialer_id == min(self.node_id, conn.peer)
-            (conn if keep_old else old).close("duplicate connection", quiet=True)
+            (conn if keep_old else old).retire()
             if keep_old:
                 return
         p.conn = conn
@@ -652,6 +684,7 @@ class Transport:
 
     def disconnected(self, conn: Connection, authenticated: bool) -> None:
         self.pending.discard(conn)
+        self.draining.discard(conn)
         if conn.admin:
             self.admins.discard(conn)
             return
@@ -734,6 +767,9 @@ class Transport:
         for c in list(self.admins):
             if now > c.deadline:
                 c.close(f"admin connection idle for {ADMIN_IDLE:.0f} s", quiet=True)
+        for c in list(self.draining):
+            if now > c.deadline:
+                c.close("duplicate connection not drained in time", quiet=True)
         for p in self.peers.values():
             d = p.dialing
             if d is not None and now > d.deadline:
