@@ -426,6 +426,7 @@ class Client:
         deadline = start + self.timeout
         connected = False
         tried: set[str] = set()
+        gone: set[str] = set()  # endpoints removed from the group: they never serve it
         last = "no attempt"
         delay = 0.05
         while True:
@@ -491,6 +492,13 @@ class Client:
                                          "applied")
                 last = f"{endpoint}: HTTP {status} {info.get('error', '')}"
                 self._next()
+                if info.get("removed"):
+                    # A node removed from the group (NotAMember): retrying it is in vain.
+                    self._silent[endpoint] = time.monotonic() + ROUTE_TTL
+                    gone.add(endpoint)
+                    if len(gone) == len(self.endpoints):
+                        raise ClientError(status, info)
+                    continue
             if time.monotonic() + delay > deadline:
                 raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
             time.sleep(delay)

@@ -12,7 +12,9 @@ The embedded API (``RaftKV``, ``ReplicatedNode``): the synchronous calls raise, 
   later; use ``cas`` or an idempotent command when that matters.
 - ``NodeStopped``: the node was closed while the request was pending.
 - ``NotLeader``: a membership or leadership call ran on a follower; ``leader`` is the
-  best hint (None while no leader is known).
+  best hint (None while no leader is known). ``NotAMember``, a ``NotLeader``: this node
+  was removed from the group while it was down or cut off, and a member told it so
+  (``by``, ``index``); it fails every request at once rather than wait for a leader.
 - ``ProposalDropped``: the leader refused the proposal (a leadership transfer is under way).
 - ``ConfChangeRejected``: a membership change broke a rule of one-by-one change (one
   change at a time, after an entry of the leader's own term); ``LeaderStepping`` is the
@@ -71,6 +73,7 @@ from raftkv.client import ClientError, OutcomeUnknown, Unavailable
 from raftkv.core.errors import (
     ConfChangeRejected,
     LeaderStepping,
+    NotAMember,
     NotLeader,
     ProposalDropped,
     RaftError,
@@ -86,7 +89,7 @@ from raftkv.storage.errors import CorruptLog, StorageError
 __all__ = [
     "AdminError", "ClientError", "CommandError", "ConfChangeRejected", "CorruptLog",
     "LeaderStepping", "MalformedCommand", "NodeError", "NodeStopped", "NotAttachedError",
-    "NotLeader", "OutcomeUnknown", "ProposalDropped", "RaftError", "RemoteError",
+    "NotAMember", "NotLeader", "OutcomeUnknown", "ProposalDropped", "RaftError", "RemoteError",
     "RequestTimeout", "ResultNotSent", "SparkJobError", "StorageError", "TransferRejected",
     "Unavailable", "UnknownMethod", "UnsafeResetError",
 ]

@@ -8,6 +8,7 @@ from raftkv.core.errors import (
     CampaignRejected,
     ConfChangeRejected,
     LeaderStepping,
+    NotAMember,
     NotLeader,
     ProposalDropped,
     RaftError,
@@ -21,7 +22,7 @@ from raftkv.storage.records import ConfState, Entry, EntryType, HardState, Snaps
 __all__ = [
     "CampaignRejected", "ConfChange", "ConfChangeOp", "ConfChangeRejected", "ConfState",
     "Config", "Entry", "EntryType", "HardState", "LeaderStepping", "Message", "MessageType",
-    "NotLeader", "ProposalDropped", "Raft", "RaftError", "ReadState", "Ready", "Role",
+    "NotAMember", "NotLeader", "ProposalDropped", "Raft", "RaftError", "ReadState", "Ready", "Role",
     "Snapshot", "SnapshotMeta", "SoftState", "Status", "TransferRejected", "bootstrap",
     "decode_conf_entry",
 ]

@@ -21,6 +21,21 @@ class NotLeader(Rebuildable, RaftError):
         self.leader = leader
 
 
+class NotAMember(NotLeader):
+    """This node is not a member of the group: ``by``, a member, applied a configuration
+    that leaves it out, at ``index``, beyond this node's whole log (it was removed while
+    down or cut off). It never serves the group again unless it is added back."""
+
+    _fields = ("node", "by", "index")
+
+    def __init__(self, node: str, by: str, index: int) -> None:
+        RaftError.__init__(
+            self, f"node {node} is not a member of this group: {by} applied a configuration "
+            f"without it at index {index}, which this node never received (it was removed "
+            "while down or cut off); it will not serve this group unless added back")
+        self.node, self.leader, self.by, self.index = node, None, by, index
+
+
 class ProposalDropped(RaftError):
     """The leader refused a proposal (for example, a leadership transfer is pending)."""
 

@@ -45,6 +45,29 @@ What is implemented, and where the paper says so:
 - Campaigning at restart (``Config.early_campaign``): a voter that restarts campaigns
   on one of its first ticks, with pre-vote, instead of after an election timeout. See
   "Campaigning at restart" below.
+- A removed node learns it was removed, and stops campaigning. See below.
+
+A removed node learns it was removed
+------------------------------------
+A leader stops replicating to a node as soon as a configuration without it is appended
+(§4.2.2), so a voter removed while it was down, or cut off, never receives that entry.
+Restarted, it believes itself a voter: it campaigns for ever and knows no leader, and
+the members, following a live leader, drop its pre-votes unread (stickiness). etcd
+answers a removed member that it was removed, and the member stops. Here a node refuses
+a vote request with ``_NOT_A_MEMBER`` (``_refuse_non_member``, before stickiness) when
+neither its latest configuration nor the one it has applied includes the candidate,
+and the candidate's log ends before that applied index. The refusal carries that index.
+A candidate told so by a member, about an index beyond its whole log, notes
+``removed`` and is no longer promotable: it never campaigns again until a leader's
+message reaches it (it was added back), which clears the note.
+
+Why the notice is true: the applied configuration is committed, and committed entries
+are in every later leader's log; the candidate's log ends before it, so the candidate
+holds no configuration entry after it either, and can be a member again only through a
+later entry, which a leader would send it. Why it cannot silence a member: a node
+added after what the member applied has a log that reaches its addition, beyond that
+index (the member answers as before), and a node takes the notice only about an index
+its log does not reach.
 
 Quiescence
 ----------
@@ -404,6 +427,9 @@ from raftkv.storage.records import (
 
 MT = MessageType
 _CAMPAIGN_TRANSFER = "transfer"
+# A vote refusal's context: the candidate is not a member of the configuration this node
+# applied (its ``index``); see "A removed node learns it was removed".
+_NOT_A_MEMBER = "not a member"
 # Every founding member writes the bootstrap configuration in this term; an election
 # starts the next one. A log whose last term is this has never held a leader's entry.
 BOOTSTRAP_TERM = 1
@@ -523,6 +549,9 @@ class Raft:
         # Candidate: the incarnations of the voters that granted this campaign (its
         # pre-vote or vote), for the no-op to record.
         self._grants: dict[str, int] = {}
+        # (the member that told us, the index it had applied) once a member has told us
+        # that its applied configuration, beyond our whole log, does not include us.
+        self.removed: tuple[str, int] | None = None
         # (Pre-)candidate: its vote requests' type, term and context (``_request_vote``).
         self._vote_request: tuple[MT, int, Any] = (MT.PRE_VOTE, 0, None)
         # Newborn and unrecorded (see "Incarnations"): the voters whose vote requests,
@@ -816,8 +845,17 @@ class Raft:
             self._unquiesce()
 
     def _step(self, m: Message) -> None:
-        if self._inc and self.cfg.newborn and (m.type == MT.VOTE or m.type == MT.PRE_VOTE):
-            self._note_report(m)
+        t = m.type
+        if t == MT.VOTE or t == MT.PRE_VOTE:
+            if self._refuse_non_member(m):
+                return
+            if self._inc and self.cfg.newborn:
+                self._note_report(m)
+        elif (t == MT.VOTE_RESP or t == MT.PRE_VOTE_RESP) and m.context == _NOT_A_MEMBER:
+            self._note_removed(m)
+        elif self.removed is not None and t in (MT.APP, MT.COMMIT, MT.HEARTBEAT, MT.SNAPSHOT) \
+                and m.term >= self.term:
+            self.removed = None  # a leader counts on us again (added back since)
         if m.term > self.term:
             if m.type in (MT.VOTE, MT.PRE_VOTE):
                 in_lease = (
@@ -930,6 +968,7 @@ class Raft:
     def promotable(self) -> bool:
         return (
             self.id in self.conf.voters
+            and self.removed is None
             and self.log.pending_snapshot is None
             and self._above_vote_floor()
         )
@@ -1195,6 +1234,31 @@ class Raft:
                 self._become_follower(self.term, None)
         else:
             self._send(Message(resp, m.frm, self.id, self.term, reject=True))
+
+    def _refuse_non_member(self, m: Message) -> bool:
+        """Answer a vote request from a node that the configuration we applied (so a
+        committed one) does not include, and whose log ends before it: "not a member"
+        (see "A removed node learns it was removed"). Before stickiness, which would
+        drop it unanswered while we follow a live leader."""
+        if m.frm in self.conf.members():
+            return False
+        applied = self.log.applied
+        conf = self.conf_at(applied)
+        if conf is None or m.frm in conf.members() or m.index >= applied:
+            return False
+        resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
+        self._send(Message(resp, m.frm, self.id, self.term, reject=True, index=applied,
+                           context=_NOT_A_MEMBER))
+        return True
+
+    def _note_removed(self, m: Message) -> None:
+        """A member says its applied configuration at ``m.index`` leaves us out; if our
+        log ends before that index, we are not in the group's committed configuration and
+        stop campaigning until a leader contacts us again."""
+        if m.reject and m.frm in self.conf.members() and m.index > self.log.last_index():
+            self.removed = (m.frm, m.index)
+            if self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
+                self._become_follower(self.term, None)
 
     def _note_report(self, m: Message) -> None:
         """What a vote request tells a newborn node of its own past (``to_inc``)."""

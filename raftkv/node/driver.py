@@ -79,6 +79,7 @@ from raftkv.core import (
     EntryType,
     Message,
     MessageType,
+    NotAMember,
     NotLeader,
     Raft,
     RaftError,
@@ -756,8 +757,17 @@ class Node:
         request timeout): right after a start or an election there is briefly none."""
         if g.leader is not None:
             fn()
+        elif g.raft.removed is not None:
+            _fail(fut, self._no_leader(g))
         else:
             g.parked.append((fn, fut, self.clock() + self.cfg.request_timeout))
+
+    def _no_leader(self, g: Group) -> NotLeader:
+        """The error for a request no leader will take: ``NotAMember`` once a member told
+        this node it was removed (it would wait in vain), else ``NotLeader``."""
+        if g.raft.removed is not None:
+            return NotAMember(self.id, *g.raft.removed)
+        return NotLeader(self.id, g.leader)
 
     def _expire(self, g: Group, now: float) -> None:
         # Every tick, every group: most wait for nothing, so say so first. Proposal
@@ -793,8 +803,8 @@ class Node:
         if g.parked:
             parked, g.parked = g.parked, []
             for fn, fut, deadline in parked:
-                if now > deadline:
-                    _fail(fut, NotLeader(self.id, g.leader))
+                if now > deadline or g.raft.removed is not None:
+                    _fail(fut, self._no_leader(g))
                 elif g.leader is not None:
                     self._retry(fn, fut)
                 else:
@@ -1142,6 +1152,9 @@ class Node:
         lead = g.leader
         if deadline is None:
             deadline = self.clock() + self.cfg.request_timeout
+        if g.raft.removed is not None:
+            _fail(fut, self._no_leader(g))
+            return
         if lead is None or lead == self.id:
             # No leader known, or the one known is this node, which has just stepped
             # down (a vote request stepped in this turn's poll, say) and whose new soft
@@ -1507,6 +1520,8 @@ class Node:
                         "learner": p.learner, "active": p.recent_active}
                     for n, p in st.peers.items() if n != self.id
                 },
+                "removed": (None if g.raft.removed is None else
+                            {"by": g.raft.removed[0], "index": g.raft.removed[1]}),
                 "leader_changes": g.leader_changes,
                 "quiesced": g.raft.quiesced,
                 "recovery": g.recovery.describe(),

@@ -392,7 +392,14 @@ class Api:
             return error(503, "starting: opening the metastore", id=self.node_id,
                          ready=False)
         groups = (self._kv.group, self.tables.p.meta.group)
-        leaders = await wait(node.call(lambda: {g: node.groups[g].leader for g in groups}))
+        leaders, removed = await wait(node.call(lambda: (
+            {g: node.groups[g].leader for g in groups},
+            {g: node.groups[g].raft.removed for g in groups if node.groups[g].raft.removed})))
+        if removed:
+            by, index = next(iter(removed.values()))
+            return error(503, f"removed from {' and '.join(removed)}: {by} applied a "
+                         f"configuration without this node at index {index}; it will not "
+                         "serve unless added back", id=self.node_id, ready=False)
         missing = [g for g in groups if leaders[g] is None]
         if missing:
             return error(503, f"no leader known for {' and '.join(missing)}",

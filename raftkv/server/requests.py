@@ -49,7 +49,13 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from raftkv.core import ConfChangeRejected, NotLeader, ProposalDropped, TransferRejected
+from raftkv.core import (
+    ConfChangeRejected,
+    NotAMember,
+    NotLeader,
+    ProposalDropped,
+    TransferRejected,
+)
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.storage.commands import CommandError, check_key
 
@@ -92,6 +98,8 @@ def status_of(e: BaseException) -> web.Response:
     504 no outcome in time, 404 unknown group; 500 only for a real fault."""
     if isinstance(e, CommandError):
         return error(400, str(e))
+    if isinstance(e, NotAMember):
+        return error(503, str(e), leader=None, removed={"by": e.by, "index": e.index})
     if isinstance(e, NotLeader):
         if e.leader is not None:
             return error(421, f"not the leader; the leader is {e.leader}", leader=e.leader)
@@ -171,12 +179,13 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 def require_leader(node: Node, group: str) -> None:
     """``NotLeader`` (a 503 with Retry-After, which says nothing was proposed) unless this
-    node knows a leader of ``group``. Read from the HTTP thread without the driver's
+    node knows a leader of ``group`` (``NotAMember`` if it was told it was removed). Read from the HTTP thread without the driver's
     loop: a stale answer either way is harmless, since a leader lost a moment ago is
     caught by the driver as before, and one found a moment ago by the client's retry."""
     g = node.groups.get(group)
     if g is not None and g.leader is None:
-        raise NotLeader(node.id, None)
+        removed = g.raft.removed
+        raise NotLeader(node.id, None) if removed is None else NotAMember(node.id, *removed)
 
 
 # A connection must send a whole request head within this, and may stay idle between
