@@ -239,6 +239,8 @@ def test_full_partition_restart_of_an_in_memory_table_starts_empty(cluster: Clus
         c.start(n)
     _wait_settled(c, META)
     assert _local(c, c.leader(GID), b"k") is None  # the data went with the processes
+    # ... and the partition says so (found from outside: it looked like any other).
+    assert all(m.status()["partitions"][GID]["restarted_empty"] for m in c.mgrs.values())
     _put(c, {b"k2": b"v2"})
     # Each node bootstraps fresh, or (once a majority did) comes back through the switch.
     full = _metric(c, "full_restarts")
@@ -441,3 +443,41 @@ def test_bug_c_in_memory_a_voter_dropped_from_pending_that_lost_its_state(
     wait_for(lambda: c.info(c.leader(GID), GID)["voters"] == sorted([a, y]), 10, "voters")
     assert c.info(x, GID) is None
     assert c.get(T, b"k") == b"v1"
+
+
+def test_a_member_that_joined_after_a_full_restart_never_founds_it_again(
+        cluster: Cluster) -> None:
+    """Found from outside: after a full-partition restart (a history of epoch E), n4 joins
+    as a learner and is promoted; n4 and n1 then restart without their state. n4's holds
+    key named no epoch, so it took itself for a late founder of E that never voted in it,
+    bootstrapped E's configuration empty, and with n1 formed a second history over the
+    writes n2 holds (the node that led it then died on an append answer beyond its log).
+    A joiner's key now names the history it joins: two of three lost, the partition waits
+    for n2 (IGNITE-16668: "otherwise, do nothing") and n2 keeps the data."""
+    c = cluster
+    _create(c, "memory")
+    for n in META:
+        c.kill(n)
+    for n in META:
+        c.start(n)
+    _wait_settled(c, META)
+    c.start("n4")
+    members = ["n1", "n2", "n4"]
+    c.mgrs["n1"].set_nodes(members)
+    _wait_settled(c, members)
+    _put(c, {b"k": b"v"})
+    prefix = f"placement.holds.{T}.0.".encode()
+    keys = c.metas["n2"].range(prefix).result(5).items
+    epochs = {bytes(v.value).partition(b"/")[2] for _, v in keys if v.value}
+    assert len(epochs) == 1 and b"" not in epochs, keys  # n4's key names E too
+    for n in ("n4", "n1"):
+        c.kill(n)
+    for n in ("n4", "n1"):
+        c.start(n)
+    time.sleep(3)
+    for n in ("n4", "n1"):  # neither founded a second history
+        assert c.mgrs[n].status()["metrics"].get("full_restarts", 0) == 0, n
+    assert _local(c, "n2", b"k") == b"v"
+    for n in ("n1", "n4"):
+        info = c.info(n, GID)
+        assert info is None or info["role"] != Role.LEADER

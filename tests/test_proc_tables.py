@@ -523,4 +523,13 @@ def test_an_in_memory_partition_that_lost_a_majority_says_so(cluster: ProcCluste
 
     _wait(said, 60, "the lost majority named in describe's errors")
     assert cluster.client(["n1"]).get("k", stale=True, table="lost") == b"v"
+    assert admin.describe_table("lost")["restarted_empty"] == []
+    # The last holder restarts too: nothing holds the data, and the partition starts
+    # again empty and writable, which describe says (found from outside: it did not).
+    cluster.kill("n1")
+    cluster.start("n1")
+    _wait(lambda: admin.describe_table("lost")["restarted_empty"] == [0], 60,
+          "the full-partition restart named in describe")
+    _wait(lambda: admin.put("k2", "v2", table="lost") is not None, 60, "writable again")
+    assert admin.get("k", table="lost") is None
     admin.close()

@@ -1738,6 +1738,12 @@ class Raft:
                     pr.become_probe()
                 self._send_append(m.frm)
             return
+        if m.index > self.log.last_index():
+            # An acknowledgement beyond our log answers nothing we sent: only a second
+            # history of the group could send it (found from outside, when the placement
+            # layer let one form). Taken, it made the next append read a term past our
+            # log, and that error stopped the whole node.
+            return
         old_paused = pr.is_paused()
         if not pr.maybe_update(m.index) and not (
             pr.match == m.index and pr.state == ProgressState.PROBE

@@ -750,6 +750,9 @@ class PlacementManager(MetastoreView, PartitionFiles, SafeRestart, ChangePeers, 
                 # Hosted before this start and not since: a replica that restarted empty
                 # (in memory) or wiped, waiting for the safe restart protocol.
                 "lost": g is None and self._held_before(part),
+                # Its history began with a full-partition restart: what it held before
+                # was lost (every replica of an in-memory partition restarted at once).
+                "restarted_empty": bool(self._history_epoch(part)),
             }
             if g is not None:
                 conf = g.raft.conf

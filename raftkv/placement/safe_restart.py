@@ -46,7 +46,9 @@ member that restarted has recorded the loss of its log in switch.reduce: until t
 log may hold everything), decided on a linearizable read of the ``placement.`` keys and committed by writing our holds key in an invoke guarded by the
 revision of every known node's holds key (no node can start holding the state in
 between). Such a holds key is ``<incarnation>/<epoch>``: the fresh history's id (the
-first restarter's incarnation). While fewer than a majority hold the state and every
+first restarter's incarnation). A node that joins the partition later (a learner the
+leader adds) writes the epoch of the history it joins in its key too
+(``_history_epoch``), since it acknowledges and votes in that history. While fewer than a majority hold the state and every
 holder is of one epoch E, another restarted member joins E as a late founder, unless its
 own (void) holds key is of E: it voted in E already, and lost that vote.
 
@@ -614,8 +616,9 @@ class SafeRestart(ManagerBase):
                 return
             part.move(StartPhase.NORMAL)
             self.metrics["full_restarts"] += 1
-            log.info("node %s: %s full-partition restart: bootstrapping %s", self.id,
-                     part.group, voters)
+            log.warning("node %s: %s full-partition restart: no replica holds its state, so "
+                        "it starts empty (what it held is lost); bootstrapping %s", self.id,
+                        part.group, voters)
             self._start_partition(part, desc, voters)
 
         def fail(exc: BaseException) -> None:
@@ -664,11 +667,33 @@ class SafeRestart(ManagerBase):
                     return
             self._kick(part.group)
 
-        if self._kv.get(key, EMPTY).value == self.incarnation and key not in self._releasing:
+        if (self._kv.get(key, EMPTY).value.split(b"/")[0] == self.incarnation
+                and key not in self._releasing):
             done_f: Future[Any] = Future()
             done_f.set_result(None)
             done(done_f)
             return
+        # A joiner's key names the history it joins (its epoch, if a full restart began
+        # it), as a full restart's founders' keys do: restarted without its state later,
+        # it then knows it took part in that history, acknowledged and voted in it, and
+        # never joins it again as a late founder. Without the epoch it did, and with
+        # another empty member bootstrapped a second history over acknowledged writes
+        # (found from outside: an in-memory table restarted whole, a node added, two
+        # members restarted).
+        epoch = self._history_epoch(part)
+        value = self.incarnation + b"/" + epoch if epoch else self.incarnation
         self._on_loop(self.meta.invoke([Cond.exists(table_key(part.table))],
-                                       [Op.put(key, self.incarnation)]), done)
+                                       [Op.put(key, value)]), done)
+
+    def _history_epoch(self, part: PartitionState) -> bytes:
+        """The epoch of the partition's current history (b"" for the history before any
+        full restart): the one its holders' keys carry. Every holder is of one history,
+        since a full restart begins only when nobody holds the state."""
+        prefix = holds_prefix(part.table, part.index)
+        for k, v in self._kv.holds_of(prefix).items():
+            inc = self._kv.get(INCARNATION_PREFIX + k[len(prefix):])
+            inc_id, _, epoch = v.value.partition(b"/")
+            if epoch and inc is not None and inc.value == inc_id:
+                return epoch
+        return b""
 

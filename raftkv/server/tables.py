@@ -21,7 +21,9 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   (rebalance errors recorded by any node's manager, and for an in-memory table each
   partition that lost a majority of its replicas to restarts) and ``under_replicated``:
   the partitions whose configuration has fewer voters than the table's replicas, a voter
-  that does not host the partition, or no known leader. 404 unknown table.
+  that does not host the partition, or no known leader, and ``restarted_empty``: the
+  partitions of an in-memory table whose every replica restarted at once, so that they
+  started again empty (IGNITE-16668's full-partition restart). 404 unknown table.
 - ``DELETE /v1/tables/{t}``: ``{"dropped", "revision"}``; 404 unknown table. Every node
   stops the table's partition groups and deletes their files (``PlacementManager.
   drop_table``); a table re-created under the name starts empty. A KV request on the
@@ -539,9 +541,13 @@ class TablesApi:
             # (and a quiet one can go on claiming the leadership: an xfail scenario in
             # tests/test_core_quiesce.py).
             errors += [why for p in parts if (why := _lost_majority(name, p, views))]
+        # Said outright too: a partition whose every replica restarted at once came back
+        # empty and writable, which describe did not show (found from outside).
+        empty = [p["partition"] for p in parts if any(
+            v.get("partitions", {}).get(p["group"], {}).get("restarted_empty") for v in views)]
         return web.json_response({**_desc_json(desc), "generation": generation,
                                   "partitions": parts, "errors": errors,
-                                  "under_replicated": short,
+                                  "under_replicated": short, "restarted_empty": empty,
                                   "nodes_answered": sorted(v["node"] for v in views),
                                   "http": addrs})
 
