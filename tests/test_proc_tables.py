@@ -7,6 +7,7 @@ with ``--join`` and is added to the placement topology with ``POST /v1/cluster/n
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -309,6 +310,13 @@ def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart
             (path, e.value.body)
     assert admin.get("q") is None and admin.get("q", table="mem3") is None
     assert "q" not in {t["name"] for t in admin.list_tables()}
+    # A table batch keeps /v1/batch's limit on the batch as a whole (found from outside:
+    # 10,001 operations split over partitions were each under it, and applied).
+    too_many = json.dumps({"ops": [[f"b{i}", "1"] for i in range(10_001)]}).encode()
+    with pytest.raises(ClientError) as e:
+        admin.request("POST", "/v1/tables/mem3/batch", too_many)
+    assert e.value.status == 400 and "10000" in e.value.body["error"].replace(",", "")
+    assert admin.get("b0", table="mem3") is None
     with pytest.raises(ClientError) as e:
         admin.set_replicas("mem3", 2)
     assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]

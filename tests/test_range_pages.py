@@ -173,3 +173,20 @@ def test_a_token_names_its_range() -> None:
     for junk in (b"YQ==", b"%%%", b"", b"kQ=="):
         with _pytest.raises(CommandError, match="not a continuation token"):
             decode_token(junk, b"a", b"b")
+
+
+def test_a_token_names_the_table_it_was_read_from() -> None:
+    """Found from outside: a token from table t1 given to t2 (or to the default group)
+    was accepted, and the page silently skipped t2's keys up to t1's last key."""
+    import pytest as _pytest
+    from raftkv.storage.commands import CommandError
+    t1 = page_json({"revision": 1, "kvs": [(b"m", b"x")], "more": True},
+                   RangeRequest(b"", None, 1, space="t1"))["continue"].encode()
+    assert decode_token(t1, b"", None, "t1") == b"m"
+    for space, whose in (("t2", "table 't1'"), ("", "table 't1'")):
+        with _pytest.raises(CommandError, match=whose):
+            decode_token(t1, b"", None, space)
+    default = page_json({"revision": 1, "kvs": [(b"m", b"x")], "more": True},
+                        RangeRequest(b"", None, 1))["continue"].encode()
+    with _pytest.raises(CommandError, match="default key space"):
+        decode_token(default, b"", None, "t2")

@@ -78,6 +78,7 @@ class RangeRequest:
     count_only: bool = False
     stale: bool = False
     meta: bool = False
+    space: str = ""  # what is read: "" the default group, else a table's name
 
     def lo(self) -> bytes:
         """The first key this page may hold."""
@@ -112,8 +113,9 @@ def key_range(request: web.Request, what: str) -> tuple[bytes, bytes | None]:
     return start, end
 
 
-def parse_range(request: web.Request) -> RangeRequest:
-    """The ``RangeRequest`` of ``request``'s query; ``CommandError`` (400) for bad input."""
+def parse_range(request: web.Request, space: str = "") -> RangeRequest:
+    """The ``RangeRequest`` of ``request``'s query over ``space`` (the default group, or
+    a table's name); ``CommandError`` (400) for bad input."""
     check_query(request, ACCEPTED)
     start, end = key_range(request, "a range read")
     raw_limit = query_bytes(request, "limit")
@@ -125,34 +127,39 @@ def parse_range(request: web.Request) -> RangeRequest:
                                f"not {text[:20]!r}")
         limit = int(text)
     token = query_bytes(request, "continue")
-    after = decode_token(token, start, end) if token is not None else None
+    after = decode_token(token, start, end, space) if token is not None else None
     keys_only, count_only = flag(request, "keys_only"), flag(request, "count_only")
     if keys_only and count_only:
         raise CommandError("give keys_only or count_only, not both")
     return RangeRequest(start, end, limit, after, keys_only, count_only,
-                        flag(request, "stale"), flag(request, "meta"))
+                        flag(request, "stale"), flag(request, "meta"), space)
 
 
 def encode_token(req: RangeRequest, last_key: bytes) -> str:
     """The ``continue`` token after ``last_key`` in ``req``'s range: opaque to clients
-    (base64url of the range and the key)."""
-    return base64.urlsafe_b64encode(
-        msgpack.packb([req.start, req.end, last_key], use_bin_type=True)).decode()
+    (base64url of the range, the key and what was read: a table's token on another table
+    or on the default group skipped keys without a word, found from outside)."""
+    return base64.urlsafe_b64encode(msgpack.packb(
+        [req.start, req.end, last_key, req.space], use_bin_type=True)).decode()
 
 
-def decode_token(token: bytes, start: bytes, end: bytes | None) -> bytes:
+def decode_token(token: bytes, start: bytes, end: bytes | None, space: str = "") -> bytes:
     """The last key a ``continue`` token names; ``CommandError`` if it is not one, or is
-    another range's."""
+    another range's, or another table's (``space``)."""
     try:
         got = msgpack.unpackb(base64.urlsafe_b64decode(token), max_bin_len=4 * MAX_KEY_BYTES)
     except (binascii.Error, ValueError, msgpack.UnpackException):
         got = None
-    if (not isinstance(got, list) or len(got) != 3 or type(got[2]) is not bytes
-            or not 0 < len(got[2]) <= MAX_KEY_BYTES):
+    if (not isinstance(got, list) or len(got) != 4 or type(got[2]) is not bytes
+            or not 0 < len(got[2]) <= MAX_KEY_BYTES or type(got[3]) is not str):
         raise CommandError("?continue is not a continuation token of this API (give the "
                            "\"continue\" of the previous page)")
     if got[0] != start or got[1] != end:
         raise CommandError("?continue is the token of another range: repeat the range of "
+                           "the page it came from")
+    if got[3] != space:
+        whose = f"table {got[3]!r}" if got[3] else "the default key space"
+        raise CommandError(f"?continue is a token of {whose}: give it to the range read of "
                            "the page it came from")
     return bytes(got[2])
 

@@ -34,8 +34,9 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   ``allow_unsafe`` (and a ``"warning"`` with 1 or 2, as for create).
 - ``POST /v1/tables/{t}/batch``: puts and deletes (``requests.decode_batch_body``'s formats)
   split by partition, one atomic entry per partition, the partitions concurrently:
-  ``{"ops", "partitions": {p: index}}``. Not atomic across partitions: on a failure the
-  error lists ``applied`` and ``failed`` partitions.
+  ``{"ops", "partitions": {p: index}}``; at most ``MAX_BATCH_OPS`` operations in all (400).
+  Not atomic across partitions: on a failure the error lists ``applied`` and ``failed``
+  partitions.
 - ``POST /v1/tables/{t}/partitions/{p}/batch``: msgpack ``{"id", "ops"}``, one idempotent
   batch into partition p (the Spark loader's): ``{"index", "ops", "applied"}``.
 - ``GET /v1/tables/{t}/partitions/{p}/digest``: this node's replica's user rows, count and
@@ -871,7 +872,7 @@ class TablesApi:
         """A range read over a table (``range_ops``): a page of every partition, asked
         concurrently with the same query, merged in key order (``merge_pages``)."""
         name = self._name(request)
-        req = parse_range(request)
+        req = parse_range(request, name)
         desc = self.p.mgr.table(name) or await self._desc(name)
         self._same_generation(request, name)
         caller, gate = _caller(request), asyncio.Semaphore(RANGE_FANOUT)
@@ -894,7 +895,7 @@ class TablesApi:
         """One page of a range read on one partition (``range_ops``), served here or by
         a node that hosts it (the table range read's fan-out)."""
         name, _, p, gid = await self._partition(request)
-        req = parse_range(request)
+        req = parse_range(request, name)
         if gid not in self.p.node.groups:
             return await self._elsewhere(request, name, p, b"")
         try:
@@ -1000,6 +1001,9 @@ class TablesApi:
         name = self._name(request)
         desc = self.p.mgr.table(name) or await self._desc(name)
         ops = decode_batch_body(await request.read(), request.content_type)
+        if len(ops) > MAX_BATCH_OPS:  # the limit of /v1/batch, for the batch as a whole
+            raise CommandError(f"batch has {len(ops)} operations, over the limit of "
+                               f"{MAX_BATCH_OPS}", limit=MAX_BATCH_OPS, size=len(ops))
         per: dict[int, list[tuple[bytes, bytes | None]]] = {}
         for op, p in zip(ops, partitions_of([k for k, _ in ops], desc.partitions),
                          strict=True):
