@@ -27,9 +27,10 @@ of damage from outside (bit rot, a file truncated or scribbled on). On open:
 1. The file length is checked against the page count recorded in LMDB's own meta pages
    *before* mapping it: reading a page past the end of a truncated file would kill the
    process with SIGBUS instead of raising.
-2. Entries after the commit index (the tail not yet known to be committed) are verified.
-   The first bad one and everything after it is truncated and reported (index and
-   file); the leader will send them again.
+2. Entries after the commit index (the tail not yet known to be committed), and the last
+   entry in any case, are verified. The first bad one after the commit index and
+   everything after it is truncated and reported (index and file); the leader will send
+   them again.
 3. Damage at or below the commit index cannot be repaired locally, because those entries
    may be the only copy of acknowledged writes: the store refuses to open with a
    ``CorruptLog`` naming the entry and the file.
@@ -443,6 +444,10 @@ class LmdbLogStore:
     def _verify_tail(self, verify_from: int | None) -> OpenReport:
         commit = self._hard.commit
         start = max(commit + 1 if verify_from is None else verify_from, self._base[0] + 1)
+        # The last entry too, committed or not: the core reads its term at once (to
+        # campaign, to match an append), and a bad one found there stopped the node
+        # after it had opened (found from outside), where it belongs here, at open.
+        start = min(start, max(self._last, self._base[0] + 1))
         bad, why = 0, ""
         with self._env.begin(db=self._entries) as txn:
             cur = txn.cursor()

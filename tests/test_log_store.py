@@ -505,6 +505,19 @@ def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:
         s.term(12)  # and so do term lookups (log matching must not use a bad term)
 
 
+def test_lmdb_a_bad_last_entry_at_the_commit_index_refuses_to_open(tmp_path) -> None:
+    """Everything committed and the state store checkpointed there: no replay reads the
+    last entry, but the core reads its term at once. Found from outside: the store
+    opened, and the node's loop died at its first campaign on the checksum error."""
+    p = str(tmp_path / "log")
+    s = LmdbLogStore(p)
+    s.save(HardState(1, None, 20), _marked(1, 21))
+    s.close()
+    _flip_byte_of(p, b"<payload-000020>" * 4)
+    with pytest.raises(CorruptLog, match=r"entry 20 fails its checksum.*commit index 20"):
+        LmdbLogStore(p)
+
+
 def test_lmdb_truncated_file_is_refused_without_crashing(tmp_path) -> None:
     p = str(tmp_path / "log")
     s = LmdbLogStore(p)

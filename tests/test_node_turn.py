@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from raftkv.recovery.compaction import compact
 from raftkv.storage.commands import encode_put
+from raftkv.storage.errors import CorruptLog
 
 from raftkv.core import (
     ConfChange,
@@ -40,7 +41,7 @@ from raftkv.core import (
     SnapshotMeta,
 )
 from raftkv.node.driver import Node, NodeConfig, _applies_first
-from raftkv.node.errors import RequestTimeout
+from raftkv.node.errors import NodeStopped, RequestTimeout
 from raftkv.node.stores import open_group_storage
 from raftkv.testing.procs import free_ports
 
@@ -562,3 +563,15 @@ def test_a_cluster_restarted_whole_elects_as_its_nodes_connect(
     finally:
         for n in again.values():
             n.stop()
+
+
+def test_a_node_whose_loop_failed_says_why_to_every_later_call(
+        nodes: dict[str, Node]) -> None:
+    """Found from outside: after the loop died (on a damaged log), every call raised a
+    bare "node n1 is not running", which gave the program no reason."""
+    n = nodes["n1"]
+    n.failure = CorruptLog("/data/n1/log/data.mdb: entry 303 fails its checksum")
+    for fut in (n.propose(GID, encode_put(b"k", b"v")), n.call(lambda: None)):
+        with pytest.raises(NodeStopped, match="entry 303 fails its checksum"):
+            fut.result(5)
+    n.failure = None  # the fixture stops it as usual

@@ -411,12 +411,21 @@ class Node:
         future."""
         fut: Future[Any] = Future()
         if self._stopping or self.failure is not None:
-            fut.set_exception(NodeStopped(f"node {self.id} is not running"))
+            fut.set_exception(self._not_running())
             return fut
         with self._lock:
             self._calls.append((fn, fut))
         self._wake()
         return fut
+
+    def _not_running(self) -> NodeStopped:
+        """Why a call fails at once: stopped, or the loop failed (and with what: a bare
+        "not running" gave a program that met a damaged log no reason, found from
+        outside)."""
+        if self.failure is not None:
+            return NodeStopped(f"node {self.id} is not running: its loop failed with "
+                               f"{self.failure!r}")
+        return NodeStopped(f"node {self.id} is not running")
 
     def _wake(self) -> None:
         # Producers append first, then wake: the loop clears the flag before draining,
@@ -432,7 +441,7 @@ class Node:
         is woken only if it is not already about to drain the inbox."""
         fut = Proposal(shape)
         if self._stopping or self.failure is not None:
-            fut.set_exception(NodeStopped(f"node {self.id} is not running"))
+            fut.set_exception(self._not_running())
             return fut
         self._inbox.append((group, data, fut))
         self._wake()
