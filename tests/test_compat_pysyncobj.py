@@ -505,6 +505,67 @@ def test_a_read_only_node_follows_without_voting(destroy_later: list[Any]) -> No
     wait_until(lambda: all(d.get("from") == "ro" for d in dicts))
 
 
+def test_a_read_only_node_that_joined_by_snapshot_follows_a_member_added_before_it(
+        tmp_path: Path, destroy_later: list[Any]) -> None:
+    """Found from outside: n4 was added, the log compacted, then a read-only node joined
+    (by snapshot, so it never saw n4's addition) with the founders as its partners. When
+    n4 came to lead, nothing connected them: a read-only node's address is unknown to
+    the leader, and it dialed only its partners. It stayed behind for good, its reads
+    stale without a word. It now dials every member of its configuration."""
+    addrs = addresses(4)
+    founders = addrs[:3]
+    counters = [ReplCounter() for _ in addrs]
+
+    def node(i: int, partners: list[str]) -> SyncObj:
+        so = SyncObj(addrs[i], partners,
+                     conf(tmp_path, f"n{i}", dynamicMembershipChange=True,
+                          logCompactionMinEntries=50),
+                     consumers=[counters[i]])
+        destroy_later.append(so)
+        return so
+
+    nodes = [node(i, others(founders, a)) for i, a in enumerate(founders)]
+    counters[0].inc(sync=True, timeout=15)
+    nodes.append(node(3, founders))
+    added = Collect()
+    nodes[0].addNodeToCluster(addrs[3], callback=added)
+    assert added.wait() == (None, FAIL_REASON.SUCCESS)
+    for _ in range(120):
+        counters[1].inc(sync=True, timeout=15)
+    wait_until(lambda: all(raft_group(n)["first_index"] > 20 for n in nodes),
+               what="every log compacted")
+    ro_counter = ReplCounter()
+    ro = SyncObj(None, founders, conf(), consumers=[ro_counter])
+    destroy_later.append(ro)
+    wait_until(lambda: ro_counter.get() == 121, what="the read-only node caught up")
+    lead = next(n for n in nodes if n._isLeader())
+    if lead is not nodes[3]:
+        lead.transferLeadership(addrs[3])
+        wait_until(lambda: nodes[3]._isLeader(), what="n4 leading")
+    for _ in range(10):
+        counters[3].inc(sync=True, timeout=15)
+    wait_until(lambda: ro_counter.get() == 131, timeout=20,
+               what="the read-only node following n4")
+
+
+def test_a_battery_used_after_its_node_was_destroyed_is_denied_as_the_node_is(
+        destroy_later: list[Any]) -> None:
+    """Found from outside: the SyncObj's own replicated methods answered REQUEST_DENIED
+    after destroy(), as documented, but a battery said it was "not attached to a
+    SyncObj", and raised where a callback was given."""
+    counter = ReplCounter()
+    node = SyncObj(addresses(1)[0], [], conf(), consumers=[counter])
+    destroy_later.append(node)
+    assert counter.inc(sync=True, timeout=15) == 1
+    node.destroy()
+    with pytest.raises(SyncObjException) as e:
+        counter.inc(sync=True, timeout=5)
+    assert e.value.errorCode == FAIL_REASON.REQUEST_DENIED
+    got = Collect()
+    counter.inc(callback=got)
+    assert got.wait() == (None, FAIL_REASON.REQUEST_DENIED)
+
+
 # -- the rest of the API -------------------------------------------------------------------------
 def test_status_keys_and_state_callbacks(destroy_later: list[Any]) -> None:
     addrs = addresses(3)

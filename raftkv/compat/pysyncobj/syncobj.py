@@ -66,6 +66,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -292,6 +293,8 @@ def _invoke(obj: Any, wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any
             raise SyncObjException("SyncObj.__init__ was not called")
     elif isinstance(obj, SyncObjConsumer):
         owner = obj.__dict__.get("_syncObj")
+        if owner is None:  # destroyed with its SyncObj: answered as that SyncObj's calls
+            owner = _DESTROYED_WITH.get(obj)
         engine = _engine(owner) if isinstance(owner, SyncObj) else None
         if engine is None:
             raise SyncObjException(
@@ -984,8 +987,19 @@ class _Engine:
             self._admit_readonly(g, now)
         if self.readonly:
             assert self.embedded is not None
-            for peer in self.others:  # keep a connection to every member: see _admit_readonly
-                self.embedded.node.transport.ping(peer)
+            # Keep a connection to every member (see _admit_readonly): the partners it was
+            # given and every other member of its configuration. Nobody dials a read-only
+            # node (its address is in no membership entry), and one that joined by
+            # snapshot never saw the entries that carry the others' addresses: a member
+            # added before it, once leader, reached it never (found from outside). A
+            # member's id is its address here.
+            t = self.embedded.node.transport
+            members = {m for m in g.raft.conf.members()
+                       if m != self.id and not m.startswith(READONLY_PREFIX)}
+            for peer in sorted(set(self.others) | members):
+                if peer not in t.peers or t.peers[peer].addr is None:
+                    t.learn_address(peer, peer)
+                t.ping(peer)
 
     def _admit_readonly(self, g: Any, now: float) -> None:
         """A read-only node (PySyncObj's SyncObj(None, ...)) dials every member; the
@@ -1211,6 +1225,11 @@ class SyncObjConsumer:
         _CONSUMER_SLOT.__set__(self, frozenset(vars(self)))
 
     def _destroy(self) -> None:
+        # PySyncObj clears the link; the owner is kept aside so that a later call gets the
+        # destroyed SyncObj's answer (REQUEST_DENIED), not "not attached" (found from
+        # outside: the battery had been attached).
+        if isinstance(self._syncObj, SyncObj):
+            _DESTROYED_WITH[self] = self._syncObj
         self._syncObj = None
 
     def _serialize(self) -> dict[str, Any]:
@@ -1492,3 +1511,5 @@ SyncObj.__init__ = _wrap_init(SyncObj.__init__)  # type: ignore[method-assign]
 _ENGINE_SLOT: Any = vars(SyncObj)["_SyncObj__engine"]
 _DEPTH_SLOT: Any = vars(SyncObj)["_SyncObj__depth"]
 _CONSUMER_SLOT: Any = vars(SyncObjConsumer)["_SyncObjConsumer__framework"]
+# Consumer -> the SyncObj it was destroyed with (``SyncObjConsumer._destroy``).
+_DESTROYED_WITH: weakref.WeakKeyDictionary[SyncObjConsumer, SyncObj] = weakref.WeakKeyDictionary()
