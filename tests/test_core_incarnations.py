@@ -489,3 +489,34 @@ def test_a_founder_heard_only_once_connected_then_lost_leaves_the_others_able_to
     index = c.propose(leader, cmd(1))
     c.tick(["n1", "n2"], n=3)
     assert c.raft(leader).log.committed >= index
+
+
+def test_an_older_copy_of_a_replaced_incarnation_is_ignored_and_reported() -> None:
+    """Found from outside: n3 was wiped and readmitted as a new incarnation; then its
+    files from before the wipe were put back (a file-level backup). The leader ignores
+    that incarnation for good, rightly (its promises since the copy are lost, and only a
+    new incarnation is readmitted), but said nothing: the core now notes it
+    (``retired_heard``) for the driver to log."""
+    import copy
+
+    c = cluster()
+    c.elect("n1")
+    for i in range(3):
+        c.propose("n1", cmd(i))
+    c.nodes["n3"].crash()
+    backup = copy.deepcopy(c.nodes["n3"].storage)
+    old = backup.identity().incarnation
+    c.nodes["n3"].restart()
+    c.wipe("n3")
+    for _ in range(10):
+        c.tick(["n1"])
+    assert c.raft("n1").conf.incarnation_of("n3") == inc(c, "n3") != old
+    assert c.raft("n1").retired_heard == {}
+    c.nodes["n3"].crash()
+    c.nodes["n3"].replace_storage(backup)
+    c.nodes["n3"].restart()
+    index = c.propose("n1", cmd(9))
+    c.tick(n=10)
+    assert c.raft("n1").retired_heard == {"n3": old}
+    assert c.raft("n3").log.committed < index  # ignored, never counted
+    assert c.leader() == "n1"

@@ -183,6 +183,8 @@ class Group:
     # The term this group's log holds durably (``_send_first``).
     durable_term: int = 0
     leader_changes: int = 0
+    # Members reported answering as a retired incarnation (``Node._report_retired``).
+    retired_reported: dict[str, int] = field(default_factory=dict)
     # When its state store's checkpoint timer runs out, as queued in Node._checkpoint_at.
     checkpoint_at: float | None = None
     # Called on the loop thread after each applied batch (watches, listeners).
@@ -1372,6 +1374,20 @@ class Node:
             g.raft.step(msg)
         except ValueError as e:  # the core's strict decoding of peer-supplied records
             raise codec.WireError(f"bad message from {peer}: {e}") from None
+        if g.raft.retired_heard:
+            self._report_retired(g)
+
+    def _report_retired(self, g: Group) -> None:
+        """Say once per incarnation that a member answers as one the group replaced."""
+        for node, inc in g.raft.retired_heard.items():
+            if g.retired_reported.get(node) != inc:
+                g.retired_reported[node] = inc
+                log.warning(
+                    "group %s: %s answers as incarnation %d, which the group replaced with "
+                    "a newer one: its files are an older copy (restored from a backup?), "
+                    "and it is ignored for good; stop it, remove its data directory and "
+                    "start it again to have it readmitted (docs/wiped-nodes.md)",
+                    g.id, node, inc)
 
     def _check_snapshot(self, peer: str, g: Group, msg: Message) -> None:
         """Check a snapshot's image on a worker thread, then step the message here.
