@@ -42,6 +42,14 @@ Key = bytes | str
 Value = bytes | str
 
 
+def _flag(stale: object) -> bool:
+    """``stale`` as given, if a bool: a string such as "false" read as true, and so gave
+    a stale read where a linearizable one was asked for (found from outside)."""
+    if type(stale) is not bool:
+        raise TypeError(f"stale must be True or False, not {stale!r:.40}")
+    return stale
+
+
 def _key(key: Key) -> bytes:
     if not isinstance(key, bytes | str):  # "must be bytes" would hide that str works too
         raise CommandError(f"key must be bytes or str, not {type(key).__name__}")
@@ -117,7 +125,7 @@ class RaftKV(EmbeddedNode):
     # -- reads ----------------------------------------------------------------------------
     def get_async(self, key: Key, stale: bool = False) -> Future[bytes | None]:
         k = _key(key)
-        return self.node.read(self.group, lambda s: s.get(k), linearizable=not stale)
+        return self.node.read(self.group, lambda s: s.get(k), linearizable=not _flag(stale))
 
     def get(self, key: Key, stale: bool = False) -> bytes | None:
         return self._wait(self.get_async(key, stale))
@@ -127,11 +135,11 @@ class RaftKV(EmbeddedNode):
         (``raftkv.storage.revisions``), or None if absent."""
         k = _key(key)
         return self._wait(self.node.read_kv(self.group, lambda s: s.get_meta(k),
-                                         linearizable=not stale))
+                                         linearizable=not _flag(stale)))
 
     def read_async(self, fn: Any, stale: bool = False) -> Future[Any]:
         """Run ``fn(state_store)`` against the replica (scan, digest, ...)."""
-        return self.node.read(self.group, fn, linearizable=not stale)
+        return self.node.read(self.group, fn, linearizable=not _flag(stale))
 
     def digest_async(self, stale: bool = False) -> Future[dict[str, Any]]:
         """The replica's ``{"count", "digest", "revisions_digest", "applied"}``: equal
@@ -142,7 +150,7 @@ class RaftKV(EmbeddedNode):
             d, r = s.digest(), s.digest(revisions=True)
             return {"count": d.count, "digest": d.digest, "revisions_digest": r.digest,
                     "applied": s.applied_index()}
-        return self.node.read_kv(self.group, run, linearizable=not stale)
+        return self.node.read_kv(self.group, run, linearizable=not _flag(stale))
 
     def digest(self, stale: bool = False) -> dict[str, Any]:
         return self._wait(self.digest_async(stale))

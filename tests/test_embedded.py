@@ -350,3 +350,16 @@ def test_a_secret_that_is_not_bytes_or_text_is_refused_before_anything_starts(
     # The port was never bound: a node with a good secret starts on it.
     with RaftKV("n1", peers["n1"], peers, "text secret", data_dir=str(tmp_path / "ok")) as kv:
         kv.wait_for_leader()
+
+
+def test_stale_must_be_a_bool(cluster: list[RaftKV]) -> None:
+    """Found from outside: ``get("k", stale="yes")`` was taken as true, so a string such as
+    "false" gave a stale read where a linearizable one was asked for."""
+    kv = cluster[0]
+    kv.put("k", "v")
+    assert kv.get("k", stale=False) == b"v"
+    for bad in ("yes", "false", 1, None):
+        with pytest.raises(TypeError, match="stale must be True or False"):
+            kv.get("k", stale=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="stale must be True or False"):
+            kv.get_meta("k", stale=bad)  # type: ignore[arg-type]

@@ -317,6 +317,11 @@ def test_two_in_memory_replicas_are_refused_unless_allowed_and_survive_a_restart
         admin.request("POST", "/v1/tables/mem3/batch", too_many)
     assert e.value.status == 400 and "10000" in e.value.body["error"].replace(",", "")
     assert admin.get("b0", table="mem3") is None
+    # A bad operation is named by its place in the request, not in a partition's share.
+    ninth_bad = json.dumps({"ops": [[f"c{i}", "1"] for i in range(8)] + [["", "1"]]}).encode()
+    with pytest.raises(ClientError) as e:
+        admin.request("POST", "/v1/tables/mem3/batch", ninth_bad)
+    assert e.value.status == 400 and "batch op 8" in e.value.body["error"], e.value.body
     with pytest.raises(ClientError) as e:
         admin.set_replicas("mem3", 2)
     assert e.value.status == 400 and "allow_unsafe" in e.value.body["error"]
