@@ -12,7 +12,7 @@ class RaftError(Exception):
 class NotLeader(Rebuildable, RaftError):
     """The proposal must go to the leader. ``leader`` is the best hint, or None."""
 
-    _fields = ("node", "leader")
+    _fields: tuple[str, ...] = ("node", "leader")
 
     def __init__(self, node: str, leader: str | None) -> None:
         hint = f"leader is {leader}" if leader is not None else "leader unknown"
@@ -26,7 +26,7 @@ class NotAMember(NotLeader):
     that leaves it out, at ``index``, beyond this node's whole log (it was removed while
     down or cut off). It never serves the group again unless it is added back."""
 
-    _fields = ("node", "by", "index")
+    _fields: tuple[str, ...] = ("node", "by", "index")
 
     def __init__(self, node: str, by: str, index: int) -> None:
         RaftError.__init__(
