@@ -487,12 +487,18 @@ def test_lmdb_recent_entries_come_from_memory_and_damage_is_still_found_on_open(
     s.close()
 
 
-def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:
+def _committed_log_with_bad(tmp_path, index: int) -> str:
+    """A log of entries 1..20, all committed, with entry ``index`` damaged on disk."""
     p = str(tmp_path / "log")
     s = LmdbLogStore(p)
     s.save(HardState(1, None, 20), _marked(1, 21))
     s.close()
-    _flip_byte_of(p, b"<payload-000012>" * 4)
+    _flip_byte_of(p, f"<payload-{index:06d}>".encode() * 4)
+    return p
+
+
+def test_lmdb_corruption_below_commit_refuses_to_open(tmp_path) -> None:
+    p = _committed_log_with_bad(tmp_path, 12)
     with pytest.raises(CorruptLog, match=r"entry 12 fails its checksum.*commit index 20"):
         LmdbLogStore(p, verify_from=11)
     # Entries below where verification starts are checked when read: never served.
@@ -509,11 +515,7 @@ def test_lmdb_a_bad_last_entry_at_the_commit_index_refuses_to_open(tmp_path) -> 
     """Everything committed and the state store checkpointed there: no replay reads the
     last entry, but the core reads its term at once. Found from outside: the store
     opened, and the node's loop died at its first campaign on the checksum error."""
-    p = str(tmp_path / "log")
-    s = LmdbLogStore(p)
-    s.save(HardState(1, None, 20), _marked(1, 21))
-    s.close()
-    _flip_byte_of(p, b"<payload-000020>" * 4)
+    p = _committed_log_with_bad(tmp_path, 20)
     with pytest.raises(CorruptLog, match=r"entry 20 fails its checksum.*commit index 20"):
         LmdbLogStore(p)
 
