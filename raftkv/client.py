@@ -491,15 +491,24 @@ class Client:
                                          f"{info.get('error', '')}: it may or may not have "
                                          "applied")
                 last = f"{endpoint}: HTTP {status} {info.get('error', '')}"
-                self._next()
                 if info.get("removed"):
-                    # A node removed from the group (NotAMember): retrying it is in vain.
+                    # A node removed from the group (NotAMember): asking it again is in
+                    # vain, in this request (gone) and in the next ones (silent). On to
+                    # the next endpoint not gone, even one that went silent: passing over
+                    # silent ones could land back here and loop without a pause (review).
                     self._silent[endpoint] = time.monotonic() + ROUTE_TTL
                     gone.add(endpoint)
                     if len(gone) == len(self.endpoints):
                         raise ClientError(status, info)
-                    continue
+                    n = len(self.endpoints)
+                    self._current = next(j for j in ((self._current + k) % n
+                                                     for k in range(1, n))
+                                         if self.endpoints[j] not in gone)
+                else:
+                    self._next()
             if time.monotonic() + delay > deadline:
+                if gone:  # said too: the likeliest reason nothing else answered
+                    last += f"; removed from the group: {', '.join(sorted(gone))}"
                 raise Unavailable(f"no answer within {self.timeout}s (last: {last})")
             time.sleep(delay)
             delay = min(delay * 2, 0.5)

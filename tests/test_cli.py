@@ -286,3 +286,47 @@ def test_describe_and_cluster_refuse_unknown_query_parameters(cluster: ProcClust
         body = json.loads(r.read())
         conn.close()
         assert r.status == 400 and "unknown query parameter ?x" in body["error"], (path, body)
+
+
+def test_a_removed_endpoint_is_asked_once_per_request() -> None:
+    """Found in review: an answer saying the node was removed from the group sent the
+    client on to the next endpoint without a pause; with the other one silent (it refused
+    a connection) that was the removed one again, about 2,000 times a second, and the
+    error named neither. It is asked once, and the error says it was removed."""
+    import http.server
+    import threading
+
+    from raftkv.client import Client, ClientError, Unavailable
+    from raftkv.testing.procs import free_port
+
+    hits = []
+
+    class Removed(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            hits.append(self.path)
+            body = json.dumps({"error": "node n3 is not a member of this group",
+                               "leader": None, "removed": {"by": "n1", "index": 9}}).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Removed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        removed = f"http://127.0.0.1:{server.server_address[1]}"
+        dead = f"http://127.0.0.1:{free_port()}"  # refuses connections
+        c = Client([dead, removed], timeout=1.0)
+        with pytest.raises(Unavailable, match=f"removed from the group: {removed}"):
+            c.get(b"k")
+        assert len([p for p in hits if p.startswith("/v1/kv")]) == 1, hits
+        with pytest.raises(ClientError, match="not a member"):
+            Client([removed], timeout=1.0).get(b"k")
+    finally:
+        server.shutdown()

@@ -104,3 +104,61 @@ def test_a_lagging_member_never_calls_a_newly_added_voter_removed() -> None:
     answers = [m for m in c.delivered[sent:] if m.frm == "n3" and m.to == "n4"]
     assert answers and all(m.context != "not a member" for m in answers)
     assert c.raft("n4").removed is None
+
+
+def test_a_removed_old_leader_whose_log_runs_ahead_is_told_too() -> None:
+    """Found in review: n1 leads, is cut off and appends proposals nobody acknowledges;
+    the others elect a leader and remove n1. Back, n1's log ends beyond the index the
+    members applied (its uncommitted tail), so comparing indexes alone never told it.
+    Its last term is below the term of the members' applied entry, which proves its tail
+    can never commit (§5.4.1's comparison): it is told, and stops campaigning."""
+    c = Cluster(N3, seed=4)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    c.isolate("n1")
+    for i in range(10):
+        c.raft("n1").propose(cmd(100 + i))
+    c.stabilize()
+    c.tick(["n2", "n3"], n=30)
+    lead = next(n for n in ("n2", "n3") if c.raft(n).role == Role.LEADER)
+    c.raft(lead).propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n1"))
+    c.stabilize()
+    c.propose(lead, cmd(2))
+    n1 = c.raft("n1")
+    assert n1.log.last_index() >= c.raft(lead).log.applied
+    assert n1.log.last_term() < c.raft(lead).log.last_term()
+    term = c.raft(lead).term
+    c.heal()
+    c.tick(n=40)
+    assert n1.removed is not None and not n1.promotable()
+    sent = len(c.delivered)
+    c.tick(n=40)
+    assert not any(m.frm == "n1" and m.type in (MT.PRE_VOTE, MT.VOTE)
+                   for m in c.delivered[sent:])
+    assert c.leader() == lead and c.raft(lead).term == term
+
+
+def test_added_back_after_its_term_ran_ahead_it_still_catches_up() -> None:
+    """Found in review, without pre-vote and check-quorum (both Config options): n3's
+    real campaign raised its term past the group's before the notice came. Added back,
+    it ignored the leader's lower-term appends without a word (the stale-leader answer
+    is sent only with pre-vote or check-quorum), so it never caught up. A node told it
+    was removed answers them, as check-quorum does, and the group moves to its term."""
+    c = Cluster(N3, seed=1, pre_vote=False, check_quorum=False)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    c.nodes["n3"].crash()
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
+    c.stabilize()
+    c.propose("n1", cmd(2))
+    c.nodes["n3"].restart()
+    group_term = c.raft("n1").term
+    c.tick(["n3"], n=40)
+    n3 = c.raft("n3")
+    assert n3.removed is not None and n3.term > group_term
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.ADD_LEARNER, "n3",
+                                                auto_promote=True))
+    c.tick(n=200)
+    lead = c.leader()
+    assert lead is not None and n3.removed is None
+    assert n3.log.committed == c.raft(lead).log.committed

@@ -45,6 +45,9 @@ def test_a_node_removed_while_down_says_so_and_added_back_serves(
     assert status == 503 and "removed" in body["error"]
     status, body = http_json(f"{endpoint}/v1/kv/k", {"value": "x"}, method="PUT")
     assert status == 503 and body["removed"] and "not a member" in body["error"]
+    # A stale read too: its copy stopped at its removal (a review finding).
+    status, body = http_json(f"{endpoint}/v1/kv/before?stale=true")
+    assert status == 503 and body["removed"], body
     started = time.monotonic()
     cli = subprocess.run([sys.executable, "-m", "raftkv.cli", "--endpoints", endpoint,
                           "put", "k", "x"], check=False, capture_output=True, text=True,

@@ -62,12 +62,16 @@ A candidate told so by a member, about an index beyond its whole log, notes
 message reaches it (it was added back), which clears the note.
 
 Why the notice is true: the applied configuration is committed, and committed entries
-are in every later leader's log; the candidate's log ends before it, so the candidate
-holds no configuration entry after it either, and can be a member again only through a
-later entry, which a leader would send it. Why it cannot silence a member: a node
-added after what the member applied has a log that reaches its addition, beyond that
-index (the member answers as before), and a node takes the notice only about an index
-its log does not reach.
+are in every later leader's log. The candidate's log is behind that entry (term T at
+index a) as Raft compares logs: it ends before a with no later term, or its last term
+is below T. Either way none of its entries past a can be committed (a committed entry
+after a has a term of at least T), so it holds no committed configuration after a, and
+can be a member again only through a later entry, which a leader would send it. (An old
+leader cut off while appending proposals nobody acknowledged has a log longer than a but
+of a lower term: comparing indexes alone left it unanswered, found in review.) Why it
+cannot silence a member: a node added after what the member applied has a log that
+reaches its addition, beyond that entry (the member answers as before), and a node takes
+the notice only about an entry its log is behind.
 
 Quiescence
 ----------
@@ -875,9 +879,11 @@ class Raft:
             else:
                 self._become_follower(m.term, None)
         elif m.term < self.term:
-            if (self.cfg.check_quorum or self.cfg.pre_vote) and m.type in (
-                MT.APP, MT.COMMIT, MT.HEARTBEAT
-            ):
+            # (Also a node told it was removed: its own campaign may have raised its term
+            # past the group's, and once added back it must say so, or the leader's
+            # appends are ignored for good without pre-vote or check-quorum: review.)
+            if (self.cfg.check_quorum or self.cfg.pre_vote or self.removed is not None) \
+                    and m.type in (MT.APP, MT.COMMIT, MT.HEARTBEAT):
                 # A stale leader: tell it our term so it steps down. Without this, a
                 # leader partitioned away and back could stay deposed-but-unaware forever
                 # when pre-vote keeps the rest of us from raising terms past it.
@@ -1239,25 +1245,30 @@ class Raft:
 
     def _refuse_non_member(self, m: Message) -> bool:
         """Answer a vote request from a node that the configuration we applied (so a
-        committed one) does not include, and whose log ends before it: "not a member"
-        (see "A removed node learns it was removed"). Before stickiness, which would
-        drop it unanswered while we follow a live leader."""
+        committed one) does not include, and whose log is behind it, by (last term,
+        last index) as Raft compares logs (§5.4.1): "not a member" (see "A removed node
+        learns it was removed"), with the applied index and its term. Before
+        stickiness, which would drop it unanswered while we follow a live leader."""
         if m.frm in self.conf.members():
             return False
         applied = self.log.applied
         conf = self.conf_at(applied)
-        if conf is None or m.frm in conf.members() or m.index >= applied:
+        at = self.log.term_or_zero(applied)
+        if conf is None or not at or m.frm in conf.members() or (m.log_term, m.index) >= (
+                at, applied):
             return False
         resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
-        self._send(Message(resp, m.frm, self.id, self.term, reject=True, index=applied,
-                           context=_NOT_A_MEMBER))
+        self._send(Message(resp, m.frm, self.id, self.term, log_term=at, index=applied,
+                           reject=True, context=_NOT_A_MEMBER))
         return True
 
     def _note_removed(self, m: Message) -> None:
-        """A member says its applied configuration at ``m.index`` leaves us out; if our
-        log ends before that index, we are not in the group's committed configuration and
-        stop campaigning until a leader contacts us again."""
-        if m.reject and m.frm in self.conf.members() and m.index > self.log.last_index():
+        """A member says its applied configuration at ``m.index`` (of term ``m.log_term``)
+        leaves us out; if our log is behind that entry, we hold no committed
+        configuration after it, so we are not in the group's, and we stop campaigning
+        until a leader contacts us again."""
+        if m.reject and m.frm in self.conf.members() and (m.log_term, m.index) > (
+                self.log.last_term(), self.log.last_index()):
             self.removed = (m.frm, m.index)
             if self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
                 self._become_follower(self.term, None)
@@ -1734,6 +1745,12 @@ class Raft:
         pr = self.prs.get(m.frm)
         if pr is None:
             return
+        if not m.reject and m.index > self.log.last_index():
+            # An acknowledgement beyond our log answers nothing we sent: only a second
+            # history of the group could send it (found from outside, when the placement
+            # layer let one form). Taken, it made the next append read a term past our
+            # log, and that error stopped the whole node. Nor does it count as activity.
+            return
         pr.recent_active = True
         pr.unheard = False
         if m.reject:
@@ -1744,12 +1761,6 @@ class Raft:
                 if pr.state == ProgressState.REPLICATE:
                     pr.become_probe()
                 self._send_append(m.frm)
-            return
-        if m.index > self.log.last_index():
-            # An acknowledgement beyond our log answers nothing we sent: only a second
-            # history of the group could send it (found from outside, when the placement
-            # layer let one form). Taken, it made the next append read a term past our
-            # log, and that error stopped the whole node.
             return
         old_paused = pr.is_paused()
         if not pr.maybe_update(m.index) and not (

@@ -457,6 +457,10 @@ class Node:
         def run() -> None:
             g = self._group(group)
             if not linearizable:
+                if g.raft.removed is not None:
+                    # Its copy stopped at its removal and will never move again: an
+                    # error, not a silently frozen answer (found in review).
+                    raise self._no_leader(g)
                 out.set_result(fn(g.state))
                 return
 
