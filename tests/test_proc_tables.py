@@ -396,7 +396,9 @@ def test_describe_does_not_wait_for_a_drained_node_still_running(
 
     before = asked()
     for _ in range(3):
-        assert "n4" not in admin.describe_table(TABLE)["nodes_answered"]
+        described = admin.describe_table(TABLE)
+        assert "n4" not in described["nodes_answered"]
+        assert "n4" not in described["http"] and "n1" in described["http"]
     assert asked() == before
     # Stopped for good, it is no longer one of the cluster's HTTP addresses, and status
     # does not report it unreachable (found outside-in: for ever, exiting 1).

@@ -493,7 +493,11 @@ class TablesApi:
         if request.query.get("local", "").lower() in ("true", "1"):
             return web.json_response(local)
         views = [local]
-        addrs = await self._run(self.p.http_addrs)
+        # The addresses of the nodes the cluster still knows, as /v1/cluster gives them:
+        # a removed node's stays published (found from outside: listed after it left).
+        addrs, known = await self._run(lambda: (self.p.http_addrs(),
+                                                self.p.known_nodes(stale=True)))
+        addrs = {n: a for n, a in addrs.items() if n in known}
         # The metastore's members only: a drained or removed node keeps its published
         # address, and a drained one that still runs cannot answer (its metastore replica
         # is frozen), so every describe waited out its 3 s timeout (found from outside).
