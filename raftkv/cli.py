@@ -165,9 +165,13 @@ def status_rows(client: Client, discover: bool = True,
         for gid, g in sorted(st["groups"].items(), key=lambda kv: _group_order(kv[0])):
             if groups is not None and gid not in groups:
                 continue
+            removed = g.get("removed")
             rows.append({
                 "node": nid, "endpoint": endpoint_of[nid], "group": gid, "role": g["role"],
-                "kind": g["members"].get(nid, "-"), "term": g["term"],
+                # A node told it was removed says so here, where an operator looks (found
+                # from outside: only GET /v1/cluster had it).
+                "kind": "removed" if removed else g["members"].get(nid, "-"),
+                "removed": removed, "term": g["term"],
                 "leader": g["leader"] or "-", "commit": g["commit"],
                 "applied": g["applied"], "checkpoint": g["checkpoint"],
                 "last": g["last_index"], "peers": g["peers"], "members": g["members"],

@@ -162,3 +162,42 @@ def test_added_back_after_its_term_ran_ahead_it_still_catches_up() -> None:
     lead = c.leader()
     assert lead is not None and n3.removed is None
     assert n3.log.committed == c.raft(lead).log.committed
+
+
+def test_a_node_removed_while_up_is_told_when_its_removal_applies() -> None:
+    """Found from outside: n3, removed while up on an idle cluster, never received its
+    removal (a leader stops sending to a node once a configuration without it is
+    appended) and, quiet, never campaigned: its /ready said ready for as long as it ran.
+    The leader sends it the notice when the removal applies."""
+    c = Cluster(N3, seed=5)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    index = c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
+    c.stabilize()
+    n3 = c.raft("n3")
+    assert n3.log.last_index() < index  # it never received its removal
+    assert n3.removed == ("n1", c.raft("n1").log.applied) and not n3.promotable()
+    assert c.leader() == "n1"
+
+
+def test_a_removed_node_that_asks_for_a_read_is_told() -> None:
+    """Found from outside: n3, removed while idle, never received its removal (a leader
+    stops sending to a node once a configuration without it is appended) and, quiet,
+    never campaigned: its /ready said ready, and a linearizable read waited 5 s for an
+    index it would never receive. The leader answers a read request from a node that its
+    latest and applied configurations leave out with the "not a member" notice."""
+    c = Cluster(N3, seed=6)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    # The notice sent when the removal applied is lost (a dropped connection, say).
+    c.filters.append(lambda m: not (m.to == "n3" and m.context == "not a member"))
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
+    c.stabilize()
+    c.filters.clear()
+    c.propose("n1", cmd(2))
+    n3 = c.raft("n3")
+    assert "n3" in n3.conf.voters and n3.removed is None and n3.lead == "n1"
+    n3.read_index("ctx")
+    c.stabilize()
+    assert n3.removed is not None and n3.removed[0] == "n1"
+    assert not n3.read_states  # no read point was given

@@ -7,6 +7,7 @@ and the CLI say so at once, it stops campaigning, and added back it serves again
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -55,6 +56,12 @@ def test_a_node_removed_while_down_says_so_and_added_back_serves(
     assert cli.returncode == 1 and "not a member" in cli.stderr
     assert "Traceback" not in cli.stderr
     assert time.monotonic() - started < 8  # at once, not after the client's 10 s deadline
+    status_cli = subprocess.run([sys.executable, "-m", "raftkv.cli", "--endpoints", endpoint,
+                                 "-w", "json", "cluster", "status"], check=False,
+                                capture_output=True, text=True, timeout=60)
+    rows = [r for r in json.loads(status_cli.stdout)
+            if r.get("node") == victim and r.get("group") == "default"]
+    assert rows and rows[0]["kind"] == "removed" and rows[0]["removed"]["index"] > 0, rows
     # It campaigned no more: the group kept its leader and its term.
     time.sleep(1)
     leader = c.wait_leader(others)
@@ -70,3 +77,25 @@ def test_a_node_removed_while_down_says_so_and_added_back_serves(
                  what=f"{victim} to be a voter again")
     status, body = http_json(f"{endpoint}/v1/kv/after")
     assert status == 200, body
+
+
+def test_a_node_removed_while_up_on_an_idle_cluster_says_so(
+        proc_cluster: ProcCluster) -> None:
+    """Found from outside: removed while up, with no writes after, n3 never received its
+    removal (nor did anything else reach it), and its /ready said ready for as long as it
+    ran; a linearizable read through it waited 5 s, then answered 504. The leader now
+    sends it the notice when its removal applies."""
+    c = proc_cluster
+    leader = c.wait_leader()
+    victim = next(n for n in ("n3", "n2", "n1") if n != leader)
+    c.client().put(b"k", b"v")
+    status, body = http_json(f"{c.nodes[leader].endpoint}/v1/cluster/members/{victim}",
+                             method="DELETE", timeout=10)
+    assert status == 200, body
+    endpoint = c.nodes[victim].endpoint
+    c.wait_until(lambda: http_json(f"{endpoint}/ready")[0] == 503, timeout=10,
+                 what=f"{victim}'s /ready to say it was removed")
+    started = time.monotonic()
+    status, body = http_json(f"{endpoint}/v1/kv/k", timeout=10)
+    assert status == 503 and body.get("removed"), body
+    assert time.monotonic() - started < 2

@@ -30,9 +30,9 @@ class NotAMember(NotLeader):
 
     def __init__(self, node: str, by: str, index: int) -> None:
         RaftError.__init__(
-            self, f"node {node} is not a member of this group: {by} applied a configuration "
-            f"without it at index {index}, which this node never received (it was removed "
-            "while down or cut off); it will not serve this group unless added back")
+            self, f"node {node} is not a member of this group any more: {by} applied a "
+            f"configuration without it (index {index}); it will not serve this group unless "
+            "it is added back")
         self.node, self.leader, self.by, self.index = node, None, by, index
 
 

@@ -57,9 +57,13 @@ answers a removed member that it was removed, and the member stops. Here a node 
 a vote request with ``_NOT_A_MEMBER`` (``_refuse_non_member``, before stickiness) when
 neither its latest configuration nor the one it has applied includes the candidate,
 and the candidate's log ends before that applied index. The refusal carries that index.
-A candidate told so by a member, about an index beyond its whole log, notes
-``removed`` and is no longer promotable: it never campaigns again until a leader's
-message reaches it (it was added back), which clears the note.
+A candidate told so by a member, about an entry its log is behind, notes ``removed``
+and is no longer promotable: it never campaigns again until a leader's message reaches
+it (it was added back), which clears the note. The same notice goes out two more ways,
+since a node removed while idle never campaigns (found from outside): the leader sends
+it to each node whose removal it applies (``_tell_the_removed``), and answers it to a
+read request (READ_INDEX) from a node outside both its latest and applied
+configurations; the receiver applies the same test.
 
 Why the notice is true: the applied configuration is committed, and committed entries
 are in every later leader's log. The candidate's log is behind that entry (term T at
@@ -945,7 +949,22 @@ class Raft:
         self.log.stable_to(len(rd.entries), rd.snapshot)
         if rd.committed_entries:
             self.log.applied_to(rd.committed_entries[-1].index)
+            if self.role == Role.LEADER:
+                self._tell_the_removed(rd.committed_entries)
         self._trim_confs()
+
+    def _tell_the_removed(self, applied: list[Entry]) -> None:
+        """Send the "not a member" notice to each node whose removal was just applied: a
+        leader stops sending to a node once a configuration without it is appended, so
+        the node never receives its removal, and one removed while idle heard nothing
+        more (found from outside: its /ready said ready for as long as it ran)."""
+        for e in applied:
+            if e.type == EntryType.CONF_CHANGE:
+                cc = decode_conf_entry(e.data)[0]
+                if cc is not None and cc.op == ConfChangeOp.REMOVE and cc.node != self.id:
+                    notice = self._not_a_member_notice(cc.node)
+                    if notice is not None:
+                        self._send(notice)
 
     # -- introspection -----------------------------------------------------------------
     def status(self) -> Status:
@@ -1249,18 +1268,27 @@ class Raft:
         last index) as Raft compares logs (§5.4.1): "not a member" (see "A removed node
         learns it was removed"), with the applied index and its term. Before
         stickiness, which would drop it unanswered while we follow a live leader."""
-        if m.frm in self.conf.members():
+        notice = self._not_a_member_notice(m.frm)
+        if notice is None or (m.log_term, m.index) >= (notice.log_term, notice.index):
             return False
+        notice.type = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
+        self._send(notice)
+        return True
+
+    def _not_a_member_notice(self, to: str) -> Message | None:
+        """The "not a member" refusal for ``to`` (a PRE_VOTE_RESP carrying the applied
+        index and its term), if neither our latest configuration nor the one we applied
+        includes it; else None. The receiver takes it only if its log is behind that
+        entry (``_note_removed``)."""
+        if to in self.conf.members():
+            return None
         applied = self.log.applied
         conf = self.conf_at(applied)
         at = self.log.term_or_zero(applied)
-        if conf is None or not at or m.frm in conf.members() or (m.log_term, m.index) >= (
-                at, applied):
-            return False
-        resp = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
-        self._send(Message(resp, m.frm, self.id, self.term, log_term=at, index=applied,
-                           reject=True, context=_NOT_A_MEMBER))
-        return True
+        if conf is None or not at or to in conf.members():
+            return None
+        return Message(MT.PRE_VOTE_RESP, to, self.id, self.term, log_term=at, index=applied,
+                       reject=True, context=_NOT_A_MEMBER)
 
     def _note_removed(self, m: Message) -> None:
         """A member says its applied configuration at ``m.index`` (of term ``m.log_term``)
@@ -1621,6 +1649,14 @@ class Raft:
         elif t == MT.HEARTBEAT_RESP:
             self._handle_heartbeat_response(m)
         elif t == MT.READ_INDEX:
+            notice = self._not_a_member_notice(m.frm)
+            if notice is not None:
+                # Its read could never complete: it is not in any configuration this
+                # leader knows, and the one it applied (committed) leaves it out. A node
+                # removed while idle heard nothing else, and its reads waited 5 s for an
+                # index it would never receive (found from outside).
+                self._send(notice)
+                return
             self._leader_read(m.frm, m.context)
         elif t == MT.TRANSFER_LEADER:
             try:

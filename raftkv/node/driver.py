@@ -357,8 +357,7 @@ class Node:
                 _fail(fut, err)
         for _, fut in g.pending.values():
             _fail(fut, err)
-        for r in [*g.read_batch, *(r for b in g.reads.values() for r in b), *g.ready_reads]:
-            _fail(r.fut, err)
+        self._fail_reads(g, err)
         for _, fut, _ in g.parked:
             _fail(fut, err)
         for _, fut, _ in g.queued:
@@ -770,10 +769,10 @@ class Node:
     def _when_leader(self, g: Group, fn: Callable[[], None], fut: Future[Any]) -> None:
         """Run ``fn`` now if a leader is known, else when one is elected (within the
         request timeout): right after a start or an election there is briefly none."""
-        if g.leader is not None:
-            fn()
-        elif g.raft.removed is not None:
+        if g.raft.removed is not None:
             _fail(fut, self._no_leader(g))
+        elif g.leader is not None:
+            fn()
         else:
             g.parked.append((fn, fut, self.clock() + self.cfg.request_timeout))
 
@@ -1380,6 +1379,16 @@ class Node:
             raise codec.WireError(f"bad message from {peer}: {e}") from None
         if g.raft.retired_heard:
             self._report_retired(g)
+        if g.raft.removed is not None and (g.read_batch or g.reads or g.ready_reads):
+            self._fail_reads(g, self._no_leader(g))
+
+    def _fail_reads(self, g: Group, err: BaseException) -> None:
+        """Fail every read waiting on ``g`` (told it is not a member: they would wait in
+        vain for an index it will never receive)."""
+        reads = [*g.read_batch, *(r for b in g.reads.values() for r in b), *g.ready_reads]
+        g.read_batch, g.reads, g.ready_reads = [], {}, deque()
+        for r in reads:
+            _fail(r.fut, err)
 
     def _report_retired(self, g: Group) -> None:
         """Say once per incarnation that a member answers as one the group replaced."""
