@@ -532,10 +532,9 @@ def test_a_cluster_restarted_whole_elects_as_its_nodes_connect(
     never up), and the early campaign on a tick elects.
 
     Two nodes that dial each other keep one connection: what went out on the other is
-    still delivered (the transport retires it), a candidate asks again a voter reported
-    on a new connection, and a leader sends it a heartbeat. Before those three, 1 to 5
-    restarts in 15 lost a vote request, an answer or the leader's first append, and
-    waited out an election timeout (here 20-40 s)."""
+    still delivered (the transport retires it), and a candidate asks again a voter
+    reported on a new connection. Before those, 1 to 5 restarts in 15 lost a vote
+    request or its answer and waited out an election timeout (here 20-40 s)."""
     peers = {f"n{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
     first = _nodes_at(tmp_path, peers, quiesce, 0.05)
     try:

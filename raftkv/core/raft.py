@@ -797,9 +797,11 @@ class Raft:
             self._unquiesce()
 
     def peer_up(self, peer: str) -> None:
-        """``peer`` is reachable again, or on a new connection. A leader (woken, if quiet)
-        sends it a heartbeat at once, so that its answer brings the returning follower up
-        to date (it was exempt from quiescence while unreachable). A newborn
+        """``peer`` is reachable again, or on a new connection. A quiet leader wakes so
+        its heartbeats bring the returning follower up to date (it was exempt while
+        unreachable). (A heartbeat sent at once on every report was tried, and made a
+        placement heal test stall: a third founder heard of before its election record
+        committed was left recorded on contact only.) A newborn
         founder of a group not yet born announces itself again at its next tick: its
         first-tick announcement went out before any connection was up, and a founder
         that died before its first timed campaign would otherwise never have been
@@ -810,14 +812,8 @@ class Raft:
         connection, and what went out on the other may be lost with it)."""
         was_down = peer in self._unreachable
         self._unreachable.discard(peer)
-        pr = self.prs.get(peer) if self.role == Role.LEADER and peer != self.id else None
-        if pr is not None:
+        if was_down and self.quiesced and self.role == Role.LEADER and peer in self.prs:
             self._unquiesce()
-            # What went to it while unreachable, or on a connection that was replaced
-            # since, may be lost (the first append of a leader elected as its
-            # connections came up, say): a heartbeat now tells it who leads, and its
-            # answer resumes replication, a heartbeat tick sooner.
-            self._send_heartbeat(peer, pr, self.read_only.last_seq())
         if (peer in self.conf.voters and peer not in self.votes and self._survivor is None
                 and self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE) and not self._restarting):
             # A campaign under way asks again whoever has not answered: its request may
