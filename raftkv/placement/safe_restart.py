@@ -655,10 +655,7 @@ class SafeRestart(ManagerBase):
                 self._failed(part, "start", exc)
                 return
             if isinstance(f.result(), InvokeResult) and not f.result().succeeded:
-                # The table is gone (the drop's event is on its way), or a holds key
-                # moved since the epoch was read: look again in a while.
-                self._wait(part)
-                return
+                return  # the table is gone (the drop's event is on its way)
             stable, pending = self._nodes(part.keys.stable), self._nodes(part.keys.pending)
             still = self.id in stable or self.id in pending or (not named and bool(pending))
             if part.group not in self._hosted and still:
@@ -685,18 +682,8 @@ class SafeRestart(ManagerBase):
         # members restarted).
         epoch = self._history_epoch(part)
         value = self.incarnation + b"/" + epoch if epoch else self.incarnation
-        # Guarded by every node's holds key as read, as a full restart's write is: a
-        # full restart committed in between (every holder restarted) begins another
-        # history, and this key must not name the one before it (found in review).
-        # (The holds keys that exist, and those of the nodes assigned the partition, the
-        # only ones that may start hosting it: no scan of the whole cache per start.)
-        held = self._kv.holds_of(holds_prefix(part.table, part.index))
-        keys = set(held) | {holds_key(part.table, part.index, n) for n in
-                            self._nodes(part.keys.stable) + self._nodes(part.keys.pending)}
-        conds = [Cond.exists(table_key(part.table))] + [
-            Cond.revision(hk).eq(held[hk].mod_revision if hk in held else 0)
-            for hk in sorted(keys)]
-        self._on_loop(self.meta.invoke(conds, [Op.put(key, value)]), done)
+        self._on_loop(self.meta.invoke([Cond.exists(table_key(part.table))],
+                                       [Op.put(key, value)]), done)
 
     def _history_epoch(self, part: PartitionState) -> bytes:
         """The epoch of the partition's current history (b"" for the history before any
