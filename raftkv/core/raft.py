@@ -946,21 +946,25 @@ class Raft:
         if rd.committed_entries:
             self.log.applied_to(rd.committed_entries[-1].index)
             if self.role == Role.LEADER:
-                self._tell_the_removed(rd.committed_entries)
+                self._tell_the_removed(rd.committed_entries[0].index,
+                                       rd.committed_entries[-1].index)
         self._trim_confs()
 
-    def _tell_the_removed(self, applied: list[Entry]) -> None:
-        """Send the "not a member" notice to each node whose removal was just applied: a
-        leader stops sending to a node once a configuration without it is appended, so
-        the node never receives its removal, and one removed while idle heard nothing
-        more (found from outside: its /ready said ready for as long as it ran)."""
-        for e in applied:
-            if e.type == EntryType.CONF_CHANGE:
-                cc = decode_conf_entry(e.data)[0]
-                if cc is not None and cc.op == ConfChangeOp.REMOVE and cc.node != self.id:
-                    notice = self._not_a_member_notice(cc.node)
+    def _tell_the_removed(self, lo: int, hi: int) -> None:
+        """Send the "not a member" notice to each node whose removal was just applied
+        (entries ``lo..hi``): a leader stops sending to a node once a configuration
+        without it is appended, so the node never receives its removal, and one removed
+        while idle heard nothing more (found from outside: its /ready said ready for as
+        long as it ran). Read from the configurations kept (``self.confs``, not yet
+        trimmed to the new applied index), not from every applied entry."""
+        prev: ConfState | None = None
+        for index, conf in self.confs:
+            if prev is not None and lo <= index <= hi:
+                for node in sorted(prev.members() - conf.members() - {self.id}):
+                    notice = self._not_a_member_notice(node)
                     if notice is not None:
                         self._send(notice)
+            prev = conf
 
     # -- introspection -----------------------------------------------------------------
     def status(self) -> Status:
