@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,11 @@ from raftkv.placement.assignments import (
     encode_nodes,
     partition_keys,
 )
-from raftkv.placement.catalog import partition_group
-from raftkv.placement.meta_commands import Op
+from raftkv.placement.catalog import holds_key, holds_prefix, partition_group
+from raftkv.placement.meta_commands import InvokeResult, Op, OpKind
 from raftkv.placement.rebalance import PlacementManager
 from raftkv.placement.rebalance_steps import switch_keys
+from raftkv.placement.service import MetaService
 from raftkv.testing.placement_cluster import VoterLog
 
 T = "mem"
@@ -481,3 +483,69 @@ def test_a_member_that_joined_after_a_full_restart_never_founds_it_again(
     for n in ("n1", "n4"):
         info = c.info(n, GID)
         assert info is None or info["role"] != Role.LEADER
+
+
+def test_a_joiners_history_is_rechecked_if_a_holder_moved_before_its_key_was_written(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: a joiner reads the history it joins from the holders' keys, then
+    writes its own holds key naming it. A full restart committed in between (every holder
+    restarted) begins another history, and the key must not name the one before it. The
+    write is guarded by each holder's holds key and incarnation key as read: here one
+    holder's key moves between n4's read and its write, and the write is refused, then
+    made again on a fresh read. The guard names only the holders: the founders' concurrent
+    first writes at the table's creation all succeed (guarded by every node's key, they
+    failed one another and each waited an election timeout)."""
+    c = cluster
+    real = MetaService.invoke
+    writes: list[tuple[str, bytes, bool]] = []  # node, the value written, succeeded
+    moved: list[bytes] = []
+    prefix = holds_prefix(T, 0)
+
+    def invoke(self: MetaService, conditions: Any, success: Any, failure: Any = ()) -> Any:
+        conditions, success = list(conditions), list(success)
+        ours = [op for op in success if op.kind is OpKind.PUT and op.key.startswith(prefix)]
+        nid = self.node.id
+
+        def note(f: Future[Any]) -> None:
+            if ours and f.exception() is None:
+                r = f.result()
+                writes.append((nid, ours[0].value or b"",
+                               not isinstance(r, InvokeResult) or r.succeeded))
+
+        if not (ours and nid == "n4" and not moved):
+            f = real(self, conditions, success, failure)
+            f.add_done_callback(note)
+            return f
+        # n4's first holds write: a holder's key moves first (rewritten with its value).
+        hk = holds_key(T, 0, "n2")
+        moved.append(c.mgrs["n4"]._kv[hk].value)
+        out: Future[Any] = Future()
+
+        def go(bump: Future[Any]) -> None:
+            g = real(self, conditions, success, failure)
+            g.add_done_callback(note)
+            g.add_done_callback(lambda g: out.set_result(g.result()) if g.exception() is None
+                                else out.set_exception(g.exception()))  # type: ignore[arg-type]
+
+        real(self, [], [Op.put(hk, moved[0])]).add_done_callback(go)
+        return out
+
+    monkeypatch.setattr(MetaService, "invoke", invoke)
+    _create(c, "memory")
+    _wait_settled(c, META)
+    assert writes and all(ok for _, _, ok in writes), writes  # no founder refused
+    for n in META:
+        c.kill(n)
+    for n in META:
+        c.start(n)
+    _wait_settled(c, META)
+    _put(c, {b"k": b"v"})
+    c.start("n4")
+    members = ["n1", "n2", "n4"]
+    c.mgrs["n1"].set_nodes(members)
+    _wait_settled(c, members)
+    n4 = [(value, ok) for nid, value, ok in writes if nid == "n4"]
+    assert moved and n4[0][1] is False, n4  # refused: a holder moved since n4's read
+    epoch = moved[0].partition(b"/")[2]
+    assert epoch and n4[-1][1] and n4[-1][0].partition(b"/")[2] == epoch, (n4, moved)
+    assert c.get(T, b"k") == b"v"

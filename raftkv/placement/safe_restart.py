@@ -196,6 +196,10 @@ from raftkv.transport import codec
 
 log = logging.getLogger(__name__)
 
+# A holder of a partition: its holds key and its node's incarnation key, each with the
+# value the cache has (``SafeRestart._holders``).
+Holder = tuple[tuple[bytes, VersionedValue], tuple[bytes, VersionedValue]]
+
 
 class SafeRestart(ManagerBase):
     """onPartitionStart, switch.reduce and the survivor rule (see the module docstring)."""
@@ -655,7 +659,10 @@ class SafeRestart(ManagerBase):
                 self._failed(part, "start", exc)
                 return
             if isinstance(f.result(), InvokeResult) and not f.result().succeeded:
-                return  # the table is gone (the drop's event is on its way)
+                # The table is gone (the drop's event is on its way), or a holder moved
+                # since the epoch was read: look again in a while.
+                self._wait(part)
+                return
             stable, pending = self._nodes(part.keys.stable), self._nodes(part.keys.pending)
             still = self.id in stable or self.id in pending or (not named and bool(pending))
             if part.group not in self._hosted and still:
@@ -680,20 +687,42 @@ class SafeRestart(ManagerBase):
         # another empty member bootstrapped a second history over acknowledged writes
         # (found from outside: an in-memory table restarted whole, a node added, two
         # members restarted).
-        epoch = self._history_epoch(part)
+        #
+        # Guarded by the holders' keys as read (each holder's holds key and incarnation
+        # key): a full restart begins only once nobody holds the state, so one committed
+        # between this read and the write moved one of them, and the key must not name
+        # the history before it (found in review). Not by the other nodes' holds keys:
+        # guarded by those, the founders' and joiners' concurrent first writes at a
+        # table's creation failed one another, and each waited an election timeout.
+        holders = self._holders(part)
+        epoch = self._history_epoch(part, holders)
         value = self.incarnation + b"/" + epoch if epoch else self.incarnation
-        self._on_loop(self.meta.invoke([Cond.exists(table_key(part.table))],
-                                       [Op.put(key, value)]), done)
+        conds = [Cond.exists(table_key(part.table))] + [
+            Cond.revision(k).eq(v.mod_revision)
+            for pair in holders for k, v in pair]
+        self._on_loop(self.meta.invoke(conds, [Op.put(key, value)]), done)
 
-    def _history_epoch(self, part: PartitionState) -> bytes:
+    def _holders(self, part: PartitionState) -> list[Holder]:
+        """The partition's holders as the cache has them: for each holds key that names
+        its node's current incarnation, that key and the node's incarnation key, with
+        their values."""
+        prefix = holds_prefix(part.table, part.index)
+        out: list[Holder] = []
+        for k, v in self._kv.holds_of(prefix).items():
+            inc_key = INCARNATION_PREFIX + k[len(prefix):]
+            inc = self._kv.get(inc_key)
+            if inc is not None and v.value.partition(b"/")[0] == inc.value:
+                out.append(((k, v), (inc_key, inc)))
+        return out
+
+    def _history_epoch(self, part: PartitionState,
+                       holders: list[Holder] | None = None) -> bytes:
         """The epoch of the partition's current history (b"" for the history before any
         full restart): the one its holders' keys carry. Every holder is of one history,
         since a full restart begins only when nobody holds the state."""
-        prefix = holds_prefix(part.table, part.index)
-        for k, v in self._kv.holds_of(prefix).items():
-            inc = self._kv.get(INCARNATION_PREFIX + k[len(prefix):])
-            inc_id, _, epoch = v.value.partition(b"/")
-            if epoch and inc is not None and inc.value == inc_id:
+        for (_, v), _ in self._holders(part) if holders is None else holders:
+            epoch = v.value.partition(b"/")[2]
+            if epoch:
                 return epoch
         return b""
 
