@@ -692,14 +692,24 @@ class SafeRestart(ManagerBase):
         # key): a full restart begins only once nobody holds the state, so one committed
         # between this read and the write moved one of them, and the key must not name
         # the history before it (found in review). Not by the other nodes' holds keys:
-        # guarded by those, the founders' and joiners' concurrent first writes at a
-        # table's creation failed one another, and each waited an election timeout.
+        # guarded by those, the founders' and restarted members' concurrent writes (at a
+        # table's creation, at a whole restart) failed one another, and each waited an
+        # election timeout. The exception is a joiner without state that finds no holder
+        # (rare: nobody holds what it would catch up from): a full restart may be under
+        # way, and only its founders' keys show it, so every key of the partition guards.
         holders = self._holders(part)
         epoch = self._history_epoch(part, holders)
         value = self.incarnation + b"/" + epoch if epoch else self.incarnation
+        guards: list[tuple[bytes, VersionedValue | None]] = [
+            pair for h in holders for pair in h]
+        if not holders and voters is None and (self._in_memory(desc)
+                                               or not self._has_log(part)):
+            held = self._kv.holds_of(holds_prefix(part.table, part.index))
+            members = self._nodes(part.keys.stable) + self._nodes(part.keys.pending)
+            guards = [(k, held.get(k)) for k in sorted(
+                set(held) | {holds_key(part.table, part.index, n) for n in members})]
         conds = [Cond.exists(table_key(part.table))] + [
-            Cond.revision(k).eq(v.mod_revision)
-            for pair in holders for k, v in pair]
+            Cond.revision(k).eq(v.mod_revision if v is not None else 0) for k, v in guards]
         self._on_loop(self.meta.invoke(conds, [Op.put(key, value)]), done)
 
     def _holders(self, part: PartitionState) -> list[Holder]:
