@@ -201,3 +201,26 @@ def test_a_removed_node_that_asks_for_a_read_is_told() -> None:
     c.stabilize()
     assert n3.removed is not None and n3.removed[0] == "n1"
     assert not n3.read_states  # no read point was given
+
+
+def test_a_removed_node_that_forwards_a_write_is_told() -> None:
+    """Found from outside: a learner removed while idle (a drained placement node's
+    metastore replica) missed its removal, and a learner never campaigns, so it was never
+    told: table administration sent through it waited 5 s and answered 504. The leader
+    now answers a write forwarded from a node outside its latest and applied
+    configurations with the notice (``tell_if_removed``, called by the driver): here n3,
+    whose removal notice was lost, is told when it forwards one."""
+    c = Cluster(N3, seed=7)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    c.filters.append(lambda m: not (m.to == "n3" and m.context == "not a member"))
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
+    c.stabilize()
+    c.filters.clear()
+    n3 = c.raft("n3")
+    assert n3.removed is None and n3.lead == "n1"
+    assert not c.raft("n1").tell_if_removed("n2")  # a member is not told anything
+    assert c.raft("n1").tell_if_removed("n3")
+    c.stabilize()
+    assert n3.removed is not None and n3.removed[0] == "n1" and not n3.promotable()
+    assert c.leader() == "n1"

@@ -36,6 +36,7 @@ from raftkv.core import (
     Entry,
     EntryType,
     MessageType,
+    NotAMember,
     Ready,
     Snapshot,
     SnapshotMeta,
@@ -574,3 +575,39 @@ def test_a_node_whose_loop_failed_says_why_to_every_later_call(
         with pytest.raises(NodeStopped, match="entry 303 fails its checksum"):
             fut.result(5)
     n.failure = None  # the fixture stops it as usual
+
+
+def test_a_removed_node_that_forwards_a_write_is_refused_and_told(
+        nodes: dict[str, Node]) -> None:
+    """Found from outside: a node removed while idle that missed its removal notice
+    (a drained node's metastore learner: a learner never campaigns, so nothing else tells
+    it) still forwarded writes to its old leader: table administration through it waited
+    5 s and answered 504. The leader refuses a write forwarded by a node outside its
+    latest and applied configurations with ``NotAMember`` and sends it the notice, so
+    what it is asked next fails at once too."""
+    lead = _leader(nodes, list(nodes))
+    fid = next(n for n in nodes if n != lead)
+    node = nodes[fid]
+    nodes[lead].propose(GID, encode_put(b"k", b"v")).result(5)
+    dropping = threading.Event()
+    dropping.set()
+    step = node._step
+
+    def deaf(peer: str, group: str, msg: Any) -> None:
+        if dropping.is_set() and msg.context == "not a member":
+            return  # the notice sent when the removal applies is lost
+        step(peer, group, msg)
+
+    node.call(lambda: setattr(node, "_step", deaf)).result(5)
+    nodes[lead].change_membership(GID, ConfChange(ConfChangeOp.REMOVE, fid)).result(5)
+    g = node.groups[GID]
+    dropping.clear()
+    assert g.leader == lead and g.raft.removed is None  # it knows nothing yet
+    t0 = time.monotonic()
+    with pytest.raises(NotAMember, match=f"node {fid} is not a member"):
+        node.propose(GID, encode_put(b"k", b"from the removed node")).result(TIMEOUT)
+    assert time.monotonic() - t0 < 1.0
+    assert node.call(lambda: g.raft.removed).result(5) is not None  # told
+    with pytest.raises(NotAMember):
+        node.propose(GID, encode_put(b"k", b"again")).result(1)
+    assert nodes[lead].read(GID, lambda s: s.get(b"k")).result(5) == b"v"

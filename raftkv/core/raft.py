@@ -961,9 +961,7 @@ class Raft:
         for index, conf in self.confs:
             if prev is not None and lo <= index <= hi:
                 for node in sorted(prev.members() - conf.members() - {self.id}):
-                    notice = self._not_a_member_notice(node)
-                    if notice is not None:
-                        self._send(notice)
+                    self.tell_if_removed(node)
             prev = conf
 
     # -- introspection -----------------------------------------------------------------
@@ -1272,6 +1270,16 @@ class Raft:
         if notice is None or (m.log_term, m.index) >= (notice.log_term, notice.index):
             return False
         notice.type = MT.VOTE_RESP if m.type == MT.VOTE else MT.PRE_VOTE_RESP
+        self._send(notice)
+        return True
+
+    def tell_if_removed(self, node: str) -> bool:
+        """Send ``node`` the "not a member" notice if neither our latest configuration
+        nor the one we applied includes it; True if sent. For a request from it that no
+        leader will take: a read (READ_INDEX), or a write it forwarded (the driver)."""
+        notice = self._not_a_member_notice(node)
+        if notice is None:
+            return False
         self._send(notice)
         return True
 
@@ -1649,13 +1657,11 @@ class Raft:
         elif t == MT.HEARTBEAT_RESP:
             self._handle_heartbeat_response(m)
         elif t == MT.READ_INDEX:
-            notice = self._not_a_member_notice(m.frm)
-            if notice is not None:
+            if self.tell_if_removed(m.frm):
                 # Its read could never complete: it is not in any configuration this
                 # leader knows, and the one it applied (committed) leaves it out. A node
                 # removed while idle heard nothing else, and its reads waited 5 s for an
                 # index it would never receive (found from outside).
-                self._send(notice)
                 return
             self._leader_read(m.frm, m.context)
         elif t == MT.TRANSFER_LEADER:

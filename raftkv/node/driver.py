@@ -1257,10 +1257,12 @@ class Node:
                 else:
                     self.transport.send(peer, codec.encode_reply(rid, True, [index, value]))
                     return
-            hint = getattr(exc, "leader", None)
+            # The leader's id for NotLeader; the index of the configuration that left
+            # the sender out for NotAMember.
+            hint = exc.index if isinstance(exc, NotAMember) else getattr(exc, "leader", None)
             self.transport.send(peer, codec.encode_reply(
-                rid, False, [type(exc).__name__, str(exc), hint if isinstance(hint, str) else None]
-            ))
+                rid, False, [type(exc).__name__, str(exc),
+                             hint if isinstance(hint, str | int) else None]))
 
         fut: Future[Any] = _Answer()
         fut.add_done_callback(reply)
@@ -1268,6 +1270,12 @@ class Node:
             _fail(fut, UnknownGroup(f"{self.id} does not host group {group!r}"))
         elif g.raft.role != Role.LEADER:
             _fail(fut, NotLeader(self.id, g.leader))  # one hop only: no forwarding loops
+        elif g.raft.tell_if_removed(peer):
+            # A node outside every configuration we know forwards a write: it missed its
+            # removal (a learner removed while idle hears nothing else; its writes waited
+            # out their timeout). The write is refused, and the notice makes it stop.
+            self._dirty.add(g.id)
+            _fail(fut, NotAMember(peer, self.id, g.raft.log.applied))
         else:
             self._queue(g, data, fut)
 
@@ -1290,8 +1298,10 @@ class Node:
                 return
             _resolve(fut, result[0], value)
         elif not ok and len(result) == 3:
-            kind, message, _ = result
-            if kind in ("NotLeader", "ProposalDropped"):
+            kind, message, hint = result
+            if kind == "NotAMember" and type(hint) is int:
+                _fail(fut, NotAMember(self.id, peer, hint))  # the leader says we were removed
+            elif kind in ("NotLeader", "ProposalDropped"):
                 # Refused before proposing (the peer no longer leads, or is handing its
                 # leadership over): retry with the next leader until the deadline, as
                 # for a write that never left. A follower forwarding through a leader
