@@ -180,20 +180,26 @@ def test_a_node_removed_while_up_is_told_when_its_removal_applies() -> None:
     assert c.leader() == "n1"
 
 
+def _n3_removed_unheard(seed: int) -> Cluster:
+    """n3 removed while up, and the notice sent when its removal applied is lost (a
+    dropped connection, say)."""
+    c = Cluster(N3, seed=seed)
+    c.elect("n1")
+    c.propose("n1", cmd(1))
+    c.filters.append(lambda m: not (m.to == "n3" and m.context == "not a member"))
+    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
+    c.stabilize()
+    c.filters.clear()
+    return c
+
+
 def test_a_removed_node_that_asks_for_a_read_is_told() -> None:
     """Found from outside: n3, removed while idle, never received its removal (a leader
     stops sending to a node once a configuration without it is appended) and, quiet,
     never campaigned: its /ready said ready, and a linearizable read waited 5 s for an
     index it would never receive. The leader answers a read request from a node that its
     latest and applied configurations leave out with the "not a member" notice."""
-    c = Cluster(N3, seed=6)
-    c.elect("n1")
-    c.propose("n1", cmd(1))
-    # The notice sent when the removal applied is lost (a dropped connection, say).
-    c.filters.append(lambda m: not (m.to == "n3" and m.context == "not a member"))
-    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
-    c.stabilize()
-    c.filters.clear()
+    c = _n3_removed_unheard(seed=6)
     c.propose("n1", cmd(2))
     n3 = c.raft("n3")
     assert "n3" in n3.conf.voters and n3.removed is None and n3.lead == "n1"
@@ -210,13 +216,7 @@ def test_a_removed_node_that_forwards_a_write_is_told() -> None:
     now answers a write forwarded from a node outside its latest and applied
     configurations with the notice (``tell_if_removed``, called by the driver): here n3,
     whose removal notice was lost, is told when it forwards one."""
-    c = Cluster(N3, seed=7)
-    c.elect("n1")
-    c.propose("n1", cmd(1))
-    c.filters.append(lambda m: not (m.to == "n3" and m.context == "not a member"))
-    c.raft("n1").propose_conf_change(ConfChange(ConfChangeOp.REMOVE, "n3"))
-    c.stabilize()
-    c.filters.clear()
+    c = _n3_removed_unheard(seed=7)
     n3 = c.raft("n3")
     assert n3.removed is None and n3.lead == "n1"
     assert not c.raft("n1").tell_if_removed("n2")  # a member is not told anything
