@@ -219,7 +219,7 @@ def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupI
     """Make a new cluster's data directories from a backup (module docstring).
     ``members``: node id -> raft address, in the order of ``data_dirs``. Every directory
     must be new or empty; nothing is written unless the file verifies."""
-    from raftkv.node.stores import claim_data_dir, open_group_storage
+    from raftkv.node.stores import claim_data_dir, new_cluster_id, open_group_storage
     from raftkv.storage.dir_lock import release_data_dir
 
     if not members or len(members) != len(data_dirs):
@@ -231,9 +231,13 @@ def restore(path: str, members: dict[str, str], data_dirs: list[str]) -> BackupI
             raise BackupError(f"{d} is not an empty directory: restore makes new ones")
     info = verify(path)
     opened = []
+    # A cluster of its own: a node started on its files from before the restore (same
+    # ids, addresses and secret) is refused by the restored members, not taken back
+    # (raftkv.node.stores, "Cluster ids").
+    cluster_id = new_cluster_id()
     try:
         for node_id, d in zip(members, data_dirs, strict=True):
-            claim_data_dir(d, node_id)
+            claim_data_dir(d, node_id, cluster_id)
             opened.append((node_id, open_group_storage(d, DEFAULT_GROUP)))
         records = frozenset((n, s.log.identity().incarnation) for n, s in opened)
         conf = ConfState(voters=frozenset(members), incarnations=records)

@@ -22,7 +22,7 @@ from raftkv.admin import NodeAdmin
 from raftkv.core import ConfChangeOp, ConfChangeRejected, LeaderStepping, RaftError, Role
 from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
 from raftkv.node.errors import NodeStopped, RequestTimeout
-from raftkv.node.stores import claim_data_dir, open_group_storage
+from raftkv.node.stores import claim_data_dir, founding_cluster_id, open_group_storage
 from raftkv.node.user_state import UserStateStore
 from raftkv.recovery.compaction import CompactionPolicy
 from raftkv.statemachine import ReplicatedObject
@@ -101,16 +101,19 @@ class EmbeddedNode:
         self.data_dir = data_dir
         # The node binds its raft address as it is built: one in use fails here, before
         # the data directory is claimed or anything written (found from outside).
+        # A founder's cluster id comes from the founding membership; a joiner adopts the
+        # cluster's (raftkv.node.stores, "Cluster ids").
+        cluster_id = b"" if join else founding_cluster_id(peers)
         self.node = Node(NodeConfig(
             node_id=node_id, raft_addr=raft_addr,
             secret=secret,
             peers=dict(peers), tick_seconds=tick_seconds, election_tick=election_tick,
             request_timeout=request_timeout, data_dir=data_dir, faults=faults,
-            peer_tls=peer_tls,
+            peer_tls=peer_tls, cluster_id=cluster_id,
         ), metrics)
         if data_dir is not None:
             try:
-                claim_data_dir(data_dir, node_id)
+                claim_data_dir(data_dir, node_id, cluster_id)
             except BaseException:
                 self.node.transport.close()
                 raise
@@ -340,7 +343,8 @@ class ReplicatedNode(EmbeddedNode):
             # Before the state store reads (and tidies) its checkpoint files: a second
             # process on a running node's directory must not touch them. The base class
             # claims it again, which in one process is a no-op.
-            claim_data_dir(data_dir, node_id)
+            claim_data_dir(data_dir, node_id, b"" if kwargs.get("join") else
+                           founding_cluster_id(peers))
         try:
             store = UserStateStore(obj, path, volatile=path is None)
             super().__init__(node_id, raft_addr, peers, secret, state=store, **kwargs)

@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 
 NODE_ID_FILE = "node_id"
+# The cluster the node belongs to, in hex (raftkv.node.stores: where ids come from).
+CLUSTER_ID_FILE = "cluster_id"
+MAX_CLUSTER_ID_BYTES = 64
 LOCK_FILE = "LOCK"
 DEFAULT_GROUP = "default"
 # The placement metastore's group (its state store is a MetaStore, not a KV store).
@@ -42,6 +45,24 @@ def read_node_id(data_dir: str) -> str | None:
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is damaged: not a node id ({e.reason} at byte "
                          f"{e.start})") from None
+
+
+def read_cluster_id(data_dir: str) -> bytes:
+    """The id in ``cluster_id`` (b"" if the file is missing or empty: not known yet).
+    ``ValueError`` naming the file if it is not a hex id."""
+    path = os.path.join(data_dir, CLUSTER_ID_FILE)
+    if not os.path.exists(path):
+        return b""
+    with open(path, "rb") as f:
+        raw = f.read().strip()
+    try:
+        cid = bytes.fromhex(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        cid = b"\0" * (MAX_CLUSTER_ID_BYTES + 1)
+    if len(cid) > MAX_CLUSTER_ID_BYTES:
+        raise ValueError(f"{path} is damaged: not a cluster id (hex, at most "
+                         f"{MAX_CLUSTER_ID_BYTES} bytes)")
+    return cid
 
 
 def holds_node_data(data_dir: str) -> bool:

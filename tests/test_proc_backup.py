@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from raftkv.storage.digest import digest_rows
 
+from raftkv.client import ClientError, Unavailable
 from raftkv.testing.procs import ProcCluster
 
 
@@ -361,3 +362,62 @@ def test_a_backup_that_cannot_be_written_says_so_and_leaves_no_part_file(
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.count("refused: [Errno 27] cannot write the backup to") == 2, out
     assert out.strip().endswith("[]"), out
+
+
+def test_a_node_started_on_its_files_from_before_a_restore_is_refused(
+        source: ProcCluster, tmp_path: Path) -> None:
+    """Found from outside: a cluster restored from a backup onto the same node ids,
+    addresses and secret, then one node started on its data directory from before the
+    restore (a stale service unit, say). Its files are another history of the same terms,
+    so the log matching check could not tell them apart: the leader readmitted it as a
+    new incarnation, promoted it, and it answered linearizable reads from the old data
+    while acknowledged writes went missing. A restored cluster now has a cluster id of
+    its own, and each side refuses the other at the handshake, saying why."""
+    c = source.client()
+    for i in range(5):
+        c.put(f"before/{i}", "x")
+    path = str(tmp_path / "b.snap")
+    ends = ",".join(n.endpoint for n in source.nodes.values())
+    res = _cli("snapshot", "save", path, endpoints=ends)
+    assert res.returncode == 0, res.stderr
+    for i in range(50):
+        c.put(f"old-after/{i}", "x")  # only the old directories hold these
+    c.close()
+    for n in source.nodes:
+        source.stop(n)
+    old = {n: node.data_dir for n, node in source.nodes.items()}
+    new = {n: str(tmp_path / "restored" / n) for n in source.nodes}
+    members = ",".join(f"{n}={a}" for n, a in source.peers().items())
+    res = _cli("snapshot", "restore", path, "--members", members,
+               "--data-dirs", ",".join(new.values()))
+    assert res.returncode == 0, res.stderr
+    for n, node in source.nodes.items():
+        node.data_dir = new[n]
+    source.start()
+    source.wait_leader()
+    c = source.client()
+    for i in range(20):
+        c.put(f"new/{i}", "y")
+    victim = next(n for n in source.nodes if n != source.wait_leader())
+    source.kill(victim)
+    source.nodes[victim].data_dir = old[victim]
+    source.start(victim)
+    node = source.nodes[victim]
+    source.wait_until(lambda: "belongs to another cluster" in node.log_text(), 20,
+                      "the old directory's node to be refused")
+    for i in range(20, 40):
+        c.put(f"new/{i}", "y")  # the two restored members go on
+    c.close()
+    others = [n for n in source.nodes if n != victim]
+    # Without the check, the leader readmitted it here.
+    assert not any(f"readmit {victim}" in source.nodes[n].log_text() for n in others)
+    for n in others:
+        assert "belongs to another cluster" in source.nodes[n].log_text(), n
+        r = source.client([n])
+        assert r.get("new/39") == b"y" and r.get("old-after/3") is None
+        r.close()
+    # Nor does the old directory's node answer for the cluster (it answered b"x" here).
+    v = source.client([victim], timeout=3)
+    with pytest.raises((Unavailable, ClientError)):
+        v.get("old-after/3")
+    v.close()

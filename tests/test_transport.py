@@ -44,15 +44,20 @@ def test_handshake_accepts_the_secret_and_refuses_anything_else() -> None:
     nonce_a, nonce_d = hs.new_nonce(), hs.new_nonce()
     hello = hs.hello(b"s", nonce_a, nonce_d, "n2", "127.0.0.1:7002")
     assert hs.parse_hello(hello[:10], b"s", nonce_a) is None  # incomplete: wait for more
-    assert hs.parse_hello(hello, b"s", nonce_a) == ("n2", "127.0.0.1:7002", nonce_d, len(hello))
+    assert hs.parse_hello(hello, b"s", nonce_a) == ("n2", "127.0.0.1:7002", b"", nonce_d,
+                                                    len(hello))
+    named = hs.hello(b"s", nonce_a, nonce_d, "n2", "127.0.0.1:7002", b"\x07" * 16)
+    assert hs.parse_hello(named, b"s", nonce_a)[2] == b"\x07" * 16  # type: ignore[index]
     with pytest.raises(hs.HandshakeError, match="secret"):
         hs.parse_hello(hello, b"wrong", nonce_a)
     with pytest.raises(hs.HandshakeError, match="secret"):  # a replayed hello, new challenge
         hs.parse_hello(hello, b"s", hs.new_nonce())
     with pytest.raises(hs.HandshakeError, match="magic"):
         hs.parse_hello(b"GET / HTTP/1.1\r\n" + bytes(100), b"s", nonce_a)
-    welcome = hs.welcome(b"s", nonce_a, nonce_d, "n1")
-    assert hs.parse_welcome(welcome, b"s", nonce_a, nonce_d) == ("n1", len(welcome))
+    welcome = hs.welcome(b"s", nonce_a, nonce_d, "n1", b"c")
+    assert hs.parse_welcome(welcome, b"s", nonce_a, nonce_d) == ("n1", b"c", len(welcome))
+    with pytest.raises(hs.HandshakeError, match="names no cluster"):  # the version before
+        hs.parse_hello(hs.UNNAMED_MAGIC + bytes(200), b"s", nonce_a)
     with pytest.raises(hs.HandshakeError):
         hs.parse_welcome(welcome, b"other", nonce_a, nonce_d)
 
@@ -232,3 +237,43 @@ def test_a_first_frame_that_arrives_with_the_welcome_is_not_taken_for_a_long_han
     finally:
         a.close()
         b.close()
+
+
+def test_a_peer_of_another_cluster_is_refused_and_a_node_without_one_adopts_it() -> None:
+    """Cluster ids (raftkv.transport.handshake): found from outside, a node started on
+    its data directory from before a ``snapshot restore`` (same id, address and secret)
+    was taken back into the restored cluster, served the old data and lost acknowledged
+    writes. Two transports naming different clusters never connect, and each says why;
+    one that names none (a node joining) adopts its peer's, and keeps it (the callback)."""
+    poller, a, b, got = _pair()
+    try:
+        a.cluster_id, b.cluster_id = b"\x01" * 16, b"\x02" * 16
+        rejected = a.stats["rejected"] + b.stats["rejected"]
+        _spin(poller, [a, b], lambda: a.send("b", [0, "x"]) is None and
+              a.stats["rejected"] + b.stats["rejected"] > rejected)
+        _spin(poller, [a, b], lambda: False, seconds=0.3)
+        assert a.connected_peers() == [] and b.connected_peers() == [] and not got
+    finally:
+        a.close()
+        b.close()
+    poller, a, b, got = _pair()
+    kept: list[bytes] = []
+    try:
+        a.cluster_id = b"\x01" * 16
+        b.on_cluster_id = kept.append
+        _spin(poller, [a, b], lambda: a.send("b", [0, "x"]) is None and bool(got))
+        assert got and b.cluster_id == a.cluster_id and kept == [a.cluster_id]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_cluster_check_names_both_clusters() -> None:
+    t = Transport("a", "127.0.0.1:1", b"s", createPoller("auto"), lambda p, items: None)
+    t.cluster_id = b"\x01"
+    t.admit_cluster("b", b"")  # a joiner, or files from before cluster ids: taken
+    t.admit_cluster("b", b"\x01")
+    with pytest.raises(hs.HandshakeError, match="b belongs to another cluster .id 02. "
+                                                "than this node's .01.: a data directory "
+                                                "from before a snapshot restore"):
+        t.admit_cluster("b", b"\x02")

@@ -97,10 +97,12 @@ from raftkv.node.group_storage import (
     persist_together,
 )
 from raftkv.node.runtime import Runtime, ThreadRuntime
+from raftkv.node.stores import keep_cluster_id
 from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.durable_fs import write_durable
 from raftkv.storage.errors import CheckpointDeferred
+from raftkv.storage.layout import read_cluster_id
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import KVStateStore, StateStore, VerifiedImage
 from raftkv.tls import TlsConfig
@@ -213,6 +215,9 @@ class NodeConfig:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     data_dir: str | None = None  # None: addresses learned at runtime are not kept
     faults: bool = False  # enable the transport's test fault switch
+    # The cluster this node names in its handshakes when it has no data directory (one
+    # keeps its own: raftkv.node.stores, "Cluster ids"); b"": adopt the first peer's.
+    cluster_id: bytes = b""
     peer_tls: TlsConfig | None = None  # TLS on the peer port (raftkv.transport.tcp)
     # Let idle groups stop heartbeating and ticking (Config.quiesce); the driver then
     # pings peers and reports their liveness to the cores. RAFTKV_QUIESCE=0 in the
@@ -255,6 +260,8 @@ class Node:
         addresses = dict(self._load_addresses())
         addresses.update(config.peers)
         self.transport = self.runtime.transport(self, addresses)
+        self.transport.cluster_id = config.cluster_id
+        self.transport.on_cluster_id = self._keep_cluster_id
         # Serves admin tools' requests (raftkv.admin); None: they are refused.
         self.admin_handler: AdminHandler | None = None
         # Random start: a restarted node must not reuse request ids a leader may still answer.
@@ -370,6 +377,10 @@ class Node:
             close()
 
     def start(self) -> None:
+        if self.cfg.data_dir is not None:
+            # Read now: the directory is claimed (and a new one given its id) after the
+            # node is built, which binds the raft address first.
+            self.transport.cluster_id = read_cluster_id(self.cfg.data_dir)
         self.transport.start()
         # Dial every member now, not at the first tick: when a whole cluster restarts,
         # the first election waits for the connections (``_on_connected``). The loop
@@ -379,6 +390,13 @@ class Node:
         self.transport.flush()
         self._thread = threading.Thread(target=self._run, name=f"raftkv-{self.id}", daemon=True)
         self._thread.start()
+
+    def _keep_cluster_id(self, cluster_id: bytes) -> None:
+        """The transport adopted the first member's cluster id (a node that joins, or
+        whose files predate cluster ids): keep it with the data."""
+        log.info("node %s: a member of cluster %s", self.id, cluster_id.hex())
+        if self.cfg.data_dir is not None:
+            keep_cluster_id(self.cfg.data_dir, cluster_id)
 
     def stop(self) -> None:
         """Stop the loop, fail what is pending, close the transport and the stores."""

@@ -1,7 +1,30 @@
-"""Opening a group's stores: LMDB files in the data directory (``raftkv.storage.layout``), or memory."""
+"""Opening a group's stores: LMDB files in the data directory (``raftkv.storage.layout``), or memory.
+
+**Cluster ids.** A node names its cluster in every handshake, and refuses a peer of
+another (``raftkv.transport.handshake``). The id lives in the data directory's
+``cluster_id`` file, written once, when the directory is made (``claim_data_dir``):
+
+- a founder's (a node started with the whole founding membership, not joining) is derived
+  from that membership (``founding_cluster_id``), so every founder of a cluster writes the
+  same one without talking to the others (etcd derives its cluster ID from its
+  ``--initial-cluster`` the same way);
+- ``snapshot restore`` gives the cluster it makes a random one (``new_cluster_id``): the
+  restored cluster has the old one's node ids, addresses and secret, and a node started
+  on its files from before the restore was taken back as a member of the new one
+  (found from outside: it answered reads from the old data, and acknowledged writes
+  were lost);
+- a node that joins has none, and adopts the first member's (``Node``, kept in the
+  file); so does a directory made before cluster ids (a cluster of such nodes checks
+  nothing, as before).
+
+Two clusters founded with the same ids and addresses share an id (etcd's
+``--initial-cluster-token`` has the same limit); restoring, or founding with other
+addresses, tells them apart.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 
@@ -11,19 +34,47 @@ from raftkv.storage.dir_lock import lock_data_dir, release_data_dir
 from raftkv.storage.durable_fs import makedirs_durable, write_durable
 from raftkv.storage.errors import StorageError
 from raftkv.storage.identity import new_incarnation
-from raftkv.storage.layout import NODE_ID_FILE, group_paths, holds_node_data, read_node_id
+from raftkv.storage.layout import (
+    CLUSTER_ID_FILE,
+    NODE_ID_FILE,
+    group_paths,
+    holds_node_data,
+    read_cluster_id,
+    read_node_id,
+)
 from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.log_store import MemoryLogStore
 from raftkv.storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateStore, StateStore
 
 
-def claim_data_dir(data_dir: str, node_id: str) -> None:
+def founding_cluster_id(peers: dict[str, str]) -> bytes:
+    """The cluster id every founder of a cluster of ``peers`` (id -> raft address)
+    derives alike (module docstring)."""
+    text = "\n".join(f"{n}={a}" for n, a in sorted(peers.items()))
+    return hashlib.sha256(b"raftkv cluster\0" + text.encode()).digest()[:16]
+
+
+def new_cluster_id() -> bytes:
+    """A random cluster id, for a cluster made from a backup (module docstring)."""
+    return os.urandom(16)
+
+
+def keep_cluster_id(data_dir: str, cluster_id: bytes) -> None:
+    """Write ``cluster_id`` into the directory's ``cluster_id`` file, durably, unless it
+    names one already (an id is written once)."""
+    if cluster_id and not read_cluster_id(data_dir):
+        write_durable(os.path.join(data_dir, CLUSTER_ID_FILE),
+                      (cluster_id.hex() + "\n").encode())
+
+
+def claim_data_dir(data_dir: str, node_id: str, cluster_id: bytes = b"") -> None:
     """Create ``data_dir`` for ``node_id``, or check it already belongs to it: starting
     n2 on n1's files would make one node's votes and log appear under another's name.
     Then hold it for this process until ``release_data_dir`` (``lock_data_dir``): two
     processes on one directory would both append to its log and vote with its identity.
-    A refused claim holds nothing."""
+    A refused claim holds nothing. A directory made now names ``cluster_id`` (module
+    docstring); one made before keeps what it names."""
     makedirs_durable(data_dir)
     lock_data_dir(data_dir)
     try:
@@ -46,6 +97,8 @@ def claim_data_dir(data_dir: str, node_id: str) -> None:
                 f"empty, so whose data it is cannot be told: write the owner's id into "
                 f"{os.path.join(data_dir, NODE_ID_FILE)}, or move the directory away to "
                 "start this node empty")
+        # Its cluster before its name: a directory is made once node_id is written.
+        keep_cluster_id(data_dir, cluster_id)
         # Durably (data, then name): after a power loss an empty or missing node_id would
         # let any node claim this directory, and its votes and log with it (issue 22).
         write_durable(os.path.join(data_dir, NODE_ID_FILE), (node_id + "\n").encode())

@@ -93,7 +93,7 @@ class PeerLink:
             del self._buf[:used]
             nonce_d = hs.new_nonce()
             self._sendall(hs.hello(secret, nonce_a, nonce_d, peer_id, addr))
-            self.node_id, used = self._parse(
+            self.node_id, _, used = self._parse(
                 lambda b: hs.parse_welcome(b, secret, nonce_a, nonce_d),
                 "welcome: a wrong secret (a node closes the connection on one)?")
             del self._buf[:used]

@@ -4,14 +4,22 @@ Both sides prove they hold the cluster secret without sending it, and each binds
 other's fresh nonce so a recorded handshake cannot be replayed::
 
     acceptor -> dialer : MAGIC | nonce_a(32)
-    dialer -> acceptor : MAGIC | nonce_d(32) | mac_d(32) | len | id | len | addr
-                         mac_d = HMAC(secret, "D" | nonce_a | nonce_d | len | id | len | addr)
-    acceptor -> dialer : mac_a(32) | len | id
-                         mac_a = HMAC(secret, "A" | nonce_d | nonce_a | len | id)
+    dialer -> acceptor : MAGIC | nonce_d(32) | mac_d(32) | len | id | len | addr | len | cluster
+                         mac_d = HMAC(secret, "D" | nonce_a | nonce_d | the three fields)
+    acceptor -> dialer : mac_a(32) | len | id | len | cluster
+                         mac_a = HMAC(secret, "A" | nonce_d | nonce_a | the two fields)
 
 Every field has a fixed size or a one-byte length, so the parser needs no decoder at all;
 msgpack sees only bytes from a peer that has proved the secret. The dialer also announces
 its listening address, which is how a node learns where a newly added peer lives.
+
+Each side also names its *cluster* (its id, or nothing: a node that joins has none until
+it first meets a member, and adopts that member's). The transport refuses a peer that
+names another cluster than its own (``Transport.admit_cluster``): the secret alone does
+not tell two clusters apart, and a node started on a data directory from before a
+``snapshot restore`` (the old cluster's, with the same node ids, addresses and secret)
+was otherwise readmitted into the restored one, answered reads from the old data and lost
+acknowledged writes (found from outside). ``raftkv.node.stores`` says where ids come from.
 
 The handshake also keys the frames that follow (``frame_keys``): HKDF-SHA256 (RFC 5869)
 with both nonces as the salt and the secret as the input key, one key per direction.
@@ -28,10 +36,12 @@ import hashlib
 import hmac
 import os
 
-# \x02: frames carry tags (``frames``). A peer still sending \x01 would send untagged
-# frames, so it is refused, by name, rather than trusted.
-MAGIC = b"RKV\x02"
+# \x03: the hello and welcome name a cluster; \x02: frames carry tags (``frames``). A
+# peer still sending \x01 would send untagged frames, and one sending \x02 names no
+# cluster, so each is refused, by name, rather than trusted.
+MAGIC = b"RKV\x03"
 OLD_MAGIC = b"RKV\x01"
+UNNAMED_MAGIC = b"RKV\x02"
 # A TLS record of type handshake (22) with major version 3: a ClientHello.
 TLS_RECORD = b"\x16\x03"
 NONCE = 32
@@ -70,6 +80,9 @@ def _check_magic(buf: bytes | bytearray) -> None:
     if head == OLD_MAGIC:
         raise HandshakeError("the peer runs an older raftkv whose frames are not "
                              "authenticated: upgrade it")
+    if head == UNNAMED_MAGIC:
+        raise HandshakeError("the peer runs an older raftkv that names no cluster in its "
+                             "handshake: upgrade it (every node of a cluster at once)")
     if head.startswith(TLS_RECORD):
         raise HandshakeError("the peer speaks TLS but this node does not: give every node "
                              "the same --peer-cert-file/--peer-key-file settings")
@@ -100,16 +113,18 @@ def parse_challenge(buf: bytes | bytearray) -> tuple[bytes, int] | None:
     return bytes(buf[len(MAGIC):n]), n
 
 
-def hello(secret: bytes, nonce_a: bytes, nonce_d: bytes, node_id: str, addr: str) -> bytes:
+def hello(secret: bytes, nonce_a: bytes, nonce_d: bytes, node_id: str, addr: str,
+          cluster: bytes = b"") -> bytes:
     nid, a = node_id.encode(), addr.encode()
-    fields = _field(nid) + _field(a)
+    fields = _field(nid) + _field(a) + _field(cluster)
     return MAGIC + nonce_d + _mac(secret, b"D", nonce_a, nonce_d, fields) + fields
 
 
 def parse_hello(
     buf: bytes | bytearray, secret: bytes, nonce_a: bytes
-) -> tuple[str, str, bytes, int] | None:
-    """(peer id, peer address, nonce_d, bytes used), None if incomplete, or HandshakeError."""
+) -> tuple[str, str, bytes, bytes, int] | None:
+    """(peer id, peer address, its cluster, nonce_d, bytes used), None if incomplete, or
+    HandshakeError."""
     fixed = len(MAGIC) + NONCE + MAC
     if len(buf) < fixed:
         return None
@@ -124,34 +139,44 @@ def parse_hello(
     if got is None:
         return None
     addr, pos = got
-    # The MAC covers the length-prefixed fields, so the id/address split is bound too.
-    signed = _field(nid) + _field(addr)
+    got = _take_field(buf, pos)
+    if got is None:
+        return None
+    cluster, pos = got
+    # The MAC covers the length-prefixed fields, so the split between them is bound too.
+    signed = _field(nid) + _field(addr) + _field(cluster)
     if not hmac.compare_digest(mac, _mac(secret, b"D", nonce_a, nonce_d, signed)):
         raise HandshakeError("the peer does not know the cluster secret")
     try:
-        return nid.decode(), addr.decode(), nonce_d, pos
+        return nid.decode(), addr.decode(), cluster, nonce_d, pos
     except UnicodeDecodeError:
         raise HandshakeError("peer id or address is not UTF-8") from None
 
 
-def welcome(secret: bytes, nonce_a: bytes, nonce_d: bytes, node_id: str) -> bytes:
-    nid = node_id.encode()
-    return _mac(secret, b"A", nonce_d, nonce_a, _field(nid)) + _field(nid)
+def welcome(secret: bytes, nonce_a: bytes, nonce_d: bytes, node_id: str,
+            cluster: bytes = b"") -> bytes:
+    fields = _field(node_id.encode()) + _field(cluster)
+    return _mac(secret, b"A", nonce_d, nonce_a, fields) + fields
 
 
 def parse_welcome(
     buf: bytes | bytearray, secret: bytes, nonce_a: bytes, nonce_d: bytes
-) -> tuple[str, int] | None:
+) -> tuple[str, bytes, int] | None:
+    """(acceptor id, its cluster, bytes used), None if incomplete, or HandshakeError."""
     if len(buf) < MAC:
         return None
     got = _take_field(buf, MAC)
     if got is None:
         return None
     nid, pos = got
-    if not hmac.compare_digest(bytes(buf[:MAC]),
-                               _mac(secret, b"A", nonce_d, nonce_a, _field(nid))):
+    got = _take_field(buf, pos)
+    if got is None:
+        return None
+    cluster, pos = got
+    if not hmac.compare_digest(bytes(buf[:MAC]), _mac(secret, b"A", nonce_d, nonce_a,
+                                                      _field(nid) + _field(cluster))):
         raise HandshakeError("the acceptor does not know the cluster secret")
     try:
-        return nid.decode(), pos
+        return nid.decode(), cluster, pos
     except UnicodeDecodeError:
         raise HandshakeError("peer id is not UTF-8") from None

@@ -352,30 +352,34 @@ class Connection:
             self.nonce_a, used = got
             del buf[:used]
             self.nonce_d = hs.new_nonce()
-            self._queue(hs.hello(t.secret, self.nonce_a, self.nonce_d, t.node_id, t.listen_addr))
+            self._queue(hs.hello(t.secret, self.nonce_a, self.nonce_d, t.node_id,
+                                 t.listen_addr, t.cluster_id))
             self.state = _State.AWAIT_WELCOME
         if self.state == _State.AWAIT_WELCOME:
             welcome = hs.parse_welcome(buf, t.secret, self.nonce_a, self.nonce_d)
             if welcome is None:
                 return
-            peer, used = welcome
+            peer, cluster, used = welcome
             del buf[:used]
             if peer != self.dialed_to:
                 raise hs.HandshakeError(f"dialed {self.dialed_to} but {peer} answered")
+            t.admit_cluster(peer, cluster)
             self._ready(peer)
         elif self.state == _State.AWAIT_HELLO:
             got_hello = hs.parse_hello(buf, t.secret, self.nonce_a)
             if got_hello is None:
                 return
-            peer, addr, self.nonce_d, used = got_hello
+            peer, addr, cluster, self.nonce_d, used = got_hello
             del buf[:used]
             if not peer:
                 self._admin_ready()
                 return
             if peer == t.node_id:
                 raise hs.HandshakeError("a peer claims this node's own id")
+            t.admit_cluster(peer, cluster)
             self.dialer_id = peer
-            self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id))
+            self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id,
+                                   t.cluster_id))
             t.learn_address(peer, addr)
             self._ready(peer)
 
@@ -386,7 +390,8 @@ class Connection:
             raise hs.HandshakeError("an admin tool connected, but this node serves none")
         if len(t.admins) >= MAX_ADMIN:
             raise hs.HandshakeError(f"more than {MAX_ADMIN} admin connections at once")
-        self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id))
+        self._queue(hs.welcome(t.secret, self.nonce_a, self.nonce_d, t.node_id,
+                               t.cluster_id))
         self.admin = True
         self.state = _State.READY
         self._key_frames()  # a tool's frames are tagged as a peer's are (or go under TLS)
@@ -572,6 +577,10 @@ class Transport:
         self.max_frame = max_frame
         self.max_message = max_message
         self.faults = faults
+        # The cluster this node belongs to (b"": not known yet, adopted from the first
+        # peer that names one), and who keeps it when it is adopted (``admit_cluster``).
+        self.cluster_id = b""
+        self.on_cluster_id: Callable[[bytes], None] | None = None
         self.blocked: frozenset[str] = frozenset()
         self.peers: dict[str, _Peer] = {}
         self.pending: set[Connection] = set()  # accepted, not yet authenticated
@@ -584,6 +593,23 @@ class Transport:
             if peer != node_id:
                 self.peer(peer).addr = addr
         self._server: socket.socket | None = None
+
+    def admit_cluster(self, peer: str, theirs: bytes) -> None:
+        """Check the cluster a peer named in its handshake (``handshake``'s docstring):
+        another cluster's node is refused (``HandshakeError``, logged by name on both
+        sides); a peer that names none is taken (a node that joins, or one whose files
+        predate cluster ids), and a node that has none adopts the peer's."""
+        mine = self.cluster_id
+        if theirs and mine and theirs != mine:
+            raise hs.HandshakeError(
+                f"{peer} belongs to another cluster (id {theirs.hex()}) than this node's "
+                f"({mine.hex()}): a data directory from before a snapshot restore, or "
+                "another cluster's? It is refused; start it on its own cluster's files "
+                "(or empty, with --join)")
+        if theirs and not mine:
+            self.cluster_id = theirs
+            if self.on_cluster_id is not None:
+                self.on_cluster_id(theirs)
 
     def peer(self, peer_id: str) -> _Peer:
         p = self.peers.get(peer_id)
