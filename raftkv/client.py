@@ -248,6 +248,11 @@ class Client:
                 u.port  # noqa: B018 - parsed here so that a bad one names its endpoint
             except ValueError as err:
                 raise ValueError(f"bad endpoint {e!r}: {err}") from None
+            if u.path.strip("/") or u.query or u.fragment:
+                # The API's paths are fixed (/v1/...): one given here was dropped without
+                # a word (found from outside), as if a proxy's prefix had been honoured.
+                raise ValueError(f"bad endpoint {e!r}: an endpoint is scheme://host:port, "
+                                 "without a path")
         # Made once, up front: a missing CA or key file is a clear error now, and every
         # connection shares one context (and its TLS session cache).
         self.tls_files = (cacert, cert, key)  # for clients of other endpoints (discovery)

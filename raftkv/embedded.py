@@ -102,8 +102,10 @@ class EmbeddedNode:
         # The node binds its raft address as it is built: one in use fails here, before
         # the data directory is claimed or anything written (found from outside).
         # A founder's cluster id comes from the founding membership; a joiner adopts the
-        # cluster's (raftkv.node.stores, "Cluster ids").
-        cluster_id = b"" if join else founding_cluster_id(peers)
+        # cluster's (raftkv.node.stores, "Cluster ids"). A node without files has no old
+        # files to be started on by mistake: it names none (PySyncObj programs without a
+        # journal add members started with the grown list of partners).
+        cluster_id = b"" if join or data_dir is None else founding_cluster_id(peers)
         self.node = Node(NodeConfig(
             node_id=node_id, raft_addr=raft_addr,
             secret=secret,

@@ -385,6 +385,7 @@ class LmdbLogStore:
         # cost (payload plus _CACHED_ENTRY_COST each) is _recent_bytes.
         self._recent: list[Entry] = []
         self._recent_bytes = 0
+        self.created = False  # this open made the log (it had no incarnation yet)
         self._env = self.env.env
         self._entries, self._confs, self._meta = self.env.entries, self.env.confs, self.env.meta
         try:
@@ -395,6 +396,7 @@ class LmdbLogStore:
             self.open_report = self._verify_tail(verify_from)
             if self._identity is None:
                 self._create_identity()
+                self.created = True
         except BaseException:
             self.env._closed_store(None)
             raise

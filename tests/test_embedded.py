@@ -124,6 +124,31 @@ def test_a_restarted_node_recovers_from_its_data_dir(tmp_path: Path) -> None:
             kv.close()
 
 
+def test_a_node_whose_log_directory_was_lost_refuses_to_open(tmp_path: Path) -> None:
+    """Found from outside: a single node's log directory deleted (its state store kept,
+    at checkpoint 22). It opened with a new, empty log: the 20 writes after the checkpoint
+    were gone while linearizable reads answered, and new writes took indexes the store
+    counted as applied, so they were skipped (each ended "outcome unknown"). The open
+    is refused, saying what was lost and what to do; the files are left as they were."""
+    import shutil
+
+    (port,) = free_ports(1)
+    ps = {"n1": f"127.0.0.1:{port}"}
+    d = tmp_path / "n1"
+    kv = RaftKV("n1", ps["n1"], ps, SECRET, data_dir=str(d))
+    for i in range(20):
+        kv.put(f"k{i}", "v")
+    kv.close()  # checkpoints what it applied
+    shutil.rmtree(d / "groups" / "default" / "log")
+    with pytest.raises(StorageError, match="the state store is at index 2[0-9], but the "
+                                           "Raft log .* is new .empty.: the log's files "
+                                           "were lost"):
+        RaftKV("n1", ps["n1"], ps, SECRET, data_dir=str(d))
+    # Refused without a trace: the directory can be claimed again (moved away, say).
+    with pytest.raises(StorageError, match="is new"):
+        RaftKV("n1", ps["n1"], ps, SECRET, data_dir=str(d))
+
+
 def test_every_replica_checkpoints_what_it_applied_once_the_policy_is_due(
     tmp_path: Path,
 ) -> None:

@@ -138,10 +138,28 @@ def open_group_storage(
         log: LmdbLogStore = shared_log.store(group)
     else:
         log = LmdbLogStore(log_path, durable=durable)
+    own_state = state is None
     if state is None:
         try:
             state = LmdbStateStore(state_path, checkpoint_seconds=checkpoint_seconds)
         except StorageError:
             log.close()
             raise
+    if shared_log is None and log.created and state.checkpoint_index() > log.last_index():
+        # A state store applies only what its log holds durably, so a log made now with
+        # the store beyond it lost its files (its directory deleted, say). Opened, the
+        # node took new entries at indexes the store counts as applied and skipped them:
+        # acknowledged writes dropped without a word (found from outside). (A partition's
+        # log is in the shared environment; the placement layer handles its loss.)
+        checkpoint = state.checkpoint_index()
+        log.close()
+        shutil.rmtree(log_path)  # made by this open, empty: refused again next time
+        if own_state:
+            state.close()
+        raise StorageError(
+            f"{state_path}: the state store is at index {checkpoint}, but the Raft log "
+            f"at {log_path} is new (empty): the log's files were lost, and new entries "
+            "would be skipped as applied. If the cluster has other members, move this "
+            "node's data directory away and start it empty, to be readmitted and catch "
+            "up (docs/wiped-nodes.md); alone, the log's entries are gone")
     return GroupStorage(log, state, compaction)

@@ -357,7 +357,10 @@ class Api:
 
     async def partition(self, request: web.Request) -> web.Response:
         body = await json_body(request)
-        block = body.get("block", [])
+        check_fields(body, ("block",), "a partition request")
+        if "block" not in body:  # an empty body cleared the partition without a word
+            raise CommandError('give "block": a list of node ids ([] heals)')
+        block = body["block"]
         if not isinstance(block, list) or not all(isinstance(b, str) for b in block):
             raise CommandError('"block" must be a list of node ids')
         transport = self.kv.node.transport

@@ -410,8 +410,13 @@ def json_object(raw: bytes) -> dict[str, Any]:
     """``raw`` as a JSON object; ``CommandError`` (400) for anything else."""
     try:
         body = json.loads(raw, object_pairs_hook=_no_repeats)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise CommandError("the body must be a JSON object") from None
+    except json.JSONDecodeError as e:
+        raise CommandError(f"the body is not JSON ({e.msg} at line {e.lineno} column "
+                           f"{e.colno}); it must be a JSON object") from None
+    except UnicodeDecodeError:
+        raise CommandError("the body is not UTF-8 text; it must be a JSON object") from None
+    except RecursionError:
+        raise CommandError("the body nests too deeply; it must be a JSON object") from None
     if not isinstance(body, dict):
         raise CommandError("the body must be a JSON object")
     return body

@@ -86,6 +86,10 @@ def parse_txn(body: dict[str, Any]) -> Txn:
             raise CommandError(f"{what}: op must be one of {', '.join(_OPS)}")
         if target is Target.VALUE:
             operand: object = _bytes(c, "operand", what)
+        elif "operand_b64" in c:
+            # Only a value is bytes (found from outside: it was accepted and ignored).
+            raise CommandError(f"{what}: 'operand_b64' is for a value compare; a "
+                               f"{c.get('target')} compare takes 'operand'")
         else:
             operand = c.get("operand")
         compares.append([_bytes(c, "key", what), int(target), int(op), operand])
