@@ -15,6 +15,7 @@ Tables here have one partition, so every key lives in group ``t.<table>.0``."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -35,7 +36,7 @@ from raftkv.placement.assignments import (
     encode_nodes,
     partition_keys,
 )
-from raftkv.placement.catalog import holds_key, holds_prefix, partition_group
+from raftkv.placement.catalog import holds_key, holds_prefix, incarnation_key, partition_group
 from raftkv.placement.meta_commands import InvokeResult, Op, OpKind
 from raftkv.placement.rebalance import PlacementManager
 from raftkv.placement.rebalance_steps import switch_keys
@@ -549,3 +550,135 @@ def test_a_joiners_history_is_rechecked_if_a_holder_moved_before_its_key_was_wri
     epoch = moved[0].partition(b"/")[2]
     assert epoch and n4[-1][1] and n4[-1][0].partition(b"/")[2] == epoch, (n4, moved)
     assert c.get(T, b"k") == b"v"
+
+
+def _hold_holds_writes(monkeypatch: pytest.MonkeyPatch, holds: dict[str, Any],
+                       log: list[tuple[str, str, bytes, object]]) -> None:
+    """Hold a node's holds-key writes while ``holds[node](value)`` says so (10 s at
+    most): each is logged as ("held", node, value, None) when held and ("sent", node,
+    value, succeeded) once answered."""
+    real = MetaService.invoke
+
+    def invoke(self: MetaService, conditions: Any, success: Any, failure: Any = ()) -> Any:
+        conditions, success = list(conditions), list(success)
+        nid = self.node.id
+        ours = [op for op in success
+                if op.kind is OpKind.PUT and op.key == holds_key(T, 0, nid)]
+        hold = holds.get(nid)
+        if not ours or hold is None or not hold(ours[0].value or b""):
+            return real(self, conditions, success, failure)
+        value = ours[0].value or b""
+        log.append(("held", nid, value, None))
+        out: Future[Any] = Future()
+
+        def later() -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and hold(value):
+                time.sleep(0.02)
+            g = real(self, conditions, success, failure)
+
+            def fin(g: Future[Any]) -> None:
+                exc = g.exception()
+                log.append(("sent", nid, value, exc if exc is not None
+                            else g.result().succeeded))
+                if exc is not None:
+                    out.set_exception(exc)
+                else:
+                    out.set_result(g.result())
+
+            g.add_done_callback(fin)
+
+        threading.Thread(target=later, daemon=True).start()
+        return out
+
+    monkeypatch.setattr(MetaService, "invoke", invoke)
+
+
+def _holds_keys(c: Cluster) -> dict[str, bytes]:
+    prefix = holds_prefix(T, 0)
+    got = c.metas[c.live[0]].range(prefix).result(5).items
+    return {bytes(k[len(prefix):]).decode(): bytes(v.value) for k, v in got}
+
+
+def test_a_founders_first_start_that_races_a_full_restart_names_its_history(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: n3, a founder down when the table was created, never started the
+    partition; n1 and n2, which held it, restart whole. n3's first-start write (no epoch)
+    was guarded only by the table's existence, so written after the full restart it
+    named no history while n3 took part in the new one, and restarted without its state
+    later it could found that history again (two votes in one term). Every holds-key
+    write is now guarded by the partition's epoch key: n3's is refused (a full restart
+    began another history after its read) and n3 joins that history by its rules."""
+    c = cluster
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(META)
+    c.kill("n3")
+    mgr.create_table(T, 1, 3, "memory")
+    wait_for(lambda: all(c.info(n, GID) is not None for n in ("n1", "n2")), 10, "n1, n2")
+    c.kill("n1")
+    c.kill("n2")
+    log: list[tuple[str, str, bytes, object]] = []
+
+    def no_epoch_yet(value: bytes) -> bool:
+        try:
+            return b"/" not in value and not any(b"/" in v for v in _holds_keys(c).values())
+        except Exception:  # noqa: BLE001 - no metastore leader yet: keep holding
+            return True
+
+    def n3_not_held(value: bytes) -> bool:
+        return b"/" in value and not any(e[:2] == ("held", "n3") for e in log)
+
+    # n3's epoch-less write waits until a full restart's key is in; the full restart's
+    # writes wait until n3's is on its way (read, not yet sent).
+    _hold_holds_writes(monkeypatch, {"n3": no_epoch_yet, "n1": n3_not_held,
+                                     "n2": n3_not_held}, log)
+    for n in META:
+        c.start(n)
+    wait_for(lambda: all(c.info(n, GID) is not None for n in META), 30, "every node hosts")
+    n3 = [ok for kind, n, v, ok in log if kind == "sent" and n == "n3" and b"/" not in v]
+    assert n3 and n3[0] is False, log  # the epoch-less first start was refused
+    keys = _holds_keys(c)
+    epochs = {n: v.partition(b"/")[2] for n, v in keys.items()}
+    assert len(set(epochs.values())) == 1 and b"" not in epochs.values(), keys
+    assert c.mgrs["n3"].status()["metrics"].get("full_restarts", 0) == 0
+
+
+def test_a_joiner_without_state_waits_for_a_holder_and_never_blocks_a_full_restart(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: pending names n4, which never hosted the partition, and the whole
+    in-memory cluster restarts. n4 (no state, no holder to catch up from) wrote its holds
+    key first: it then read as a holder of the history before any full restart, so no
+    founder could begin one, and the partition waited for good. Such a joiner now waits
+    for a holder: the founders' full restart goes first, and n4 joins its history."""
+    c = cluster
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(META)
+    mgr.create_table(T, 1, 3, "memory")
+    wait_for(lambda: all(c.info(n, GID) is not None for n in META), 10, "the group")
+    c.start("n4")
+    wait_for(lambda: c.metas["n1"].get(incarnation_key("n4")).result(5) is not None, 10,
+             "n4's incarnation")
+    c.kill("n4")
+    mgr.set_replicas(T, 4)
+    mgr.set_nodes(ALL)
+    wait_for(lambda: "n4" in c.assignments(T, 0)[1], 10, "pending to name n4")
+    for n in META:
+        c.kill(n)
+    log: list[tuple[str, str, bytes, object]] = []
+
+    def n4_not_written(value: bytes) -> bool:  # the founders go after n4 would have
+        try:
+            return b"/" in value and "n4" not in _holds_keys(c) and not any(
+                e[1] == "n4" for e in log) and time.monotonic() < hold_until
+        except Exception:  # noqa: BLE001 - no metastore leader yet: keep holding
+            return True
+
+    hold_until = time.monotonic() + 5
+    _hold_holds_writes(monkeypatch, dict.fromkeys(META, n4_not_written), log)
+    for n in ALL:
+        c.start(n)
+    _wait_settled(c, ALL, timeout=40)
+    keys = _holds_keys(c)
+    epochs = {n: v.partition(b"/")[2] for n, v in keys.items()}
+    assert set(keys) == set(ALL) and len(set(epochs.values())) == 1, keys
+    assert b"" not in epochs.values(), keys

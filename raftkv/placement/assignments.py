@@ -83,6 +83,11 @@ class PartitionKeys(NamedTuple):
     # written by its onRebalanceDone once the leader saw it commit (encode_applied); a
     # holder that missed the commit learns it here (SafeRestart._maybe_survive).
     applied: bytes
+    # Ours: the epoch of the partition's current history, the incarnation of the first
+    # founder of its latest full-partition restart (absent before any). Written by that
+    # restart's invoke; every holds-key write is guarded by its revision, so none can
+    # name the history before a restart that committed after it was read (SafeRestart).
+    epoch: bytes
 
 
 def partition_keys(table: str, partition: int) -> PartitionKeys:
@@ -91,6 +96,7 @@ def partition_keys(table: str, partition: int) -> PartitionKeys:
         base + b".assignments.stable", base + b".assignments.pending",
         base + b".assignments.planned", base + b".change.trigger.revision",
         base + b".assignments.removing", base + b".assignments.applied",
+        base + b".assignments.epoch",
     )
 
 

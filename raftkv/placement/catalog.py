@@ -46,7 +46,8 @@ _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NODE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _PARTITION_KEY = re.compile(
     rb"(?P<table>[A-Za-z0-9_-]{1,64})\.(?P<p>[0-9]{1,9})\."
-    rb"(?P<field>assignments\.stable|assignments\.pending|assignments\.planned|assignments\.removing|assignments\.applied"
+    rb"(?P<field>assignments\.stable|assignments\.pending|assignments\.planned"
+    rb"|assignments\.removing|assignments\.applied|assignments\.epoch"
     rb"|assignments\.switch\.reduce|assignments\.switch\.append|change\.trigger\.revision)"
 )
 # The field names of PartitionKeys, by key suffix.
@@ -54,6 +55,7 @@ FIELDS = {
     b"assignments.stable": "stable", b"assignments.pending": "pending",
     b"assignments.planned": "planned", b"change.trigger.revision": "trigger",
     b"assignments.removing": "removing", b"assignments.applied": "applied",
+    b"assignments.epoch": "epoch",
     b"assignments.switch.reduce": "switch_reduce", b"assignments.switch.append": "switch_append",
 }
 INCARNATION_PREFIX = b"placement.incarnation."

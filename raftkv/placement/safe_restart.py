@@ -48,7 +48,12 @@ revision of every known node's holds key (no node can start holding the state in
 between). Such a holds key is ``<incarnation>/<epoch>``: the fresh history's id (the
 first restarter's incarnation). A node that joins the partition later (a learner the
 leader adds) writes the epoch of the history it joins in its key too
-(``_history_epoch``), since it acknowledges and votes in that history. While fewer than a majority hold the state and every
+(``_history_epoch``), since it acknowledges and votes in that history. The partition's
+*epoch key* (``<table>.<p>.assignments.epoch``) names the current history's epoch; only a
+full restart that begins a history writes it, and every holds-key write is guarded by its
+revision as read, so no key names the history before a full restart that committed after
+the read (found in review: a joiner's, and a founder's first start, could). A joiner
+without state that finds no holder waits for one instead of writing. While fewer than a majority hold the state and every
 holder is of one epoch E, another restarted member joins E as a late founder, unless its
 own (void) holds key is of E: it voted in E already, and lost that vote.
 
@@ -195,10 +200,6 @@ from raftkv.storage.layout import group_paths
 from raftkv.transport import codec
 
 log = logging.getLogger(__name__)
-
-# A holder of a partition: its holds key and its node's incarnation key, each with the
-# value the cache has (``SafeRestart._holders``).
-Holder = tuple[tuple[bytes, VersionedValue], tuple[bytes, VersionedValue]]
 
 
 class SafeRestart(ManagerBase):
@@ -374,6 +375,8 @@ class SafeRestart(ManagerBase):
         h = self._kv.get(holds_key(part.table, part.index, self.id))
         if h is not None and h.value and h.value.split(b"/")[0] != self.incarnation:
             return False  # (a key of this incarnation is this start's own)
+        if self._kv.get(part.keys.epoch) is not None:
+            return False  # a full restart began another history
         prefix = holds_prefix(part.table, part.index)
         return not any(b"/" in v.value for v in self._kv.holds_of(prefix).values())
 
@@ -590,18 +593,26 @@ class SafeRestart(ManagerBase):
                 part.start_inflight = False
                 self._kick(part.group)
                 return
-            nodes = [k[len(INCARNATION_PREFIX):].decode() for k in kv
-                     if k.startswith(INCARNATION_PREFIX)]
+            # Every node's holds key as read, and those of the members named by stable and
+            # pending even if their incarnation key came after the read (a joiner that
+            # registered since: found in review), and the epoch key.
+            nodes = {k[len(INCARNATION_PREFIX):].decode() for k in kv
+                     if k.startswith(INCARNATION_PREFIX)}
+            nodes |= set(self._nodes(part.keys.stable) + self._nodes(part.keys.pending))
+            ev = self._kv.get(part.keys.epoch)
             conds = [Cond.revision(part.keys.stable).eq(st.mod_revision),
                      Cond.value(incarnation_key(self.id)).eq(self.incarnation),
-                     Cond.exists(table_key(part.table))]
-            for n in nodes:
+                     Cond.exists(table_key(part.table)),
+                     Cond.revision(part.keys.epoch).eq(ev.mod_revision if ev else 0)]
+            for n in sorted(nodes):
                 hk = holds_key(part.table, part.index, n)
                 conds.append(Cond.revision(hk).eq(kv[hk].mod_revision if hk in kv else 0))
             voters = decode_nodes(st.value)
             # The old history's last commit record must not name an entry of the new one.
             ops = [Op.put(holds_key(part.table, part.index, self.id),
                           self.incarnation + b"/" + epoch), Op.remove(part.keys.applied)]
+            if epoch == self.incarnation:  # a new history (not a late founder's of one)
+                ops.append(Op.put(part.keys.epoch, epoch))
             self._on_loop(self.meta.invoke(conds, ops), lambda r: written(r, voters))
 
         def written(f: Future[Any], voters: list[str]) -> None:
@@ -659,8 +670,8 @@ class SafeRestart(ManagerBase):
                 self._failed(part, "start", exc)
                 return
             if isinstance(f.result(), InvokeResult) and not f.result().succeeded:
-                # The table is gone (the drop's event is on its way), or a holder moved
-                # since the epoch was read: look again in a while.
+                # The table is gone (the drop's event is on its way), or a full restart
+                # began another history since the epoch was read: look again in a while.
                 self._wait(part)
                 return
             stable, pending = self._nodes(part.keys.stable), self._nodes(part.keys.pending)
@@ -688,51 +699,55 @@ class SafeRestart(ManagerBase):
         # (found from outside: an in-memory table restarted whole, a node added, two
         # members restarted).
         #
-        # Guarded by the holders' keys as read (each holder's holds key and incarnation
-        # key): a full restart begins only once nobody holds the state, so one committed
-        # between this read and the write moved one of them, and the key must not name
-        # the history before it (found in review). Not by the other nodes' holds keys:
-        # guarded by those, the founders' and restarted members' concurrent writes (at a
-        # table's creation, at a whole restart) failed one another, and each waited an
-        # election timeout. The exception is a joiner without state that finds no holder
-        # (rare: nobody holds what it would catch up from): a full restart may be under
-        # way, and only its founders' keys show it, so every key of the partition guards.
-        holders = self._holders(part)
-        epoch = self._history_epoch(part, holders)
+        # Guarded by the revision of the partition's epoch key as read (``PartitionKeys.
+        # epoch``), which only a full restart writes: one committed between this read and
+        # the write begins another history, and the key must not name the one before it
+        # (found in review, for a joiner and for a founder's first start alike). Not by
+        # the other nodes' holds keys: guarded by those, the founders' and restarted
+        # members' concurrent writes (at a table's creation, at a whole restart) failed
+        # one another, and each waited an election timeout.
+        epoch_v = self._kv.get(part.keys.epoch)
+        if (voters is None and part.preexisting and self.id not in self._nodes(
+                part.keys.stable) and not self._has_holder(part)
+                and (self._in_memory(desc) or not self._has_log(part))):
+            # A joiner without state (named by pending only, the table older than this
+            # start), and nobody holds what it would catch up from: it waits for a holder
+            # (a full restart's founders, members of stable). Written now, its key made it
+            # a holder of the history before any restart, and no founder could begin one:
+            # the partition waited for good (found in review). (A founder that has not
+            # started yet is in stable, or the table is new to this start.)
+            part.start_inflight = False
+            self._wait(part)
+            return
+        epoch = self._history_epoch(part)
         value = self.incarnation + b"/" + epoch if epoch else self.incarnation
-        guards: list[tuple[bytes, VersionedValue | None]] = [
-            pair for h in holders for pair in h]
-        if not holders and voters is None and (self._in_memory(desc)
-                                               or not self._has_log(part)):
-            held = self._kv.holds_of(holds_prefix(part.table, part.index))
-            members = self._nodes(part.keys.stable) + self._nodes(part.keys.pending)
-            guards = [(k, held.get(k)) for k in sorted(
-                set(held) | {holds_key(part.table, part.index, n) for n in members})]
-        conds = [Cond.exists(table_key(part.table))] + [
-            Cond.revision(k).eq(v.mod_revision if v is not None else 0) for k, v in guards]
+        conds = [Cond.exists(table_key(part.table)),
+                 Cond.revision(part.keys.epoch).eq(epoch_v.mod_revision if epoch_v else 0)]
         self._on_loop(self.meta.invoke(conds, [Op.put(key, value)]), done)
 
-    def _holders(self, part: PartitionState) -> list[Holder]:
-        """The partition's holders as the cache has them: for each holds key that names
-        its node's current incarnation, that key and the node's incarnation key, with
-        their values."""
+    def _has_holder(self, part: PartitionState) -> bool:
+        """Whether some node holds the partition's state, as the cache has it: a holds key
+        that names its node's current incarnation."""
         prefix = holds_prefix(part.table, part.index)
-        out: list[Holder] = []
         for k, v in self._kv.holds_of(prefix).items():
-            inc_key = INCARNATION_PREFIX + k[len(prefix):]
-            inc = self._kv.get(inc_key)
+            inc = self._kv.get(INCARNATION_PREFIX + k[len(prefix):])
             if inc is not None and v.value.partition(b"/")[0] == inc.value:
-                out.append(((k, v), (inc_key, inc)))
-        return out
+                return True
+        return False
 
-    def _history_epoch(self, part: PartitionState,
-                       holders: list[Holder] | None = None) -> bytes:
+    def _history_epoch(self, part: PartitionState) -> bytes:
         """The epoch of the partition's current history (b"" for the history before any
-        full restart): the one its holders' keys carry. Every holder is of one history,
-        since a full restart begins only when nobody holds the state."""
-        for (_, v), _ in self._holders(part) if holders is None else holders:
-            epoch = v.value.partition(b"/")[2]
-            if epoch:
+        full restart): its epoch key's, or (a full restart recorded before epoch keys)
+        the one its holders' keys carry. Every holder is of one history, since a full
+        restart begins only when nobody holds the state."""
+        got = self._kv.get(part.keys.epoch)
+        if got is not None:
+            return got.value
+        prefix = holds_prefix(part.table, part.index)
+        for k, v in self._kv.holds_of(prefix).items():
+            inc = self._kv.get(INCARNATION_PREFIX + k[len(prefix):])
+            inc_id, _, epoch = v.value.partition(b"/")
+            if epoch and inc is not None and inc.value == inc_id:
                 return epoch
         return b""
 
