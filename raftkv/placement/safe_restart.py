@@ -729,11 +729,8 @@ class SafeRestart(ManagerBase):
         """Whether some node holds the partition's state, as the cache has it: a holds key
         that names its node's current incarnation."""
         prefix = holds_prefix(part.table, part.index)
-        for k, v in self._kv.holds_of(prefix).items():
-            inc = self._kv.get(INCARNATION_PREFIX + k[len(prefix):])
-            if inc is not None and v.value.partition(b"/")[0] == inc.value:
-                return True
-        return False
+        return any(self._holds(part, k[len(prefix):].decode(errors="replace"))
+                   for k in self._kv.holds_of(prefix))
 
     def _history_epoch(self, part: PartitionState) -> bytes:
         """The epoch of the partition's current history (b"" for the history before any
