@@ -98,10 +98,10 @@ class OnPathAttacker:
             return out
 
         try:
-            # The hello: magic, nonce and MAC, then the id and the address, each
-            # after a one-byte length.
+            # The hello: magic, nonce and MAC, then the id, the address and the
+            # cluster, each after a one-byte length.
             hello = take(len(hs.MAGIC) + hs.NONCE + hs.MAC)
-            for _ in range(2):
+            for _ in range(3):
                 n = take(1)
                 hello += n + take(n[0])
             dst.sendall(hello)
