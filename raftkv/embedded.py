@@ -79,6 +79,7 @@ class EmbeddedNode:
         state: StateStore | None = None,
         peer_tls: TlsConfig | None = None,
         admin: Callable[[EmbeddedNode], AdminHandler] = NodeAdmin,
+        cluster_token: str = "",
     ) -> None:
         """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
         group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
@@ -90,7 +91,9 @@ class EmbeddedNode:
         its key, the CA that signs every peer's, and whether to require one from peers
         that dial in); without it frames are authenticated but not encrypted
         (docs/security.md). ``admin(self)`` answers ``raftkv admin`` on the raft port
-        (default: ``raftkv.admin.NodeAdmin``)."""
+        (default: ``raftkv.admin.NodeAdmin``). ``cluster_token`` goes into the cluster id
+        a founder derives (``raftkv.node.stores``, "Cluster ids"): give a new one when a
+        cluster is founded again on the ids and addresses of an earlier one."""
         secret = secret_bytes(secret)
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
@@ -105,7 +108,8 @@ class EmbeddedNode:
         # cluster's (raftkv.node.stores, "Cluster ids"). A node without files has no old
         # files to be started on by mistake: it names none (PySyncObj programs without a
         # journal add members started with the grown list of partners).
-        cluster_id = b"" if join or data_dir is None else founding_cluster_id(peers)
+        cluster_id = (b"" if join or data_dir is None
+                      else founding_cluster_id(peers, cluster_token))
         self.node = Node(NodeConfig(
             node_id=node_id, raft_addr=raft_addr,
             secret=secret,
@@ -346,7 +350,7 @@ class ReplicatedNode(EmbeddedNode):
             # process on a running node's directory must not touch them. The base class
             # claims it again, which in one process is a no-op.
             claim_data_dir(data_dir, node_id, b"" if kwargs.get("join") else
-                           founding_cluster_id(peers))
+                           founding_cluster_id(peers, kwargs.get("cluster_token", "")))
         try:
             store = UserStateStore(obj, path, volatile=path is None)
             super().__init__(node_id, raft_addr, peers, secret, state=store, **kwargs)

@@ -682,3 +682,30 @@ def test_a_joiner_without_state_waits_for_a_holder_and_never_blocks_a_full_resta
     epochs = {n: v.partition(b"/")[2] for n, v in keys.items()}
     assert set(keys) == set(ALL) and len(set(epochs.values())) == 1, keys
     assert b"" not in epochs.values(), keys
+
+
+def test_a_replica_whose_partition_log_was_lost_restarts_empty_and_takes_writes(
+        cluster: Cluster) -> None:
+    """Found from outside: a node's partition logs deleted (the shared environment), the
+    partitions' state stores kept, a table of one replica. The placement layer found no
+    log, took the replica for one without state and restarted the partition empty (a
+    full restart, as IGNITE-16668 has it), but its state store still held the old
+    history: the "empty" partition served the old rows, and the new history's entries,
+    at indexes the store counted as applied, were skipped (every write failed with an
+    unknown outcome). A state store whose partition log is gone is discarded with it."""
+    c = cluster
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(META)
+    mgr.create_table(T, 1, 1, "persistent")
+    wait_for(lambda: any(c.info(n, GID) is not None for n in META), 10, "the group")
+    host = next(n for n in META if c.info(n, GID) is not None)
+    _put(c, {f"k{i}".encode(): b"old" for i in range(20)})
+    c.kill(host)
+    shutil.rmtree(partition_logs_path(str(c.root / host)))
+    c.start(host)
+    wait_for(lambda: c.info(host, GID) is not None and c.info(host, GID)["role"]
+             == Role.LEADER, 20, "the partition to restart")
+    assert c.mgrs[host].status()["metrics"].get("full_restarts", 0) == 1
+    assert c.get(T, b"k3") is None  # restarted empty, as it says
+    _put(c, {b"new": b"v"})
+    assert c.get(T, b"new") == b"v"

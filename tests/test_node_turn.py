@@ -577,14 +577,17 @@ def test_a_node_whose_loop_failed_says_why_to_every_later_call(
     n.failure = None  # the fixture stops it as usual
 
 
+@pytest.mark.parametrize("moved", [False, True])
 def test_a_removed_node_that_forwards_a_write_is_refused_and_told(
-        nodes: dict[str, Node]) -> None:
+        nodes: dict[str, Node], moved: bool) -> None:
     """Found from outside: a node removed while idle that missed its removal notice
     (a drained node's metastore learner: a learner never campaigns, so nothing else tells
     it) still forwarded writes to its old leader: table administration through it waited
-    5 s and answered 504. The leader refuses a write forwarded by a node outside its
+    5 s and answered 504. A member refuses a write forwarded by a node outside its
     latest and applied configurations with ``NotAMember`` and sends it the notice, so
-    what it is asked next fails at once too."""
+    what it is asked next fails at once too. ``moved``: the leadership moved since the
+    removal, so the node asks a member that no longer leads (it was sent NotLeader and
+    retried until its deadline)."""
     lead = _leader(nodes, list(nodes))
     fid = next(n for n in nodes if n != lead)
     node = nodes[fid]
@@ -600,6 +603,10 @@ def test_a_removed_node_that_forwards_a_write_is_refused_and_told(
 
     node.call(lambda: setattr(node, "_step", deaf)).result(5)
     nodes[lead].change_membership(GID, ConfChange(ConfChangeOp.REMOVE, fid)).result(5)
+    if moved:
+        other = next(n for n in nodes if n not in (lead, fid))
+        nodes[lead].transfer_leadership(GID, other).result(5)
+        assert _leader(nodes, [lead, other]) == other
     g = node.groups[GID]
     dropping.clear()
     assert g.leader == lead and g.raft.removed is None  # it knows nothing yet

@@ -13,6 +13,7 @@ from pysyncobj.poller import createPoller
 from raftkv.storage.records import ConfState, Entry, Snapshot, SnapshotMeta
 
 from raftkv.core import Message, MessageType
+from raftkv.node.stores import founding_cluster_id
 from raftkv.transport import codec
 from raftkv.transport import handshake as hs
 from raftkv.transport.frames import HEADER, FrameDecoder, FrameError, encode_frame
@@ -277,3 +278,15 @@ def test_the_cluster_check_names_both_clusters() -> None:
                                                 "than this node's .01.: a data directory "
                                                 "from before a snapshot restore"):
         t.admit_cluster("b", b"\x02")
+
+
+def test_founders_derive_one_cluster_id_and_a_token_makes_another() -> None:
+    """Every founder derives the same id from the founding membership, whatever order it
+    lists it in; a new --cluster-token (etcd's --initial-cluster-token) tells a cluster
+    founded again on the same ids and addresses from the earlier one (found from
+    outside: a missed old data directory was taken for a member)."""
+    a = {"n1": "h:1", "n2": "h:2", "n3": "h:3"}
+    b = dict(reversed(list(a.items())))
+    assert founding_cluster_id(a) == founding_cluster_id(b)
+    assert founding_cluster_id(a, "second") != founding_cluster_id(a)
+    assert founding_cluster_id({**a, "n3": "h:4"}) != founding_cluster_id(a)

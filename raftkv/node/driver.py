@@ -1286,14 +1286,17 @@ class Node:
         fut.add_done_callback(reply)
         if g is None:
             _fail(fut, UnknownGroup(f"{self.id} does not host group {group!r}"))
-        elif g.raft.role != Role.LEADER:
-            _fail(fut, NotLeader(self.id, g.leader))  # one hop only: no forwarding loops
         elif g.raft.tell_if_removed(peer):
             # A node outside every configuration we know forwards a write: it missed its
             # removal (a learner removed while idle hears nothing else; its writes waited
-            # out their timeout). The write is refused, and the notice makes it stop.
+            # out their timeout). The write is refused, and the notice makes it stop. By
+            # any member it asks, not only the leader: one that still takes the member it
+            # asks for the leader, since replaced, was sent NotLeader and retried until
+            # its deadline (found from outside).
             self._dirty.add(g.id)
             _fail(fut, NotAMember(peer, self.id, g.raft.log.applied))
+        elif g.raft.role != Role.LEADER:
+            _fail(fut, NotLeader(self.id, g.leader))  # one hop only: no forwarding loops
         else:
             self._queue(g, data, fut)
 

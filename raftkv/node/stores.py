@@ -17,14 +17,17 @@ another (``raftkv.transport.handshake``). The id lives in the data directory's
   file); so does a directory made before cluster ids (a cluster of such nodes checks
   nothing, as before).
 
-Two clusters founded with the same ids and addresses share an id (etcd's
-``--initial-cluster-token`` has the same limit); restoring, or founding with other
-addresses, tells them apart.
+Two clusters founded with the same ids, addresses and ``--cluster-token`` (default
+empty) share an id, as two etcd clusters with the same ``--initial-cluster`` and
+``--initial-cluster-token`` do: a node of the first, started on its files after the
+second was founded, is taken for a member (found from outside, on a cluster founded
+again while one old disk was missed). Found a cluster again with a new token.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 
@@ -47,11 +50,13 @@ from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.log_store import MemoryLogStore
 from raftkv.storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateStore, StateStore
 
+_log = logging.getLogger(__name__)
 
-def founding_cluster_id(peers: dict[str, str]) -> bytes:
-    """The cluster id every founder of a cluster of ``peers`` (id -> raft address)
-    derives alike (module docstring)."""
-    text = "\n".join(f"{n}={a}" for n, a in sorted(peers.items()))
+
+def founding_cluster_id(peers: dict[str, str], token: str = "") -> bytes:
+    """The cluster id every founder of a cluster of ``peers`` (id -> raft address) and
+    ``token`` (``--cluster-token``) derives alike (module docstring)."""
+    text = "\n".join([token] + [f"{n}={a}" for n, a in sorted(peers.items())])
     return hashlib.sha256(b"raftkv cluster\0" + text.encode()).digest()[:16]
 
 
@@ -145,6 +150,21 @@ def open_group_storage(
         except StorageError:
             log.close()
             raise
+    if (shared_log is not None and own_state and log.created
+            and state.checkpoint_index() > log.last_index()):
+        # A partition's log lost (the shared environment deleted) with its state store
+        # kept: the placement layer finds no log and takes the replica for one without
+        # state (IGNITE-16668's self-check: re-added empty, or a full restart), so its
+        # state store, of the history the lost log held, goes too. Kept, it served the
+        # old rows as the "restarted empty" partition's, and skipped the new history's
+        # entries at indexes it counted as applied: every write failed (found from outside).
+        _log.warning("%s: the state store is at index %d but the partition's log is new: "
+                     "its log was lost, so its state is discarded with it (the placement "
+                     "layer re-adds the replica empty, or restarts the partition)",
+                     state_path, state.checkpoint_index())
+        state.close()
+        shutil.rmtree(state_path)
+        state = LmdbStateStore(state_path, checkpoint_seconds=checkpoint_seconds)
     if shared_log is None and log.created and state.checkpoint_index() > log.last_index():
         # A state store applies only what its log holds durably, so a log made now with
         # the store beyond it lost its files (its directory deleted, say). Opened, the

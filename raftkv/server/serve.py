@@ -192,6 +192,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"{flag}client-cert-auth", action="store_true",
                        help=f"{who} TLS: require a certificate from "
                             f"{'peers' if peer else 'clients'} (mutual TLS)")
+    p.add_argument("--cluster-token", default="",
+                   help="founding only: goes into the cluster id the founders derive "
+                        "from --peers (as etcd's --initial-cluster-token); give a new one "
+                        "to found a cluster again on an earlier one's ids and addresses")
     p.add_argument("--enable-test-faults", action="store_true",
                    help="expose POST /v1/test/partition (tests only)")
     p.add_argument("--log-level", default="INFO",
@@ -377,6 +381,7 @@ class NodeOpening:
                 faults=args.enable_test_faults, peer_tls=self._peer_tls,
                 compaction=CompactionPolicy(max_entries=args.compact_entries,
                                             keep=args.compact_keep),
+                cluster_token=args.cluster_token,
             )
         except Exception as e:  # noqa: BLE001 - handed to result(), raised in serve's build
             self._error = e
