@@ -289,6 +289,13 @@ class Connection:
             except (BlockingIOError, InterruptedError):
                 break
             if not data:
+                if self.state == _State.AWAIT_WELCOME:
+                    # It read our hello and hung up: it refused us, and only its log says
+                    # why (found from outside: this side said nothing at all).
+                    self.close("the peer closed the connection during the handshake: it "
+                               "refused this node (another cluster secret, or another "
+                               "cluster: its log says which)")
+                    return
                 self.close("peer closed the connection", quiet=True)
                 return
             got += len(data)
