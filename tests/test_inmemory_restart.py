@@ -486,16 +486,15 @@ def test_a_member_that_joined_after_a_full_restart_never_founds_it_again(
         assert info is None or info["role"] != Role.LEADER
 
 
-def test_a_joiners_history_is_rechecked_if_a_holder_moved_before_its_key_was_written(
+def test_a_joiners_history_is_rechecked_if_the_epoch_moved_before_its_key_was_written(
         cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Found in review: a joiner reads the history it joins from the holders' keys, then
-    writes its own holds key naming it. A full restart committed in between (every holder
-    restarted) begins another history, and the key must not name the one before it. The
-    write is guarded by each holder's holds key and incarnation key as read: here one
-    holder's key moves between n4's read and its write, and the write is refused, then
-    made again on a fresh read. The guard names only the holders: the founders' concurrent
-    first writes at the table's creation all succeed (guarded by every node's key, they
-    failed one another and each waited an election timeout)."""
+    """Found in review: a joiner reads the history it joins, then writes its own holds
+    key naming it. A full restart committed in between begins another history, and the
+    key must not name the one before it. The write is guarded by the partition's epoch
+    key as read (only a full restart writes it): here it moves between n4's read and its
+    write, and the write is refused, then made again on a fresh read. The founders'
+    concurrent first writes at the table's creation all succeed (guarded by every
+    node's holds key, they failed one another and each waited an election timeout)."""
     c = cluster
     real = MetaService.invoke
     writes: list[tuple[str, bytes, bool]] = []  # node, the value written, succeeded
@@ -517,8 +516,8 @@ def test_a_joiners_history_is_rechecked_if_a_holder_moved_before_its_key_was_wri
             f = real(self, conditions, success, failure)
             f.add_done_callback(note)
             return f
-        # n4's first holds write: a holder's key moves first (rewritten with its value).
-        hk = holds_key(T, 0, "n2")
+        # n4's first holds write: the epoch key moves first (rewritten with its value).
+        hk = partition_keys(T, 0).epoch
         moved.append(c.mgrs["n4"]._kv[hk].value)
         out: Future[Any] = Future()
 
@@ -546,8 +545,8 @@ def test_a_joiners_history_is_rechecked_if_a_holder_moved_before_its_key_was_wri
     c.mgrs["n1"].set_nodes(members)
     _wait_settled(c, members)
     n4 = [(value, ok) for nid, value, ok in writes if nid == "n4"]
-    assert moved and n4[0][1] is False, n4  # refused: a holder moved since n4's read
-    epoch = moved[0].partition(b"/")[2]
+    assert moved and n4[0][1] is False, n4  # refused: the epoch moved since n4's read
+    epoch = moved[0]
     assert epoch and n4[-1][1] and n4[-1][0].partition(b"/")[2] == epoch, (n4, moved)
     assert c.get(T, b"k") == b"v"
 
