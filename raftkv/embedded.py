@@ -30,6 +30,7 @@ from raftkv.storage.dir_lock import release_data_dir
 from raftkv.storage.layout import DEFAULT_GROUP, group_paths
 from raftkv.storage.state_store import StateStore
 from raftkv.tls import TlsConfig
+from raftkv.transport.handshake import JOINING
 from raftkv.transport.tcp import check_peer_addresses, listen_on, parse_addr
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,8 @@ class EmbeddedNode:
         its key, the CA that signs every peer's, and whether to require one from peers
         that dial in); without it frames are authenticated but not encrypted
         (docs/security.md). ``admin(self)`` answers ``raftkv admin`` on the raft port
-        (default: ``raftkv.admin.NodeAdmin``). ``cluster_token`` goes into the cluster id
-        a founder derives (``raftkv.node.stores``, "Cluster ids"): give a new one when a
-        cluster is founded again on the ids and addresses of an earlier one."""
+        (default: ``raftkv.admin.NodeAdmin``). ``cluster_token``: a founder derives the
+        cluster's id from it (``raftkv.node.stores``, "Cluster ids"; none without one)."""
         secret = secret_bytes(secret)
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
@@ -104,12 +104,9 @@ class EmbeddedNode:
         self.data_dir = data_dir
         # The node binds its raft address as it is built: one in use fails here, before
         # the data directory is claimed or anything written (found from outside).
-        # A founder's cluster id comes from the founding membership; a joiner adopts the
-        # cluster's (raftkv.node.stores, "Cluster ids"). A node without files has no old
-        # files to be started on by mistake: it names none (PySyncObj programs without a
-        # journal add members started with the grown list of partners).
-        cluster_id = (b"" if join or data_dir is None
-                      else founding_cluster_id(peers, cluster_token))
+        # A founder's cluster id comes from its token (none without one); a joiner adopts
+        # the cluster's (raftkv.node.stores, "Cluster ids").
+        cluster_id = JOINING if join else founding_cluster_id(cluster_token)
         self.node = Node(NodeConfig(
             node_id=node_id, raft_addr=raft_addr,
             secret=secret,
@@ -349,8 +346,8 @@ class ReplicatedNode(EmbeddedNode):
             # Before the state store reads (and tidies) its checkpoint files: a second
             # process on a running node's directory must not touch them. The base class
             # claims it again, which in one process is a no-op.
-            claim_data_dir(data_dir, node_id, b"" if kwargs.get("join") else
-                           founding_cluster_id(peers, kwargs.get("cluster_token", "")))
+            claim_data_dir(data_dir, node_id, JOINING if kwargs.get("join") else
+                           founding_cluster_id(kwargs.get("cluster_token", "")))
         try:
             store = UserStateStore(obj, path, volatile=path is None)
             super().__init__(node_id, raft_addr, peers, secret, state=store, **kwargs)

@@ -107,6 +107,7 @@ from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import KVStateStore, StateStore, VerifiedImage
 from raftkv.tls import TlsConfig
 from raftkv.transport import codec
+from raftkv.transport.handshake import JOINING
 from raftkv.transport.tcp import Connection
 
 log = logging.getLogger(__name__)
@@ -215,8 +216,9 @@ class NodeConfig:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     data_dir: str | None = None  # None: addresses learned at runtime are not kept
     faults: bool = False  # enable the transport's test fault switch
-    # The cluster this node names in its handshakes when it has no data directory (one
-    # keeps its own: raftkv.node.stores, "Cluster ids"); b"": adopt the first peer's.
+    # The cluster this node names in its handshakes (raftkv.node.stores, "Cluster ids"):
+    # an id, b"" (none), or JOINING (adopt the first peer's). A data directory's own
+    # cluster_id file, if it has one, wins.
     cluster_id: bytes = b""
     peer_tls: TlsConfig | None = None  # TLS on the peer port (raftkv.transport.tcp)
     # Let idle groups stop heartbeating and ticking (Config.quiesce); the driver then
@@ -379,8 +381,12 @@ class Node:
     def start(self) -> None:
         if self.cfg.data_dir is not None:
             # Read now: the directory is claimed (and a new one given its id) after the
-            # node is built, which binds the raft address first.
-            self.transport.cluster_id = read_cluster_id(self.cfg.data_dir)
+            # node is built, which binds the raft address first. Without the file: a node
+            # that joins still adopts one; a founder's token named none when its files
+            # were made (before ids, or without a token), and it names none.
+            kept = read_cluster_id(self.cfg.data_dir)
+            self.transport.cluster_id = kept or (
+                JOINING if self.cfg.cluster_id == JOINING else b"")
         self.transport.start()
         # Dial every member now, not at the first tick: when a whole cluster restarts,
         # the first election waits for the connections (``_on_connected``). The loop

@@ -1,27 +1,27 @@
 """Opening a group's stores: LMDB files in the data directory (``raftkv.storage.layout``), or memory.
 
 **Cluster ids.** A node names its cluster in every handshake, and refuses a peer of
-another (``raftkv.transport.handshake``). The id lives in the data directory's
-``cluster_id`` file, written once, when the directory is made (``claim_data_dir``):
+another (``raftkv.transport.handshake``, ``Transport.admit_cluster``). The id lives in the
+data directory's ``cluster_id`` file, written once:
 
-- a founder's (a node started with the whole founding membership, not joining) is derived
-  from that membership (``founding_cluster_id``), so every founder of a cluster writes the
-  same one without talking to the others (etcd derives its cluster ID from its
-  ``--initial-cluster`` the same way);
 - ``snapshot restore`` gives the cluster it makes a random one (``new_cluster_id``): the
   restored cluster has the old one's node ids, addresses and secret, and a node started
   on its files from before the restore was taken back as a member of the new one
   (found from outside: it answered reads from the old data, and acknowledged writes
-  were lost);
-- a node that joins has none, and adopts the first member's (``Node``, kept in the
-  file); so does a directory made before cluster ids (a cluster of such nodes checks
-  nothing, as before).
+  were lost). Those files name no id, so the restored members refuse them;
+- founders given ``--cluster-token`` (etcd's ``--initial-cluster-token``) derive it from
+  the token (``founding_cluster_id``), so each writes the same one when its directory is
+  made (``claim_data_dir``). Only from the token: founders may spell one another's
+  addresses differently, and a wiped founder may come back with a later membership in
+  its ``--peers`` (found in review: deriving it from ``--peers`` split such clusters);
+- a node that joins (``--join``) names ``JOINING`` and adopts the first id it meets
+  (``Node``, kept in the file). In a cluster with an id, a member that lost its files
+  comes back with ``--join``.
 
-Two clusters founded with the same ids, addresses and ``--cluster-token`` (default
-empty) share an id, as two etcd clusters with the same ``--initial-cluster`` and
-``--initial-cluster-token`` do: a node of the first, started on its files after the
-second was founded, is taken for a member (found from outside, on a cluster founded
-again while one old disk was missed). Found a cluster again with a new token.
+Founders without a token, and directories from before ids, name none, and check only
+that their peers name none either: a cluster founded again on an earlier one's ids and
+addresses cannot tell a missed old directory from a member unless it is given a new
+token (or the old directories are all deleted).
 """
 
 from __future__ import annotations
@@ -49,15 +49,17 @@ from raftkv.storage.lmdb_log import LmdbLogStore, LogEnv
 from raftkv.storage.lmdb_state import LmdbStateStore
 from raftkv.storage.log_store import MemoryLogStore
 from raftkv.storage.state_store import DEFAULT_CHECKPOINT_SECONDS, MemoryStateStore, StateStore
+from raftkv.transport.handshake import JOINING
 
 _log = logging.getLogger(__name__)
 
 
-def founding_cluster_id(peers: dict[str, str], token: str = "") -> bytes:
-    """The cluster id every founder of a cluster of ``peers`` (id -> raft address) and
-    ``token`` (``--cluster-token``) derives alike (module docstring)."""
-    text = "\n".join([token] + [f"{n}={a}" for n, a in sorted(peers.items())])
-    return hashlib.sha256(b"raftkv cluster\0" + text.encode()).digest()[:16]
+def founding_cluster_id(token: str) -> bytes:
+    """The cluster id every founder given ``token`` (``--cluster-token``) derives alike;
+    b"" (no id) without one (module docstring)."""
+    if not token:
+        return b""
+    return hashlib.sha256(b"raftkv cluster\0" + token.encode()).digest()[:16]
 
 
 def new_cluster_id() -> bytes:
@@ -67,8 +69,8 @@ def new_cluster_id() -> bytes:
 
 def keep_cluster_id(data_dir: str, cluster_id: bytes) -> None:
     """Write ``cluster_id`` into the directory's ``cluster_id`` file, durably, unless it
-    names one already (an id is written once)."""
-    if cluster_id and not read_cluster_id(data_dir):
+    names one already (an id is written once) or it is no id (b"", ``JOINING``)."""
+    if cluster_id and cluster_id != JOINING and not read_cluster_id(data_dir):
         write_durable(os.path.join(data_dir, CLUSTER_ID_FILE),
                       (cluster_id.hex() + "\n").encode())
 

@@ -193,9 +193,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"{who} TLS: require a certificate from "
                             f"{'peers' if peer else 'clients'} (mutual TLS)")
     p.add_argument("--cluster-token", default="",
-                   help="founding only: goes into the cluster id the founders derive "
-                        "from --peers (as etcd's --initial-cluster-token); give a new one "
-                        "to found a cluster again on an earlier one's ids and addresses")
+                   help="founding only: the founders derive the cluster's id from it "
+                        "(as etcd's --initial-cluster-token), and refuse nodes of other "
+                        "clusters; without one the cluster has no id (docs/operations.md)")
     p.add_argument("--enable-test-faults", action="store_true",
                    help="expose POST /v1/test/partition (tests only)")
     p.add_argument("--log-level", default="INFO",

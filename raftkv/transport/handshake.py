@@ -13,13 +13,13 @@ Every field has a fixed size or a one-byte length, so the parser needs no decode
 msgpack sees only bytes from a peer that has proved the secret. The dialer also announces
 its listening address, which is how a node learns where a newly added peer lives.
 
-Each side also names its *cluster* (its id, or nothing: a node that joins has none until
-it first meets a member, and adopts that member's). The transport refuses a peer that
-names another cluster than its own (``Transport.admit_cluster``): the secret alone does
-not tell two clusters apart, and a node started on a data directory from before a
-``snapshot restore`` (the old cluster's, with the same node ids, addresses and secret)
-was otherwise readmitted into the restored one, answered reads from the old data and lost
-acknowledged writes (found from outside). ``raftkv.node.stores`` says where ids come from.
+Each side also names its *cluster*: its id, nothing (a cluster without an id), or
+``JOINING`` (a node that joins, and adopts the first id it meets). The transport refuses a
+peer of another cluster (``Transport.admit_cluster``): the secret alone does not tell two
+clusters apart, and a node started on a data directory from before a ``snapshot
+restore`` (the old cluster's, with the same node ids, addresses and secret) was otherwise
+readmitted into the restored one, answered reads from the old data and lost acknowledged
+writes (found from outside). ``raftkv.node.stores`` says where ids come from.
 
 The handshake also keys the frames that follow (``frame_keys``): HKDF-SHA256 (RFC 5869)
 with both nonces as the salt and the secret as the input key, one key per direction.
@@ -46,6 +46,8 @@ UNNAMED_MAGIC = b"RKV\x02"
 TLS_RECORD = b"\x16\x03"
 NONCE = 32
 MAC = 32
+# The cluster a node that joins names until it adopts one (``Transport.admit_cluster``).
+JOINING = b"?"
 MAX_FIELD = 255
 
 

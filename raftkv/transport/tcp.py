@@ -543,6 +543,10 @@ class _Peer:
     last_heard: float = 0.0  # monotonic time of the last frame received (liveness)
 
 
+def _cluster_name(cluster: bytes) -> str:
+    return f"id {cluster.hex()}" if cluster else "no id"
+
+
 class Transport:
     def __init__(
         self,
@@ -584,8 +588,8 @@ class Transport:
         self.max_frame = max_frame
         self.max_message = max_message
         self.faults = faults
-        # The cluster this node belongs to (b"": not known yet, adopted from the first
-        # peer that names one), and who keeps it when it is adopted (``admit_cluster``).
+        # The cluster this node belongs to (b"": a cluster without an id; JOINING: adopt
+        # the first peer's), and who keeps it when it is adopted (``admit_cluster``).
         self.cluster_id = b""
         self.on_cluster_id: Callable[[bytes], None] | None = None
         self.blocked: frozenset[str] = frozenset()
@@ -602,21 +606,27 @@ class Transport:
         self._server: socket.socket | None = None
 
     def admit_cluster(self, peer: str, theirs: bytes) -> None:
-        """Check the cluster a peer named in its handshake (``handshake``'s docstring):
-        another cluster's node is refused (``HandshakeError``, logged by name on both
-        sides); a peer that names none is taken (a node that joins, or one whose files
-        predate cluster ids), and a node that has none adopts the peer's."""
+        """Check the cluster a peer named in its handshake (``handshake``'s docstring).
+        A node that joins (``JOINING``) is taken by anyone, and adopts the first id it
+        meets; otherwise both must name the same cluster, or both none (clusters founded
+        without an id, or from before ids). Anything else is refused
+        (``HandshakeError``, logged by name on both sides): a named cluster refuses a
+        node that names none too, for the files of an old one (from before a restore, or
+        from before ids) name none."""
         mine = self.cluster_id
-        if theirs and mine and theirs != mine:
-            raise hs.HandshakeError(
-                f"{peer} belongs to another cluster (id {theirs.hex()}) than this node's "
-                f"({mine.hex()}): a data directory from before a snapshot restore, or "
-                "another cluster's? It is refused; start it on its own cluster's files "
-                "(or empty, with --join)")
-        if theirs and not mine:
-            self.cluster_id = theirs
-            if self.on_cluster_id is not None:
-                self.on_cluster_id(theirs)
+        if theirs == mine or theirs == hs.JOINING:
+            return
+        if mine == hs.JOINING:
+            if theirs:
+                self.cluster_id = theirs
+                if self.on_cluster_id is not None:
+                    self.on_cluster_id(theirs)
+            return
+        raise hs.HandshakeError(
+            f"{peer} belongs to another cluster ({_cluster_name(theirs)}) than this node "
+            f"({_cluster_name(mine)}): a data directory from before a snapshot restore, or "
+            "another cluster's? It is refused; a node that joins starts on an empty data "
+            "directory with --join")
 
     def peer(self, peer_id: str) -> _Peer:
         p = self.peers.get(peer_id)
