@@ -708,3 +708,35 @@ def test_a_replica_whose_partition_log_was_lost_restarts_empty_and_takes_writes(
     assert c.get(T, b"k3") is None  # restarted empty, as it says
     _put(c, {b"new": b"v"})
     assert c.get(T, b"new") == b"v"
+
+
+def test_a_joiner_without_state_waits_while_the_only_holder_is_down(
+        cluster: Cluster) -> None:
+    """Found in review: an in-memory table of one replica on n4; n4 is killed and the
+    table grows to two replicas, so pending names n1. n4's holds key still named its
+    incarnation (unchanged while it is down), so n1 took it for a live holder, wrote its
+    own key and became a holder without state; n4, restarted empty, then found a holder
+    and never restarted the partition: no leader, for good. A joiner without state waits
+    for a live holder in stable, so n1 writes nothing while n4 is down."""
+    c = cluster
+    c.start("n4")
+    wait_for(lambda: c.metas["n1"].get(incarnation_key("n4")).result(5) is not None, 10,
+             "n4's incarnation")
+    mgr = c.mgrs["n1"]
+    mgr.set_nodes(["n4"])
+    mgr.create_table(T, 1, 1, "memory")
+    wait_for(lambda: c.info("n4", GID) is not None, 10, "the group on n4")
+    c.kill("n4")
+    # A holder killed just as a joiner looks is taken for live (liveness is a guess).
+    wait_for(lambda: "n4" not in c.nodes["n1"].transport.connected_peers(), 10,
+             "n1 to see n4 down")
+    mgr.set_nodes(["n1", "n4"])
+    mgr.set_replicas(T, 2)
+    wait_for(lambda: "n1" in c.assignments(T, 0)[1], 10, "pending to name n1")
+    for _ in range(3):  # n1 looks (on every change and timer), and waits
+        time.sleep(0.5)
+        c.nodes["n1"].call(lambda: c.mgrs["n1"]._kick(GID)).result(5)
+    assert "n1" not in _holds_keys(c) and c.info("n1", GID) is None
+    # (Not checked here: n4's restart. A holder that restarted and connected before its
+    # new incarnation is registered still reads as a live holder for that moment, and a
+    # joiner that looks then writes its key: left open, see the closing note.)

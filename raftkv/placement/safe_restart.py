@@ -707,15 +707,17 @@ class SafeRestart(ManagerBase):
         # members' concurrent writes (at a table's creation, at a whole restart) failed
         # one another, and each waited an election timeout.
         epoch_v = self._kv.get(part.keys.epoch)
-        if (voters is None and part.preexisting and self.id not in self._nodes(
-                part.keys.stable) and not self._has_holder(part)
+        stable = self._nodes(part.keys.stable)
+        if (voters is None and self.id not in stable
+                and not any(self._holds(part, n) and self._alive(n) for n in stable)
                 and (self._in_memory(desc) or not self._has_log(part))):
-            # A joiner without state (named by pending only, the table older than this
-            # start), and nobody holds what it would catch up from: it waits for a holder
-            # (a full restart's founders, members of stable). Written now, its key made it
-            # a holder of the history before any restart, and no founder could begin one:
-            # the partition waited for good (found in review). (A founder that has not
-            # started yet is in stable, or the table is new to this start.)
+            # A joiner without state (named by pending only), and no live member of
+            # stable holds what it would catch up from: it waits for one (a full
+            # restart's founders, or a holder back up). Written now, its key made it a
+            # holder of the history before any restart, and no founder could begin one:
+            # the partition waited for good (found in review, also for a table created
+            # after the joiner started, and for a holder that was down). (A founder that
+            # has not started yet is a member of stable: it never waits here.)
             part.start_inflight = False
             self._wait(part)
             return
@@ -724,13 +726,6 @@ class SafeRestart(ManagerBase):
         conds = [Cond.exists(table_key(part.table)),
                  Cond.revision(part.keys.epoch).eq(epoch_v.mod_revision if epoch_v else 0)]
         self._on_loop(self.meta.invoke(conds, [Op.put(key, value)]), done)
-
-    def _has_holder(self, part: PartitionState) -> bool:
-        """Whether some node holds the partition's state, as the cache has it: a holds key
-        that names its node's current incarnation."""
-        prefix = holds_prefix(part.table, part.index)
-        return any(self._holds(part, k[len(prefix):].decode(errors="replace"))
-                   for k in self._kv.holds_of(prefix))
 
     def _history_epoch(self, part: PartitionState) -> bytes:
         """The epoch of the partition's current history (b"" for the history before any
