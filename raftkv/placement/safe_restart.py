@@ -53,7 +53,8 @@ leader adds) writes the epoch of the history it joins in its key too
 full restart that begins a history writes it, and every holds-key write is guarded by its
 revision as read, so no key names the history before a full restart that committed after
 the read (found in review: a joiner's, and a founder's first start, could). A joiner
-without state that finds no holder waits for one instead of writing. While fewer than a majority hold the state and every
+without state (named by pending only) waits, instead of writing, until a live member of
+stable holds the state. While fewer than a majority hold the state and every
 holder is of one epoch E, another restarted member joins E as a late founder, unless its
 own (void) holds key is of E: it voted in E already, and lost that vote.
 
