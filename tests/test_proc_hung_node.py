@@ -162,3 +162,24 @@ def test_a_slow_answer_from_a_live_node_is_waited_for() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_cluster_status_against_a_stopped_endpoint_keeps_to_its_timeout(
+        cluster: ProcCluster) -> None:
+    """--timeout bounds a whole command (docs/operations.md). Found from outside:
+    ``cluster status`` with only a stopped node's endpoint took twice --timeout (the
+    status, then the placement nodes asked of the node that had just not answered)."""
+    c = cluster
+    hung = next(n for n in c.nodes if n != c.wait_leader())
+    _stop(c, hung)
+    try:
+        t0 = time.monotonic()
+        res = subprocess.run(
+            [sys.executable, "-m", "raftkv.cli", "--endpoints", c.nodes[hung].endpoint,
+             "--timeout", "3", "cluster", "status", "--only-endpoints"],
+            capture_output=True, text=True, timeout=60, check=False)
+        took = time.monotonic() - t0
+        assert res.returncode == 1 and "unreachable" in res.stdout, (res.stdout, res.stderr)
+        assert took < 3 + 2.5, f"took {took:.1f}s"  # the interpreter's start, not 6 s
+    finally:
+        _resume(c, hung)
