@@ -22,7 +22,7 @@ import pytest
 from raftkv.storage.digest import digest_rows
 
 from raftkv.client import ClientError, Unavailable
-from raftkv.testing.procs import ProcCluster
+from raftkv.testing.procs import ProcCluster, http_json
 
 
 def _cli(*args: str, endpoints: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -416,6 +416,9 @@ def test_a_node_started_on_its_files_from_before_a_restore_is_refused(
         r = source.client([n])
         assert r.get("new/39") == b"y" and r.get("old-after/3") is None
         r.close()
+    # Its /ready says why it has no leader (it said only "no leader known").
+    status, body = http_json(node.endpoint + "/ready", timeout=5)
+    assert status == 503 and "another cluster" in str(body), body
     # Nor does the old directory's node answer for the cluster (it answered b"x" here).
     v = source.client([victim], timeout=3)
     with pytest.raises((Unavailable, ClientError)):

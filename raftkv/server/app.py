@@ -395,9 +395,10 @@ class Api:
             return error(503, "starting: opening the metastore", id=self.node_id,
                          ready=False)
         groups = (self._kv.group, self.tables.p.meta.group)
-        leaders, removed = await wait(node.call(lambda: (
+        leaders, removed, refused = await wait(node.call(lambda: (
             {g: node.groups[g].leader for g in groups},
-            {g: node.groups[g].raft.removed for g in groups if node.groups[g].raft.removed})))
+            {g: node.groups[g].raft.removed for g in groups if node.groups[g].raft.removed},
+            dict(node.transport.cluster_refusals))))
         if removed:
             by, index = next(iter(removed.values()))
             return error(503, f"removed from {' and '.join(removed)}: {by} applied a "
@@ -405,7 +406,11 @@ class Api:
                          "serve unless added back", id=self.node_id, ready=False)
         missing = [g for g in groups if leaders[g] is None]
         if missing:
-            return error(503, f"no leader known for {' and '.join(missing)}",
+            # Refused by its peers as another cluster's node, it would wait for ever, and
+            # said only "no leader" (found from outside: the reason was in the log alone).
+            why = ("; nodes of another cluster, refused at the handshake: " + ", ".join(
+                f"{p} ({c})" for p, c in sorted(refused.items())) if refused else "")
+            return error(503, f"no leader known for {' and '.join(missing)}{why}",
                          id=self.node_id, ready=False, leaders=leaders)
         return web.json_response({"ready": True, "id": self.node_id, "leaders": leaders})
 

@@ -592,6 +592,9 @@ class Transport:
         # the first peer's), and who keeps it when it is adopted (``admit_cluster``).
         self.cluster_id = b""
         self.on_cluster_id: Callable[[bytes], None] | None = None
+        # Peers refused as another cluster's, by id, with the cluster they named, until
+        # one passes: what /ready says when no leader is known.
+        self.cluster_refusals: dict[str, str] = {}
         self.blocked: frozenset[str] = frozenset()
         self.peers: dict[str, _Peer] = {}
         self.pending: set[Connection] = set()  # accepted, not yet authenticated
@@ -615,13 +618,16 @@ class Transport:
         from before ids) name none."""
         mine = self.cluster_id
         if theirs == mine or theirs == hs.JOINING:
+            self.cluster_refusals.pop(peer, None)
             return
         if mine == hs.JOINING:
+            self.cluster_refusals.pop(peer, None)
             if theirs:
                 self.cluster_id = theirs
                 if self.on_cluster_id is not None:
                     self.on_cluster_id(theirs)
             return
+        self.cluster_refusals[peer] = _cluster_name(theirs)
         raise hs.HandshakeError(
             f"{peer} belongs to another cluster ({_cluster_name(theirs)}) than this node "
             f"({_cluster_name(mine)}): a data directory from before a snapshot restore, or "
