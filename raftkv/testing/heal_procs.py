@@ -319,7 +319,14 @@ class HealRun:
         admin = self._admin()
         try:
             final = {k: _decode(admin.get(k, table=TABLE)) for k in self.keys}
+            # A partition whose replicas just moved may be between leaders for a moment
+            # (describe says leader null): the digests are taken once every one has one.
+            deadline = time.monotonic() + 20
             desc = admin.describe_table(TABLE)
+            while (any(p["leader"] not in desc["http"] for p in desc["partitions"])
+                   and time.monotonic() < deadline):
+                time.sleep(0.2)
+                desc = admin.describe_table(TABLE)
             http = desc["http"]
             for p in desc["partitions"]:
                 leader_digest = admin.partition_digest(TABLE, p["partition"],
