@@ -398,8 +398,8 @@ class Node:
         self._thread.start()
 
     def _keep_cluster_id(self, cluster_id: bytes) -> None:
-        """The transport adopted the first member's cluster id (a node that joins, or
-        whose files predate cluster ids): keep it with the data."""
+        """The transport adopted the first member's cluster id (a node that joins):
+        keep it with the data."""
         log.info("node %s: a member of cluster %s", self.id, cluster_id.hex())
         if self.cfg.data_dir is not None:
             keep_cluster_id(self.cfg.data_dir, cluster_id)
@@ -1327,7 +1327,7 @@ class Node:
         elif not ok and len(result) == 3:
             kind, message, hint = result
             if kind == "NotAMember" and type(hint) is int:
-                _fail(fut, NotAMember(self.id, peer, hint))  # the leader says we were removed
+                _fail(fut, NotAMember(self.id, peer, hint))  # a member says we were removed
             elif kind in ("NotLeader", "ProposalDropped"):
                 # Refused before proposing (the peer no longer leads, or is handing its
                 # leadership over): retry with the next leader until the deadline, as
