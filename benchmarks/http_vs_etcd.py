@@ -19,7 +19,10 @@ in the same run, each at its own defaults)
    ``--partitions`` x 3. The CPU of all three nodes per write, and the throughput, table
    against default group; then the same clients batching per partition (``TABLE_BATCH``
    keys per partition batch, one Raft entry each). How many partition leaders each node
-   holds is reported when the table run starts.
+   holds is reported when the table run starts. **Disk bytes per write**: what the three
+   nodes wrote to storage (``/proc/PID/io`` ``write_bytes``, counted when a page is
+   dirtied, so an LMDB commit's pages count even before a checkpoint flushes them), over
+   the writes: the write amplification of a 100-byte PUT, log and state stores together.
 
 TLS is off (``--tls`` turns it on for raftkv's rows; etcd stays plain). etcd and wrk come
 from Debian's packages: when either is missing, the script installs it with ``apt-get``
@@ -150,6 +153,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def disk_write_bytes(pid: int) -> int:
+    """Bytes a process caused to be written to storage (``/proc/PID/io``)."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
+
+
 def wrk(url: str, system: str, kind: str, conns: int, seconds: float, pid: int,
         scripts: str) -> dict[str, Any]:
     path = os.path.join(scripts, f"{system}-{kind}.lua")
@@ -240,9 +249,12 @@ def run_tables(base: str, partitions: int, clients: int, n: int) -> dict[str, An
                 out["leaders_per_node"] = dict(Counter(
                     p["leader"] for p in admin.describe_table("bench")["partitions"]))
             cpu0 = sum(cpu_seconds(p) for p in pids)
+            disk0 = sum(disk_write_bytes(p) for p in pids)
             run = _load(endpoints, table, n, clients, name, batch)
             cpu = sum(cpu_seconds(p) for p in pids) - cpu0
-            out[name] = {**run, "node_cpu_us_per_write": cpu / run["writes"] * 1e6}
+            disk = sum(disk_write_bytes(p) for p in pids) - disk0
+            out[name] = {**run, "node_cpu_us_per_write": cpu / run["writes"] * 1e6,
+                         "node_disk_bytes_per_write": disk / run["writes"]}
         admin.close()
         d, t = out["default"], out["table"]
         out["cpu_ratio"] = t["node_cpu_us_per_write"] / d["node_cpu_us_per_write"]
@@ -268,7 +280,9 @@ def print_table(doc: dict[str, Any]) -> None:
         for name in ("default", "table", "table_batched"):
             r = t[name]
             print(f"  {name:14} {r['ops_s']:>8,.0f} writes/s  p50 {r['p50_ms']:.2f} ms  "
-                  f"node CPU {r['node_cpu_us_per_write']:,.0f} us/write  errors {r['errors']}")
+                  f"node CPU {r['node_cpu_us_per_write']:,.0f} us/write  "
+                  f"disk {r['node_disk_bytes_per_write'] / 1024:,.1f} KiB/write  "
+                  f"errors {r['errors']}")
         print(f"  table / default: CPU per write {t['cpu_ratio']:.2f}x, "
               f"throughput {t['throughput_ratio']:.2f}x; batched per partition "
               f"({TABLE_BATCH} keys) / default: {t['batched_throughput_ratio']:.2f}x")
@@ -301,13 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-clients", type=int, default=16)
     ap.add_argument("--table-writes", type=int, default=20_000)
     ap.add_argument("--no-tables", action="store_true")
+    ap.add_argument("--no-http", action="store_true", help="only the tables' comparison")
     ap.add_argument("--tls", action="store_true", help="raftkv's rows over HTTPS")
     ap.add_argument("--out", default=str(RESULTS / "http_vs_etcd.json"))
     args = ap.parse_args(argv)
     conns = [int(x) for x in args.conns.split(",")]
     doc: dict[str, Any] = {"seconds": args.seconds, "cpus": os.cpu_count(), "http": []}
     with tempfile.TemporaryDirectory(prefix="http-vs-etcd-") as base:
-        if ensure("wrk", "wrk"):
+        if not args.no_http and ensure("wrk", "wrk"):
             doc["http"] += run_raftkv(os.path.join(base, "raftkv"), conns, args.seconds,
                                       args.tls, base)
             if ensure("etcd", "etcd-server"):
