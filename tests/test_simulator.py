@@ -128,6 +128,17 @@ def test_checker_catches_a_survivor_that_skips_its_electorate(
     assert any(v and "without the grants of" in v[0] for v in flagged)
 
 
+def test_seed_30048_an_abandoned_survivor_campaign_then_an_ordinary_win() -> None:
+    """``survive`` seed 30048 (the CLI's defaults): n5 campaigned without the lost n3 for
+    term 7, heard n4 lead term 6 with n3's new incarnation readmitted and followed it,
+    then won term 7 in an ordinary election (n3 and n5 of n3, n4, n5). The checker held
+    that win to the abandoned survivor campaign's electorate and flagged it; a survivor
+    win is now told by its first entry (the removal of the lost voter)."""
+    r = run_seed(30048, SimConfig(nodes=2, faults=SURVIVE_FAULTS))
+    assert not r.violations, "\n".join(r.violations + r.trace)
+    assert r.linearizable, r.linearizability
+
+
 @pytest.mark.long
 def test_long_survivor_seeds() -> None:
     spec = os.environ.get("RAFTKV_SIM_SURVIVE_SEEDS", "0:1000")

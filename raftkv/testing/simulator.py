@@ -1100,7 +1100,7 @@ class Simulation:
         if prev != nid:
             self._violation(f"election safety: {prev} and {nid} both lead term {term}")
         survivor = self.survivors.get((term, nid))
-        if survivor is not None:
+        if survivor is not None and self._won_as_survivor(nid, term):
             if prev is nid and term not in self._survivor_won:
                 self._survivor_won.add(term)
                 self.survivor_wins += 1
@@ -1114,6 +1114,26 @@ class Simulation:
         granted = [v for v in voters if self.votes.get((v, term), (0, ""))[1] == nid]
         if len(granted) * 2 <= len(voters):
             self._violation(f"{nid} leads term {term} with votes {granted} of voters {voters}")
+
+    def _won_as_survivor(self, nid: str, term: int) -> bool:
+        """Whether ``nid`` won ``term`` by a survivor election: its first entry of the
+        term removes a voter (``Raft._become_leader``), where an ordinary win's is a no-op
+        or a RECORD. A survivor campaign can be abandoned (the node hears a leader, or
+        its election timer starts an ordinary one) and the same term then won the
+        ordinary way, which the majority check below covers (seed 30048 of ``survive``:
+        n5 asked for term 7 without n3, followed n4's new configuration, then won term 7
+        with n3's readmitted vote)."""
+        log = self.nodes[nid].raft.log
+        i = log.last_index()
+        while i > log.first_index() and log.term(i - 1) == term:
+            i -= 1
+        if i < log.first_index() or log.term(i) != term:
+            return True  # nothing to tell it by: hold it to the survivor rule
+        entry = log.entries(i, i + 1)[0]
+        if entry.type != EntryType.CONF_CHANGE:
+            return False
+        cc, _ = decode_conf_entry(entry.data)
+        return cc is not None and cc.op == ConfChangeOp.REMOVE
 
     def _check_new_leader(self, node: SimNode) -> None:
         raft = node.raft
