@@ -239,7 +239,81 @@ def test_bad_input_is_refused_before_any_write(spark: Any, cluster: ProcCluster)
         bulk_load(df, "guarded", "id", ["name"], cluster=["127.0.0.1:9"])
     with pytest.raises(SparkJobError, match="HTTP 401: unknown token"):
         bulk_load(df, "guarded", "id", ["name"], cluster=eps, token="not-a-token-of-this-cluster")
+    # Found from outside: batch_rows over the server's 10,000 operations failed only
+    # after the shuffle, and any string was taken as a load id.
+    with pytest.raises(SparkJobError, match="batch_rows must be 1..10000"):
+        bulk_load(df, "guarded", "id", ["name"], cluster=eps, batch_rows=20_000)
+    with pytest.raises(SparkJobError, match="a load id is 1..64 letters"):
+        bulk_load(df, "guarded", "id", ["name"], cluster=eps, load_id="../../x y")
     assert set(_count_everywhere(cluster, admin, "guarded").values()) == {0}
+
+
+def test_a_load_resumed_with_another_batch_size_writes_every_row(
+    spark: Any, cluster: ProcCluster
+) -> None:
+    """Found from outside: a load killed part way and resumed with its load id but
+    another ``batch_rows`` skipped about 8% of the rows, whose batch numbers an earlier
+    batch of other rows had used, exited 0 and reported them stored. A batch's id now
+    names its rows, so only a batch of the very same rows is skipped."""
+    admin = _table(cluster, "resumed", 4)
+    eps = _eps(cluster)
+    df = _rows(spark, 20_000, "r")
+    # The first attempt's batches: 50 rows each, a quarter of the keys (what a killed
+    # run had written), marked applied under load id "again".
+    first = bulk_load(df.where("id like '%3'"), "resumed", "id", ["name"], cluster=eps,
+                      batch_rows=50, load_id="again")
+    assert first.stored == 2_000 and first.skipped == 0
+    rep = bulk_load(df, "resumed", "id", ["name"], cluster=eps, batch_rows=1000,
+                    load_id="again")
+    assert rep.skipped == 0 and rep.stored == 20_000
+    assert set(_count_everywhere(cluster, admin, "resumed").values()) == {20_000}
+    assert verify(df, "resumed", "id", ["name"], cluster=eps).ok
+    # The same rows in the same batches again: every batch is skipped.
+    again = bulk_load(df, "resumed", "id", ["name"], cluster=eps, batch_rows=1000,
+                      load_id="again")
+    assert again.skipped == again.batches > 0
+    admin.close()
+
+
+def test_large_values_are_cut_into_batches_the_server_takes(
+    spark: Any, cluster: ProcCluster
+) -> None:
+    """Found from outside: 1,000 rows of 24 KB in one batch (24 MB) were refused with
+    "HTTP 413: Request Entity Too Large" after the shuffle. Batches are cut at 4 MiB as
+    well as at ``batch_rows``."""
+    admin = _table(cluster, "wide", 1)
+    df = spark.range(800).selectExpr("concat('w-', id) as id",
+                                     "concat(id, repeat('x', 24000)) as blob")
+    rep = bulk_load(df, "wide", "id", ["blob"], cluster=_eps(cluster))
+    assert rep.stored == 800 and rep.batches >= 5
+    assert verify(df, "wide", "id", ["blob"], cluster=_eps(cluster)).ok
+    assert admin.get(b"w-7", table="wide") == b"7" + b"x" * 24000
+    admin.close()
+
+
+def test_csv_is_read_as_rfc_4180(spark: Any, cluster: ProcCluster, tmp_path: Path) -> None:
+    """Found from outside: Spark's CSV defaults took a backslash for the escape, so a
+    quote doubled inside a quoted field (RFC 4180, Python's csv module) was stored with
+    both quotes, and verify, reading the same way, called it clean; a quoted newline
+    failed the load."""
+    import csv
+
+    from raftkv.spark import read_input
+
+    admin = _table(cluster, "quoted", 2)
+    path = tmp_path / "quoted.csv"
+    rows = {"q1": 'say "hi"', "q2": "multi\nline", "q3": "a,b", "q4": "back\\slash"}
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "v"])
+        w.writerows(rows.items())
+    df = read_input(spark, str(path))
+    bulk_load(df, "quoted", "id", ["v"], cluster=_eps(cluster))
+    for k, v in rows.items():
+        assert admin.get(k.encode(), table="quoted") == v.encode(), k
+    assert verify(read_input(spark, str(path)), "quoted", "id", ["v"],
+                  cluster=_eps(cluster)).ok
+    admin.close()
 
 
 @settings(max_examples=200, deadline=None)

@@ -83,13 +83,18 @@ def _input_format(path: str) -> str:
 
 def read_input(spark: SparkSession, path: str) -> Any:
     """A DataFrame from a ``.parquet`` file or directory, or a ``.csv`` with a header (all
-    columns read as strings, so nothing is reinterpreted on the way in). A malformed CSV
-    line (too few or too many fields, an unterminated quote) fails the job, in the read
-    stage before any write: Spark's default would load it with nulls, stored as empty
-    values (found from outside)."""
+    columns read as strings, so nothing is reinterpreted on the way in). CSV is RFC 4180's,
+    as Python's ``csv`` module writes it: a field in double quotes may hold commas and
+    newlines, and a quote inside one is doubled. Spark's defaults differ (a backslash
+    escapes a quote, a record is one line): a quoted field ``say ""hi""`` was stored with
+    its quotes doubled, and a quoted newline failed the load (found from outside). A
+    malformed CSV line (too few or too many fields, an unterminated quote) fails the job,
+    in the read stage before any write: Spark's default would load it with nulls, stored
+    as empty values (found from outside)."""
     if _input_format(path) == "parquet":
         return spark.read.parquet(path)
-    return spark.read.option("header", "true").option("mode", "FAILFAST").csv(path)
+    return (spark.read.option("header", "true").option("mode", "FAILFAST")
+            .option("escape", '"').option("multiLine", "true").csv(path))
 
 
 def input_columns(path: str) -> list[str] | None:

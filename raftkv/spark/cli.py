@@ -43,6 +43,7 @@ from raftkv.spark import (
     verify,
 )
 from raftkv.spark.cluster import table_view
+from raftkv.spark.load import DEFAULT_INFLIGHT, check_load_options
 from raftkv.spark.shuffle import check_columns
 
 MISMATCH_EXIT = 3
@@ -74,10 +75,11 @@ def add_arguments(spark: argparse.ArgumentParser) -> None:
                        help="Spark master URL (default: local[*], an embedded Spark)")
         if action == "load":
             a.add_argument("--batch-rows", type=_positive, default=1000,
-                           help="rows per Raft entry (default: 1000)")
+                           help="rows per Raft entry, at most 10000 (default: 1000; a "
+                                "batch is also cut at 4 MiB)")
             a.add_argument("--load-id", default=None,
-                           help="reuse an earlier load's id to resume it: batches it "
-                                "applied are skipped")
+                           help="reuse an earlier load's id to resume it: the batches of "
+                                "the same rows it applied are skipped, the rest written")
         else:
             a.add_argument("--diff-limit", type=_positive, default=1000,
                            help="name the missing, extra and altered keys of a "
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
     chosen = [c for c in args.value_cols.split(",") if c] if args.value_cols else None
     try:
         require_extra("raftkv spark")
+        if args.action == "load":
+            check_load_options(args.batch_rows, DEFAULT_INFLIGHT, args.load_id)
         columns = input_columns(args.input)
         if columns is not None:
             check_columns(columns, args.key,

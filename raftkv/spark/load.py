@@ -11,14 +11,18 @@ Theory of operation
    or an oversized value fails this stage, which a shuffle separates from the write
    stage, so a bad row stops the load before anything is written (``SparkJobError``).
 3. **Write** (each task): its rows, sorted by key with duplicate keys resolved, are cut
-   into batches of ``batch_rows``, up to ``inflight`` of them in flight at once (their
-   keys are distinct, so they commute). Each batch is POSTed to the partition's leader
-   (``/v1/tables/{t}/partitions/{p}/batch``; a follower would forward it) as one
-   idempotent ``BATCH`` command, one Raft entry, whose id is ``(load id, partition, batch
-   number)``. Because the rows are sorted, every attempt of a task cuts the same batches
-   with the same ids. A task that Spark retries after a partial write, or a speculative
-   copy of one, re-sends batches the state machine has already applied; it skips them
-   (the answer says ``applied: false``), so no batch is ever applied twice.
+   into batches of at most ``batch_rows`` rows and ``rows.BATCH_BYTES`` bytes, up to
+   ``inflight`` of them in flight at once (their keys are distinct, so they commute).
+   Each batch is POSTed to the partition's leader (``/v1/tables/{t}/partitions/{p}/
+   batch``; a follower would forward it) as one idempotent ``BATCH`` command, one Raft
+   entry, whose id is ``(load id, partition, batch number, digest of its rows)``
+   (``rows.batch_id``). Because the rows are sorted, every attempt of a task cuts the
+   same batches with the same ids. A task that Spark retries after a partial write, or a
+   speculative copy of one, re-sends batches the state machine has already applied; it
+   skips them (the answer says ``applied: false``), so no batch is ever applied twice.
+   A load resumed with its ``load_id`` skips exactly the batches of the same rows, and
+   writes the others again (a put of the same value is harmless), whatever its batch
+   size now.
 4. **Retries**: a leader change, a 421/5xx, a refused or dropped connection is retried
    with exponential back-off (``max_attempts`` per batch) on the next endpoint; a retried
    batch is safe for the reason above. Anything else (a 400: a bug; a 404: the table was
@@ -52,8 +56,9 @@ from typing import TYPE_CHECKING, Any
 from raftkv.client import Client, ClientError, Unavailable
 from raftkv.spark.cluster import SparkJobError, TableView, table_view
 from raftkv.spark.progress import Progress
-from raftkv.spark.rows import Pair, ValueFn, batch_id
+from raftkv.spark.rows import LOAD_ID, Pair, ValueFn, batch_id, cut_batches
 from raftkv.spark.shuffle import check_columns, job_error, routed, task_partitions
+from raftkv.storage.commands import MAX_BATCH_OPS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -105,6 +110,10 @@ class LoadReport:
         return sum(p.batches for p in self.partitions)
 
     @property
+    def skipped(self) -> int:
+        return sum(p.skipped for p in self.partitions)
+
+    @property
     def retries(self) -> int:
         return sum(p.retries for p in self.partitions)
 
@@ -118,7 +127,8 @@ class LoadReport:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         lines.append(f"load {self.load_id} into {self.table}: {self.rows} rows "
                      f"({self.stored} distinct keys) in {len(self.partitions)} partitions, "
-                     f"{self.batches} batches, {self.retries} retries, {self.seconds:.1f} s "
+                     f"{self.batches} batches ({self.skipped} applied before: skipped), "
+                     f"{self.retries} retries, {self.seconds:.1f} s "
                      f"({rate:,.0f} rows/s)")
         return "\n".join(lines)
 
@@ -141,9 +151,7 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
     out = out or sys.stdout
     if (value_cols is None) == (value_fn is None):
         raise SparkJobError("give exactly one of value_cols and value_fn")
-    if batch_rows < 1 or inflight < 1:
-        raise SparkJobError(f"batch_rows and inflight must be at least 1, not "
-                            f"{batch_rows} and {inflight}")
+    check_load_options(batch_rows, inflight, load_id)
     view = table_view(cluster, table, token=token)
     check_columns(df.columns, key_col, value_cols)
     load_id = load_id or uuid.uuid4().hex[:12]
@@ -170,6 +178,20 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
           f"{report.retries} retries in {report.seconds - routed_at:.1f} s", file=out)
     print(report.format(), file=out, flush=True)
     return report
+
+
+def check_load_options(batch_rows: int, inflight: int, load_id: str | None) -> None:
+    """``SparkJobError`` for options the write stage could only fail on after the
+    shuffle (found from outside: ``batch_rows`` 20,000 failed there on the server's
+    10,000-operation limit)."""
+    if not (type(batch_rows) is int and 1 <= batch_rows <= MAX_BATCH_OPS):
+        raise SparkJobError(f"batch_rows must be 1..{MAX_BATCH_OPS} (the operations of one "
+                            f"batch at most), not {batch_rows!r}")
+    if not (type(inflight) is int and inflight >= 1):
+        raise SparkJobError(f"inflight must be at least 1, not {inflight!r}")
+    if load_id is not None and not (isinstance(load_id, str) and LOAD_ID.fullmatch(load_id)):
+        raise SparkJobError(f"a load id is 1..64 letters, digits, '.', '_' or '-', not "
+                            f"{load_id!r:.80}")
 
 
 REPORT_SCHEMA = ("partition int, rows long, stored long, batches long, skipped long, "
@@ -205,21 +227,21 @@ class _Writer:
         local = threading.local()
         clients: list[Client] = []
 
-        def send(number: int, chunk: list[Pair]) -> tuple[bool, int]:
+        def send(number: int, chunk: Sequence[Pair]) -> tuple[bool, int]:
             client = getattr(local, "client", None)
             if client is None:
                 local.client = client = self.view.client(self.view.endpoints_for(p), 10.0)
                 clients.append(client)
-            return _send(client, self.table, p, chunk, batch_id(self.load_id, p, number),
-                         self.max_attempts)
+            return _send(client, self.table, p, chunk,
+                         batch_id(self.load_id, p, number, chunk), self.max_attempts)
 
         pending: deque[Future[tuple[bool, int]]] = deque()
         try:
             with ThreadPoolExecutor(self.inflight, thread_name_prefix=f"raftkv-load-{p}") as ex:
-                for number, start in enumerate(range(0, len(rows), self.batch_rows)):
+                for number, chunk in enumerate(cut_batches(rows, self.batch_rows)):
                     if self.on_batch is not None:
                         self.on_batch(p, number, attempt)
-                    pending.append(ex.submit(send, number, rows[start:start + self.batch_rows]))
+                    pending.append(ex.submit(send, number, chunk))
                     while len(pending) >= self.inflight or (pending and pending[0].done()):
                         self._count(rep, pending.popleft().result())
                 while pending:
@@ -249,7 +271,7 @@ def _report_schema() -> pa.Schema:
                       ("attempt", pa.int32()), ("started", pa.float64())])
 
 
-def _send(client: Client, table: str, p: int, chunk: list[Pair], bid: bytes,
+def _send(client: Client, table: str, p: int, chunk: Sequence[Pair], bid: bytes,
           max_attempts: int) -> tuple[bool, int]:
     """(applied, retries) of one batch; the last error if every attempt failed."""
     delay = 0.05
