@@ -81,6 +81,7 @@ class EmbeddedNode:
         peer_tls: TlsConfig | None = None,
         admin: Callable[[EmbeddedNode], AdminHandler] = NodeAdmin,
         cluster_token: str = "",
+        claimed: bool = False,
     ) -> None:
         """``data_dir=None`` keeps everything in memory (storage "memory"); otherwise the
         group lives in LMDB files there. ``durable=False`` skips the log's fsync (faster;
@@ -93,7 +94,10 @@ class EmbeddedNode:
         that dial in); without it frames are authenticated but not encrypted
         (docs/security.md). ``admin(self)`` answers ``raftkv admin`` on the raft port
         (default: ``raftkv.admin.NodeAdmin``). ``cluster_token``: a founder derives the
-        cluster's id from it (``raftkv.node.stores``, "Cluster ids"; none without one)."""
+        cluster's id from it (``raftkv.node.stores``, "Cluster ids"; none without one).
+        ``claimed``: the caller already holds ``data_dir`` (``claim_data_dir``: one that
+        reads the directory before the node is built) and hands it to this node, which
+        lets it go on close; a directory is otherwise refused while any node holds it."""
         secret = secret_bytes(secret)
         if node_id not in peers and not join:
             raise ValueError(f"{node_id} is not in peers; pass join=True to join a cluster")
@@ -114,7 +118,7 @@ class EmbeddedNode:
             request_timeout=request_timeout, data_dir=data_dir, faults=faults,
             peer_tls=peer_tls, cluster_id=cluster_id,
         ), metrics)
-        if data_dir is not None:
+        if data_dir is not None and not claimed:
             try:
                 claim_data_dir(data_dir, node_id, cluster_id)
             except BaseException:
@@ -345,12 +349,13 @@ class ReplicatedNode(EmbeddedNode):
             listen_on(raft_addr).close()
             # Before the state store reads (and tidies) its checkpoint files: a second
             # process on a running node's directory must not touch them. The base class
-            # claims it again, which in one process is a no-op.
+            # is handed the claim.
             claim_data_dir(data_dir, node_id, JOINING if kwargs.get("join") else
                            founding_cluster_id(kwargs.get("cluster_token", "")))
         try:
             store = UserStateStore(obj, path, volatile=path is None)
-            super().__init__(node_id, raft_addr, peers, secret, state=store, **kwargs)
+            super().__init__(node_id, raft_addr, peers, secret, state=store,
+                             claimed=data_dir is not None, **kwargs)
         except BaseException:
             if data_dir is not None:
                 release_data_dir(data_dir)  # again if the base class did: a no-op

@@ -11,7 +11,8 @@ The embedded API (``RaftKV``, ``ReplicatedNode``): the synchronous calls raise, 
 - ``RequestTimeout``: no outcome within ``request_timeout``. A write may still commit
   later; use ``cas`` or an idempotent command when that matters.
 - ``NodeStopped``: the node was closed while the request was pending.
-- ``NotLeader``: a membership or leadership call ran on a follower; ``leader`` is the
+- ``NotLeader``: a membership call ran on a follower (a leadership transfer on a
+  follower is forwarded to the leader; a write too), or no leader is known; ``leader`` is the
   best hint (None while no leader is known). ``NotAMember``, a ``NotLeader``: this node
   was removed from the group while it was down or cut off, and a member told it so
   (``by``, ``index``); it fails every request at once rather than wait for a leader.
@@ -19,7 +20,9 @@ The embedded API (``RaftKV``, ``ReplicatedNode``): the synchronous calls raise, 
 - ``ConfChangeRejected``: a membership change broke a rule of one-by-one change (one
   change at a time, after an entry of the leader's own term); ``LeaderStepping`` is the
   case where the change removes the leader, which hands leadership over first.
-- ``TransferRejected``: a leadership transfer named the leader itself or a non-voter.
+- ``TransferRejected``: a leadership transfer named a node that is not a voter (on a
+  follower, of the configuration it knows). Naming the current leader is done at once,
+  as etcd's move-leader is.
 - ``RemoteError``: the leader refused a write a follower forwarded; ``kind`` names
   the leader-side error. Also what a follower's replicated call raises when the
   method's exception cannot be rebuilt here (``kind`` is its class's qualified name).

@@ -1,10 +1,12 @@
 """``RaftKV``: the replicated key-value store embedded in a Python application.
 
 Each process creates one ``RaftKV`` with its node id, its raft address, the addresses of
-the founding members and the cluster secret. Every call works on any node: writes on a
-follower are forwarded to the leader over the peer connection; linearizable reads do a
-ReadIndex round through the leader and are served from the local replica (§6.4);
-``stale=True`` reads the local replica at once.
+the founding members and the cluster secret. Every read and write works on any node:
+writes on a follower are forwarded to the leader over the peer connection; linearizable
+reads do a ReadIndex round through the leader and are served from the local replica
+(§6.4); ``stale=True`` reads the local replica at once. So does ``transfer_leadership``
+(a follower forwards it). The membership calls (``add_learner``, ``promote``,
+``remove``) run on the leader: a follower raises ``NotLeader`` naming it.
 
 Every operation has a synchronous form, which blocks until the outcome is known and
 raises on failure, and an ``*_async`` form returning a ``concurrent.futures.Future``.
@@ -51,15 +53,27 @@ def _flag(stale: object) -> bool:
 
 
 def _key(key: Key) -> bytes:
-    if not isinstance(key, bytes | str):  # "must be bytes" would hide that str works too
-        raise CommandError(f"key must be bytes or str, not {type(key).__name__}")
-    return check_key(key.encode() if isinstance(key, str) else key)
+    return check_key(_bytes(key, "key"))
 
 
 def _value(value: Value) -> bytes:
-    if not isinstance(value, bytes | str):
-        raise CommandError(f"value must be bytes or str, not {type(value).__name__}")
-    return check_value(value.encode() if isinstance(value, str) else value)
+    return check_value(_bytes(value, "value"))
+
+
+def _bytes(x: object, what: str) -> bytes:
+    """A key or value as bytes: str as UTF-8, a bytes subclass as plain bytes; anything
+    else, or a str UTF-8 cannot encode (a lone surrogate, found from outside raising
+    UnicodeEncodeError), is a CommandError."""
+    if isinstance(x, str):
+        try:
+            return x.encode()
+        except UnicodeEncodeError as e:
+            raise CommandError(f"{what} is not valid text ({e.reason} at position {e.start}); "
+                               f"pass bytes for a binary {what}") from None
+    if isinstance(x, bytes):
+        return bytes(x)
+    # "must be bytes" would hide that str works too
+    raise CommandError(f"{what} must be bytes or str, not {type(x).__name__}")
 
 
 def _batch_op(op: object) -> tuple[bytes, bytes | None]:

@@ -8,8 +8,12 @@ the holder's pid. LMDB alone refuses nothing: its environments are meant to be s
 between processes.
 
 fcntl record locks (not ``flock``) because they belong to the process: the kernel drops
-them when it dies, SIGKILL included, and taking one again in the same process succeeds
-at once, as a node stopped and opened again in one process needs. They are also why the
+them when it dies, SIGKILL included. Since the kernel would grant one again to the same
+process, this module keeps the process's holds itself, and refuses a directory that a
+node of this process still holds: a second node on it used to fail only at LMDB's own
+refusal, and its cleanup then let go of the first node's lock (found from outside), so
+that another process could run the directory beside it. A node stopped and opened again
+in one process releases it in between. They are also why the
 descriptor is kept open and the file never opened a second time while held: closing any
 descriptor of the file drops the process's lock on it. A forked child does not inherit
 them, so it starts holding nothing.
@@ -52,10 +56,10 @@ def lock_data_dir(data_dir: str) -> None:
     log and state stores as the same node, and the running one can be left with damaged
     stores (found from outside: a duplicate ``serve`` on a live node's directory).
 
-    The lock is per process, as fcntl's are: taking it again in the same process (a
-    node stopped and opened again, in tests or an embedding app) succeeds at once, and
-    one ``release_data_dir`` lets it go. A directory removed and made again while held
-    is locked afresh: the old lock guards a file that is gone."""
+    A directory this process already holds is refused too, until ``release_data_dir``
+    (a node stopped and opened again in one process, as tests and embedding apps do,
+    releases it in between). A directory removed and made again while held is locked
+    afresh: the old lock guards a file that is gone."""
     path = os.path.realpath(data_dir)
     lock_path = os.path.join(path, LOCK_FILE)
     held = _held.get(path)
@@ -63,7 +67,9 @@ def lock_data_dir(data_dir: str) -> None:
         try:
             st = os.stat(lock_path)
             if (st.st_dev, st.st_ino) == held[1]:
-                return
+                raise StorageError(
+                    f"{data_dir} is in use by a node of this process: close that node "
+                    "first")
         except FileNotFoundError:
             pass
         release_data_dir(path)

@@ -44,11 +44,40 @@ def test_a_held_directory_is_refused_to_another_process_until_released(
     claim_data_dir(d, "n1")
     try:
         assert not _other_process_locks(d)
-        claim_data_dir(d, "n1")  # again in this process: fine
-        assert not _other_process_locks(d)
     finally:
         release_data_dir(d)
     assert _other_process_locks(d)
+    claim_data_dir(d, "n1")  # a node stopped and opened again in one process
+    release_data_dir(d)
+
+
+def test_a_second_node_of_one_process_is_refused_and_the_first_keeps_its_hold(
+        tmp_path: Path) -> None:
+    """Found from outside: a second embedded node on a running node's directory, in the
+    same process, got the process's lock again, failed only at LMDB's own refusal
+    (reported as a CorruptLog), and its cleanup released the first node's lock: another
+    process could then have run the directory beside the first node. It is refused
+    before it opens anything, and the first node still holds the directory."""
+    from raftkv.kv import RaftKV
+    from raftkv.testing.procs import free_ports
+
+    d = str(tmp_path / "n1")
+    p1, p2 = free_ports(2)
+    kv = RaftKV("n1", f"127.0.0.1:{p1}", {"n1": f"127.0.0.1:{p1}"}, "s", data_dir=d)
+    try:
+        kv.put("k", "v")
+        with pytest.raises(StorageError, match="in use by a node of this process"):
+            RaftKV("n1", f"127.0.0.1:{p2}", {"n1": f"127.0.0.1:{p2}"}, "s", data_dir=d)
+        assert not _other_process_locks(d)
+        assert kv.get("k") == b"v"
+    finally:
+        kv.close()
+    assert _other_process_locks(d)
+    kv = RaftKV("n1", f"127.0.0.1:{p1}", {"n1": f"127.0.0.1:{p1}"}, "s", data_dir=d)
+    try:
+        assert kv.get("k") == b"v"
+    finally:
+        kv.close()
 
 
 def test_a_refused_claim_holds_nothing(tmp_path: Path) -> None:

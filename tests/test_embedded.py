@@ -7,6 +7,7 @@ restart from the data directory, and a PySyncObj-style ``ReplicatedObject``.
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +75,18 @@ def test_bad_keys_and_values_are_refused_before_proposing(cluster: list[RaftKV])
         cluster[0].put(7, "x")  # type: ignore[arg-type]
     with pytest.raises(CommandError, match="value must be bytes or str, not float"):
         cluster[0].put("k", 1.5)  # type: ignore[arg-type]
+    # Text UTF-8 cannot encode was a bare UnicodeEncodeError (found from outside); a
+    # bytes subclass was refused where a str subclass was taken.
+    with pytest.raises(CommandError, match="key is not valid text .*pass bytes"):
+        cluster[0].put("a\udc80", "x")
+    with pytest.raises(CommandError, match="value is not valid text"):
+        cluster[0].put("k", "\ud800")
+
+    class Raw(bytes):
+        pass
+
+    cluster[0].put(Raw(b"raw"), Raw(b"v"))
+    assert cluster[0].get(b"raw") == b"v"
     # A malformed batch operation is refused as the others are (it was a bare unpacking
     # error; found from outside), and nothing of the batch is applied.
     for bad in ([("a",)], [("a", "1"), ("b", "2", "3")], ["ab"], [None]):
@@ -86,6 +99,27 @@ def test_bad_keys_and_values_are_refused_before_proposing(cluster: list[RaftKV])
     with pytest.raises(CommandError, match="at least one operation"):
         cluster[0].batch([])
     assert cluster[0].put("z", "2") == last + 1
+
+
+def test_settings_that_would_spin_or_fail_every_call_are_refused(tmp_path: Path) -> None:
+    """Found from outside: tick_seconds=0 was taken and an idle node spun its loop (1.2 s
+    of CPU in 2 s); request_timeout=-1 failed every call at once though its write could
+    apply; a raft address other than the one peers lists for the node was listened on
+    while the others dialled the listed one. Refused before a file is written, as
+    ``raftkv serve``'s flags refuse them."""
+    ps = peers()
+    d = str(tmp_path / "n1")
+    for kwargs, msg in (({"tick_seconds": 0}, "tick_seconds must be at least 0.001"),
+                        ({"tick_seconds": float("nan")}, "tick_seconds"),
+                        ({"request_timeout": -1}, "request_timeout must be a positive"),
+                        ({"request_timeout": 0}, "request_timeout"),
+                        ({"request_timeout": "5"}, "request_timeout")):
+        with pytest.raises(ValueError, match=msg):
+            RaftKV("n1", ps["n1"], ps, SECRET, data_dir=d, **kwargs)  # type: ignore[arg-type]
+    other = ps["n2"].rsplit(":", 1)[0] + ":1"
+    with pytest.raises(ValueError, match="peers gives n1 the address .* but its raft address"):
+        RaftKV("n1", other, ps, SECRET, data_dir=d)
+    assert not os.path.exists(d)
 
 
 def test_a_peers_map_that_gives_one_address_to_two_ids_is_refused(tmp_path: Path) -> None:

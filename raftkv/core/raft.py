@@ -778,6 +778,11 @@ class Raft:
         if self.role == Role.LEADER:
             self._start_transfer(to, None)
         elif self.lead is not None:
+            # The leader refuses a non-voter without a word to us (§3.10 has the request
+            # forwarded, not answered), so the caller waited out its timeout (found from
+            # outside): refuse it here, by the configuration this follower knows.
+            if to not in self.conf.voters:
+                raise TransferRejected(f"{to} is not a voter")
             self._send(Message(MT.TRANSFER_LEADER, self.lead, self.id, self.term, context=to))
         else:
             raise NotLeader(self.id, None)

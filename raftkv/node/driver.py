@@ -60,6 +60,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import os
 import threading
 from collections import deque
@@ -113,6 +114,7 @@ from raftkv.transport.tcp import Connection
 log = logging.getLogger(__name__)
 
 DEFAULT_TICK = 0.05  # 50 ms: with election_tick=10, elections time out in 0.5-1 s
+MIN_TICK = 0.001
 DEFAULT_REQUEST_TIMEOUT = 5.0
 COMPACT_EVERY = 1.0
 SNAPSHOT_TIMEOUT_ELECTIONS = 20
@@ -225,6 +227,27 @@ class NodeConfig:
     # pings peers and reports their liveness to the cores. RAFTKV_QUIESCE=0 in the
     # environment turns it off (A/B benchmarks, or an operator's escape hatch).
     quiesce: bool = field(default_factory=lambda: os.environ.get("RAFTKV_QUIESCE") != "0")
+
+    def __post_init__(self) -> None:
+        # Found from outside, embedded: a tick of 0 spun an idle node's loop (1.2 s of CPU
+        # in 2 s), a negative request timeout failed every call at once while its write
+        # could still apply, and an address other than the one peers lists for the node
+        # was listened on while the others dialled the listed one. ``raftkv serve``'s
+        # flags refuse the same values.
+        if not (_is_number(self.tick_seconds) and MIN_TICK <= self.tick_seconds < math.inf):
+            raise ValueError(f"tick_seconds must be at least {MIN_TICK} (a shorter tick spins "
+                             f"the loop), not {self.tick_seconds!r}")
+        if not (_is_number(self.request_timeout) and 0 < self.request_timeout < math.inf):
+            raise ValueError(f"request_timeout must be a positive number of seconds, not "
+                             f"{self.request_timeout!r}")
+        listed = self.peers.get(self.node_id)
+        if listed is not None and listed != self.raft_addr:
+            raise ValueError(f"peers gives {self.node_id} the address {listed}, but its raft "
+                             f"address is {self.raft_addr}: the others would dial the first")
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 class Node:

@@ -660,7 +660,7 @@ class _Engine:
             kw["checkpoint_seconds"] = s.checkpoint_seconds
         if data_dir is not None:
             # Before the store reads (and tidies) its checkpoint files: another process
-            # running this node must keep them (EmbeddedNode claims it again: a no-op).
+            # running this node must keep them. The EmbeddedNode is handed the claim.
             claim_data_dir(data_dir, self.id)
         # In memory (no journalFile, or a read-only node): the log is in memory too.
         try:
@@ -677,13 +677,19 @@ class _Engine:
                 join=self.readonly, tick_seconds=TICK_SECONDS,
                 election_tick=s.election_tick, request_timeout=REQUEST_TIMEOUT, state=store,
                 compaction=s.compaction,
-                admin=lambda _: SyncObjAdmin(self.owner),
+                admin=lambda _: SyncObjAdmin(self.owner), claimed=data_dir is not None,
             )
         except OSError:
             log.exception("cannot start the node at %s", self.bind)
             self.bind_failed = True
             store.close()
+            if data_dir is not None:  # a bind retried later claims it again
+                release_data_dir(data_dir)
             return False
+        except BaseException:
+            if data_dir is not None:  # refused before the node took the claim over
+                release_data_dir(data_dir)
+            raise
         g = self.embedded.node.groups[self.group]
         self.embedded.node.call(lambda: self._hook(g)).result(timeout=REQUEST_TIMEOUT)
         with self._lock:
