@@ -17,6 +17,8 @@ The embedded API (``RaftKV``, ``ReplicatedNode``): the synchronous calls raise, 
   was removed from the group while it was down or cut off, and a member told it so
   (``by``, ``index``); it fails every request at once rather than wait for a leader.
 - ``ProposalDropped``: the leader refused the proposal (a leadership transfer is under way).
+- ``ReplicaEmpty``: a stale read of a replica that has applied nothing yet (it started
+  empty and has not caught up), whose "absent" would be wrong, not stale.
 - ``ConfChangeRejected``: a membership change broke a rule of one-by-one change (one
   change at a time, after an entry of the leader's own term); ``LeaderStepping`` is the
   case where the change removes the leader, which hands leadership over first.
@@ -82,7 +84,13 @@ from raftkv.core.errors import (
     RaftError,
     TransferRejected,
 )
-from raftkv.node.errors import NodeError, NodeStopped, RemoteError, RequestTimeout
+from raftkv.node.errors import (
+    NodeError,
+    NodeStopped,
+    RemoteError,
+    ReplicaEmpty,
+    RequestTimeout,
+)
 from raftkv.recovery.unsafe_reset import UnsafeResetError
 from raftkv.spark.cluster import SparkJobError
 from raftkv.statemachine import MalformedCommand, NotAttachedError, ResultNotSent, UnknownMethod
@@ -106,6 +114,7 @@ __all__ = [
     "ProposalDropped",
     "RaftError",
     "RemoteError",
+    "ReplicaEmpty",
     "RequestTimeout",
     "ResultNotSent",
     "SparkJobError",

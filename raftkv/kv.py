@@ -139,7 +139,7 @@ class RaftKV(EmbeddedNode):
     # -- reads ----------------------------------------------------------------------------
     def get_async(self, key: Key, stale: bool = False) -> Future[bytes | None]:
         k = _key(key)
-        return self.node.read(self.group, lambda s: s.get(k), linearizable=not _flag(stale))
+        return self.node.read_kv(self.group, lambda s: s.get(k), linearizable=not _flag(stale))
 
     def get(self, key: Key, stale: bool = False) -> bytes | None:
         return self._wait(self.get_async(key, stale))
@@ -153,7 +153,7 @@ class RaftKV(EmbeddedNode):
 
     def read_async(self, fn: Any, stale: bool = False) -> Future[Any]:
         """Run ``fn(state_store)`` against the replica (scan, digest, ...)."""
-        return self.node.read(self.group, fn, linearizable=not _flag(stale))
+        return self.node.read_kv(self.group, fn, linearizable=not _flag(stale))
 
     def digest_async(self, stale: bool = False) -> Future[dict[str, Any]]:
         """The replica's ``{"count", "digest", "revisions_digest", "applied"}``: equal

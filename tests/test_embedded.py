@@ -19,6 +19,7 @@ from raftkv.storage.lmdb_checkpoint import CheckpointFile
 
 import raftkv
 from raftkv.core import NotLeader
+from raftkv.errors import ReplicaEmpty
 from raftkv.examples.counter import Counter
 from raftkv.kv import RaftKV
 from raftkv.testing.procs import free_ports
@@ -271,6 +272,10 @@ def test_in_memory_nodes_and_a_learner_that_is_promoted() -> None:
         kvs[0].wait_for_leader()
         for i in range(20):
             kvs[1].put(f"k{i}", "v")
+        # Not added yet, it holds nothing of the group: a stale read is an error, not
+        # "absent" (found from outside, on a restarted in-memory table replica).
+        with pytest.raises(ReplicaEmpty, match="has applied nothing yet"):
+            joiner.get("k19", stale=True)
         lead = next(kv for kv in kvs if kv.leader() == kv.node_id)
         lead.add_learner("n4", ps["n4"])
         deadline = 200
@@ -279,6 +284,7 @@ def test_in_memory_nodes_and_a_learner_that_is_promoted() -> None:
             kvs[0]._sleep()
         assert kvs[0].members().get("n4") == "voter"
         assert joiner.get("k19") == b"v"
+        assert joiner.get("k19", stale=True) == b"v"
     finally:
         for kv in [*kvs, joiner]:
             kv.close()

@@ -30,6 +30,7 @@ from test_rebalance import ALL, META, Cluster, wait_for
 
 from raftkv.core import Role
 from raftkv.node.driver import Node
+from raftkv.node.errors import ReplicaEmpty, UnknownGroup
 from raftkv.placement.assignments import (
     calc_assignments,
     decode_nodes,
@@ -221,6 +222,17 @@ def test_one_in_memory_replica_restarts_with_a_majority_alive(
         for k, v in data.items():
             assert _local(c, n, k) == v
     c.start("n3")
+    # Until n3 has rejoined, a stale read of its replica is an error, never "absent"
+    # (found from outside: the replica, restarted empty, answered committed keys 404).
+    answers = []
+    deadline = time.monotonic() + 10
+    while not answers and time.monotonic() < deadline:
+        try:
+            answers.append(c.nodes["n3"].read_kv(GID, lambda s: s.get(b"k3"), False)
+                           .result(5))
+        except (ReplicaEmpty, UnknownGroup):
+            time.sleep(0.005)
+    assert answers == [b"v3"]
     _wait_settled(c, META)
     seen = voters.stop()
     assert ["n1", "n2"] in seen and seen[-1] == META, seen

@@ -22,6 +22,13 @@ class UnknownGroup(NodeError):
     pass
 
 
+class ReplicaEmpty(NodeError):
+    """A stale read of a replica that has applied nothing yet: one that started empty
+    (an in-memory partition after its node restarted, a learner not yet caught up) holds
+    no state of its group's history, so "absent" would be a wrong answer, not a stale
+    one."""
+
+
 class RemoteError(NodeError):
     """The leader refused a forwarded command; ``kind`` names the leader-side error."""
 

@@ -56,7 +56,13 @@ from raftkv.core import (
     ProposalDropped,
     TransferRejected,
 )
-from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
+from raftkv.node.errors import (
+    NodeStopped,
+    RemoteError,
+    ReplicaEmpty,
+    RequestTimeout,
+    UnknownGroup,
+)
 from raftkv.storage.commands import CommandError, check_key
 
 if TYPE_CHECKING:
@@ -100,6 +106,8 @@ def status_of(e: BaseException) -> web.Response:
         return error(400, str(e))
     if isinstance(e, NotAMember):
         return error(503, str(e), leader=None, removed={"by": e.by, "index": e.index})
+    if isinstance(e, ReplicaEmpty):
+        return error(503, str(e))
     if isinstance(e, NotLeader):
         if e.leader is not None:
             return error(421, f"not the leader; the leader is {e.leader}", leader=e.leader)
