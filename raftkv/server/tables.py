@@ -99,7 +99,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
-from raftkv.core import NotLeader, Role
+from raftkv.core import NotAMember, NotLeader, Role
 from raftkv.kv import RaftKV
 from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
 from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of, partitions_of
@@ -790,8 +790,11 @@ class TablesApi:
         self._same_generation(request, name)
         p = partition_of(req.key, desc.partitions)
         gid = partition_group(name, p)
-        if gid in self.p.node.groups:
-            return await self._local(name, gid, req)
+        if self._here(gid):
+            try:
+                return await self._local(name, gid, req)
+            except NotAMember:  # removed meanwhile (``_here``); nothing was proposed
+                pass
         return await self._elsewhere(request, name, p, req.value)
 
     async def _elsewhere(self, request: web.Request, name: str, p: int,
@@ -840,6 +843,19 @@ class TablesApi:
     def _generation_header(self, name: str) -> dict[str, str]:
         gen = self.p.mgr.generation(name)
         return {GENERATION: str(gen)} if gen is not None else {}
+
+    def _here(self, gid: str) -> bool:
+        """Whether this node serves partition group ``gid``: it hosts a replica that was
+        not removed from it. A replica removed by a set-replicas or a move stays until the
+        placement manager stops it, and a request for it answered 503 "not a member any
+        more ... will not serve" (found from outside, on healthy nodes during a routine
+        set-replicas); it is now served where the partition is, as for one not hosted
+        here. Read off the loop thread, and a replica learns of its removal only when a
+        member tells it (its forwarded write refused, say), so the handlers also send a
+        request that failed here with ``NotAMember`` (nothing was proposed) on to the
+        partition's hosts."""
+        g = self.p.node.groups.get(gid)
+        return g is not None and g.raft.removed is None
 
     def _hosts(self, name: str, p: int) -> Sequence[str]:
         """Other nodes hosting partition ``p``: its leader first, then its other stable
@@ -900,19 +916,22 @@ class TablesApi:
         a node that hosts it (the table range read's fan-out)."""
         name, _, p, gid = await self._partition(request)
         req = parse_range(request, name)
-        if gid not in self.p.node.groups:
-            return await self._elsewhere(request, name, p, b"")
-        try:
-            return web.json_response(page_json(await self._local_page(name, gid, req), req))
-        except _PartitionFailed as e:
-            return error(e.status, str(e), group=gid)
+        if self._here(gid):
+            try:
+                return web.json_response(page_json(await self._local_page(name, gid, req),
+                                                   req))
+            except _PartitionFailed as e:
+                return error(e.status, str(e), group=gid)
+            except NotAMember:  # removed meanwhile (``_here``)
+                pass
+        return await self._elsewhere(request, name, p, b"")
 
     async def partition_watch(self, request: web.Request) -> web.StreamResponse:
         """A watch of one partition (``watch_ops``; revisions are that partition's log
         indexes), served by a node that hosts it: any other answers 421 naming one."""
         name, _, p, gid = await self._partition(request)
         req = parse_watch(request)
-        if gid not in self.p.node.groups:
+        if not self._here(gid):
             hosts = self._hosts(name, p)
             return error(421, f"{gid} is not hosted here; watch it on a node that hosts it",
                           node=hosts[0] if hosts else None, group=gid)
@@ -924,7 +943,7 @@ class TablesApi:
         naming the leader."""
         name, _, p, gid = await self._partition(request)
         check_query(request, ())
-        if gid not in self.p.node.groups:
+        if not self._here(gid):
             hosts = self._hosts(name, p)
             return error(421, f"{gid} is not hosted here; ask a node that hosts it",
                          leader=hosts[0] if hosts else None, group=gid)
@@ -952,8 +971,11 @@ class TablesApi:
         """Partition ``p``'s page of a table range read: read here if this node hosts it,
         else asked of its hosts in turn (a read may be asked again anywhere)."""
         gid = partition_group(name, p)
-        if gid in self.p.node.groups:
-            return await self._local_page(name, gid, req)
+        if self._here(gid):
+            try:
+                return await self._local_page(name, gid, req)
+            except NotAMember:  # removed meanwhile (``_here``): ask its hosts
+                pass
         addrs = await self._run(self.p.http_addrs)
         last = _PartitionFailed(503, f"no known host of {gid} yet; retry")
         for n in dict.fromkeys(self._hosts(name, p)):
@@ -993,9 +1015,12 @@ class TablesApi:
                                f"partitions {', '.join(map(str, parts))} of table {name} "
                                f"(each partition is its own Raft group)")
         gid = partition_group(name, parts[0])
-        if gid not in self.p.node.groups:
-            return await self._elsewhere(request, name, parts[0], raw)
-        return await self._served(name, gid, serve_txn(self.p.node, gid, txn))
+        if self._here(gid):
+            try:
+                return await self._served(name, gid, serve_txn(self.p.node, gid, txn))
+            except NotAMember:  # removed meanwhile (``_here``); nothing was proposed
+                pass
+        return await self._elsewhere(request, name, parts[0], raw)
 
     async def table_batch(self, request: web.Request) -> web.Response:
         """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
@@ -1034,7 +1059,7 @@ class TablesApi:
         """Apply one partition's share of a table batch; its log index. ``caller``: the
         credentials to send if another node must apply it."""
         gid = partition_group(name, p)
-        if gid in self.p.node.groups:
+        if self._here(gid):
             require_leader(self.p.node, gid)
             index: int = await wait(self.p.node.propose(gid, cmd, lambda i, r: i))
             return index
@@ -1096,7 +1121,7 @@ class TablesApi:
             if got != p:
                 raise CommandError(f"key {k[:64]!r} belongs to partition {got}, not {p}")
         cmd = encode_batch(ops, batch_id)
-        if gid not in self.p.node.groups:
+        if not self._here(gid):
             return await self._elsewhere(request, name, p, body)
         require_leader(self.p.node, gid)
         try:
@@ -1116,7 +1141,7 @@ class TablesApi:
         With ``?keys=N`` and at most N rows, ``"rows"`` maps each key (hex) to its row hash
         (hex), so a verifier can name missing, extra and altered keys."""
         _, _, p, gid = await self._partition(request)
-        if gid not in self.p.node.groups:
+        if not self._here(gid):
             return error(404, f"{gid} has no replica on {self.p.id}", node=self.p.id)
         q = request.query
         try:
