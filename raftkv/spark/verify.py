@@ -99,18 +99,35 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Every replica was checked and holds exactly the input."""
         return not self.mismatches
+
+    @property
+    def differing(self) -> list[Mismatch]:
+        """The replicas checked whose rows differ from the input."""
+        return [m for m in self.mismatches if m.error is None]
+
+    @property
+    def unchecked(self) -> list[Mismatch]:
+        """The replicas that could not be checked (unreachable, no answer in time):
+        ``mismatches`` holds them too, as the table is not verified, but they are not
+        known to differ (found from outside: a node down counted as a mismatch)."""
+        return [m for m in self.mismatches if m.error is not None]
 
     def format(self) -> str:
         head = (f"verify {self.table}: {self.rows} rows in {self.partitions} partitions, "
                 f"{self.replicas_checked} replicas checked in {self.seconds:.1f} s: ")
         if self.ok:
             return head + "clean"
-        return "\n".join([head + f"{len(self.mismatches)} MISMATCHES"]
-                         + [m.describe() for m in self.mismatches]
-                         + [(f"keys are named for partitions of at most {self.diff_limit} "
-                            "rows: raise --diff-limit (diff_limit=) to name them in "
-                            "larger ones")])
+        differing, unchecked = self.differing, self.unchecked
+        says = [f"{len(differing)} MISMATCHES"] if differing else []
+        if unchecked:
+            says.append(f"{len(unchecked)} replicas NOT CHECKED")
+        lines = [head + ", ".join(says)] + [m.describe() for m in self.mismatches]
+        if differing:
+            lines.append(f"keys are named for partitions of at most {self.diff_limit} rows: "
+                         "raise --diff-limit (diff_limit=) to name them in larger ones")
+        return "\n".join(lines)
 
 
 def verify(df: DataFrame, table: str, key_col: str,
@@ -187,7 +204,7 @@ class _Digester:
 
 def _check_partition(view: TableView, info: PartitionInfo, exp: Expected, diff_limit: int,
                      timeout: float) -> tuple[int, list[Mismatch]]:
-    """(replicas checked, mismatches) for one partition."""
+    """(replicas checked, mismatches and replicas not checked) for one partition."""
     client = view.client(list(view.endpoints), timeout + 10)
     try:
         answers: dict[str, dict[str, Any] | str] = {}
@@ -214,8 +231,9 @@ def _check_partition(view: TableView, info: PartitionInfo, exp: Expected, diff_l
                 answers[node] = d
             except (ClientError, Unavailable, OSError) as e:
                 answers[node] = str(e)
-        return len(order), [m for node, a in answers.items()
-                            if (m := _compare(info.partition, node, exp, a)) is not None]
+        return (sum(1 for a in answers.values() if not isinstance(a, str)),
+                [m for node, a in answers.items()
+                 if (m := _compare(info.partition, node, exp, a)) is not None])
     finally:
         client.close()
 
