@@ -252,6 +252,10 @@ def test_bad_input_is_refused_before_any_write(spark: Any, cluster: ProcCluster)
         bulk_load(df, "guarded", "id", ["name"], cluster=eps, batch_rows=20_000)
     with pytest.raises(SparkJobError, match="a load id is 1..64 letters"):
         bulk_load(df, "guarded", "id", ["name"], cluster=eps, load_id="../../x y")
+    with pytest.raises(SparkJobError, match="a list of names, not the string 'name'"):
+        bulk_load(df, "guarded", "id", "name", cluster=eps)  # type: ignore[arg-type]
+    with pytest.raises(SparkJobError, match="diff_limit must be a whole number"):
+        verify(df, "guarded", "id", ["name"], cluster=eps, diff_limit=-1)
     assert set(_count_everywhere(cluster, admin, "guarded").values()) == {0}
 
 

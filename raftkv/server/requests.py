@@ -462,7 +462,8 @@ def decode_batch_body(raw: bytes, content_type: str) -> list[tuple[bytes, bytes 
             ops = msgpack.unpackb(raw, raw=False, max_array_len=1 << 20, max_map_len=0)
         except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
                 msgpack.StackError) as e:
-            raise CommandError(f"the body is not msgpack: {e}") from None
+            # Some decoders' errors have no text (found from outside: "not msgpack: ").
+            raise CommandError(f"the body is not msgpack: {e or type(e).__name__}") from None
     else:
         try:
             body = json.loads(raw)

@@ -227,7 +227,8 @@ def job_error(e: Exception, what: str) -> Exception:
     reason = row_error(e)
     if reason is None:
         return e
-    return SparkJobError(f"bad input row, nothing was written by this {what}: {reason}")
+    done = "nothing was written" if what == "load" else "nothing was compared"
+    return SparkJobError(f"bad input row, {done} by this {what}: {reason}")
 
 
 def check_columns(columns: Sequence[str], key_col: str, value_cols: Sequence[str] | None
@@ -236,6 +237,9 @@ def check_columns(columns: Sequence[str], key_col: str, value_cols: Sequence[str
     ``columns`` (a DataFrame's, or the input's as ``raftkv.spark.input_columns`` reads
     them before Spark starts)."""
     cols = set(columns)
+    if isinstance(value_cols, str):  # "name" would be read as the columns n, a, m, e
+        raise SparkJobError(f"value columns are a list of names, not the string "
+                            f"{value_cols!r} (write [{value_cols!r}])")
     if key_col not in cols:
         raise SparkJobError(f"no key column {key_col!r}; the columns are {sorted(cols)}")
     if value_cols is not None:

@@ -141,6 +141,8 @@ def verify(df: DataFrame, table: str, key_col: str,
     out = out or sys.stdout
     if (value_cols is None) == (value_fn is None):
         raise SparkJobError("give exactly one of value_cols and value_fn")
+    if not (type(diff_limit) is int and diff_limit >= 0):
+        raise SparkJobError(f"diff_limit must be a whole number of rows, not {diff_limit!r}")
     view = table_view(cluster, table, token=token)
     check_columns(df.columns, key_col, value_cols)
     n = len(view.partitions)
