@@ -209,6 +209,28 @@ def test_a_peer_with_the_wrong_secret_never_gets_a_frame_decoded() -> None:
         b.close()
 
 
+def test_a_peer_that_keeps_failing_the_handshake_is_warned_about_once_in_a_while(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found from outside: a node with the wrong secret redials many times a second, and
+    each peer logged every refusal as a WARNING (about 20 a second). One WARNING per
+    source and reason per ``WARN_EVERY`` seconds; the rest are DEBUG."""
+    poller, a, b, _ = _pair(secret_b=b"not-the-secret")
+    caplog.set_level("DEBUG", logger="raftkv.transport.tcp")
+    try:
+        for _ in range(40):
+            a.send("b", [0, "x"])
+            b.send("a", [0, "y"])
+            _spin(poller, [a, b], lambda: False, 0.05)
+        closed = [r for r in caplog.records if "closed" in r.getMessage()]
+        warned = [r for r in closed if r.levelname == "WARNING"]
+        assert len(closed) > 2 * len(warned) > 0, [r.getMessage() for r in closed]
+        kinds = {(r.getMessage().split(" closed: ")[1].split(" (")[0]) for r in warned}
+        assert len(warned) <= 2 * len(kinds), [r.getMessage() for r in warned]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_the_fault_switch_is_off_unless_enabled() -> None:
     _, a, b, _ = _pair()
     try:

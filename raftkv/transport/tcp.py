@@ -178,6 +178,35 @@ class _State:
     CLOSED = "closed"
 
 
+WARN_EVERY = 10.0  # seconds between warnings of one kind about one source
+
+
+class _Warnings:
+    """A connection closed for a fault (a failed handshake, a bad frame) is a WARNING,
+    once per ``WARN_EVERY`` seconds for each source (the peer's id, or its host before
+    it has one) and reason; the repeats go to DEBUG and are counted in the next one. A
+    node with the wrong secret redials many times a second, and each of its peers logged
+    every refusal (found from outside: 20 WARNINGs a second)."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def warn(self, source: str, who: str, why: str) -> None:
+        now = monotonic()
+        key = (source, why)
+        last = self._last.get(key)
+        if last is not None and now - last[0] < WARN_EVERY:
+            self._last[key] = (last[0], last[1] + 1)
+            log.debug("connection with %s closed: %s", who, why)
+            return
+        if len(self._last) > 1000:  # many sources: keep only the recent ones
+            self._last = {k: v for k, v in self._last.items() if now - v[0] < WARN_EVERY}
+        self._last[key] = (now, 0)
+        more = (f" ({last[1]} more like it since the last, {now - last[0]:.0f} s ago)"
+                if last is not None and last[1] else "")
+        log.warning("connection with %s closed: %s%s", who, why, more)
+
+
 class Connection:
     def __init__(self, transport: Transport, sock: socket.socket, dialed_to: str | None) -> None:
         self.t = transport
@@ -521,8 +550,11 @@ class Connection:
         self.state = _State.CLOSED
         self.outbox.clear()  # a split message's encoding: free it now, not when collected
         self.unframed = 0
-        (log.debug if quiet else log.warning)("connection with %s closed: %s",
-                                              self.describe(), why)
+        if quiet:
+            log.debug("connection with %s closed: %s", self.describe(), why)
+        else:
+            source = self.peer or self.dialed_to or self.remote.rpartition(":")[0]
+            self.t.closed_warnings.warn(source, self.describe(), why)
         try:
             self.t.poller.unsubscribe(self.fd)
         except (KeyError, OSError, ValueError):
@@ -595,6 +627,7 @@ class Transport:
         # Peers refused as another cluster's, by id, with the cluster they named, until
         # one passes: what /ready says when no leader is known.
         self.cluster_refusals: dict[str, str] = {}
+        self.closed_warnings = _Warnings()
         self.blocked: frozenset[str] = frozenset()
         self.peers: dict[str, _Peer] = {}
         self.pending: set[Connection] = set()  # accepted, not yet authenticated
