@@ -538,6 +538,14 @@ def test_an_in_memory_partition_that_lost_a_majority_says_so(cluster: ProcCluste
 
     _wait(said, 60, "the lost majority named in describe's errors")
     assert cluster.client(["n1"]).get("k", stale=True, table="lost") == b"v"
+    # A count through any node says no leader is known, as a key's request does (found
+    # from outside: it said the partition was not hosted here and may have just moved).
+    for node in cluster.nodes.values():
+        url = (f"http://127.0.0.1:{node.http_port}/v1/tables/lost/kv?prefix=&count_only=true")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=30)
+        body = e.value.read().decode()
+        assert e.value.code == 503 and "no leader" in body, (node.id, body)
     assert admin.describe_table("lost")["restarted_empty"] == []
     # The last holder restarts too: nothing holds the data, and the partition starts
     # again empty and writable, which describe says (found from outside: it did not).

@@ -978,6 +978,7 @@ class TablesApi:
                 pass
         addrs = await self._run(self.p.http_addrs)
         last = _PartitionFailed(503, f"no known host of {gid} yet; retry")
+        failed: list[_PartitionFailed] = []
         for n in dict.fromkeys(self._hosts(name, p)):
             if n not in addrs:
                 continue
@@ -994,7 +995,13 @@ class TablesApi:
                         raise last
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
                 last = _PartitionFailed(503, f"{n}: {e!r}")
-        raise last
+            failed.append(last)
+        # The most telling failure, not the last: a stable node whose replica is not
+        # started (one of an in-memory partition's restarted majority) says only that it
+        # does not host it, where another host said no leader is known (found from
+        # outside: a count of a partition that lost its majority said it "may have just
+        # moved").
+        raise next((f for f in failed if "is not hosted here" not in str(f)), last)
 
     async def table_txn(self, request: web.Request) -> web.Response:
         """A transaction inside one partition of a table (``txn_ops``): every key it names
