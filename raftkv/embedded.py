@@ -20,7 +20,15 @@ from pysyncobj.monotonic import monotonic
 
 from raftkv.admin import NodeAdmin
 from raftkv.core import ConfChangeOp, ConfChangeRejected, LeaderStepping, RaftError, Role
-from raftkv.node.driver import AdminHandler, Metrics, Node, NodeConfig, conf_change
+from raftkv.node.driver import (
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_TICK,
+    AdminHandler,
+    Metrics,
+    Node,
+    NodeConfig,
+    conf_change,
+)
 from raftkv.node.errors import NodeStopped, RequestTimeout
 from raftkv.node.stores import claim_data_dir, founding_cluster_id, open_group_storage
 from raftkv.node.user_state import UserStateStore
@@ -70,9 +78,9 @@ class EmbeddedNode:
         data_dir: str | None = None,
         durable: bool = True,
         join: bool = False,
-        tick_seconds: float = 0.05,
+        tick_seconds: float = DEFAULT_TICK,
         election_tick: int = 10,
-        request_timeout: float = 5.0,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         metrics: Metrics | None = None,
         faults: bool = False,
         group: str = DEFAULT_GROUP,
@@ -343,7 +351,12 @@ class ReplicatedNode(EmbeddedNode):
         data_dir = kwargs.get("data_dir")
         path = group_paths(data_dir, kwargs.get("group", DEFAULT_GROUP))[1] if data_dir else None
         if data_dir is not None:
-            # Its raft address first, as the base class binds it before it claims the
+            # Its settings first, as the base class checks them (NodeConfig) before it
+            # writes anything: refused, they leave nothing written (found in review).
+            NodeConfig(node_id, raft_addr, secret, peers=dict(peers),
+                       tick_seconds=kwargs.get("tick_seconds", DEFAULT_TICK),
+                       request_timeout=kwargs.get("request_timeout", DEFAULT_REQUEST_TIMEOUT))
+            # Its raft address next, as the base class binds it before it claims the
             # directory: one in use must leave nothing written (review finding). The
             # probe's socket is closed at once; the base class binds for good.
             listen_on(raft_addr).close()

@@ -17,14 +17,14 @@ The embedded API (``RaftKV``, ``ReplicatedNode``): the synchronous calls raise, 
   was removed from the group while it was down or cut off, and a member told it so
   (``by``, ``index``); it fails every request at once rather than wait for a leader.
 - ``ProposalDropped``: the leader refused the proposal (a leadership transfer is under way).
-- ``ReplicaEmpty``: a stale read of a replica that has applied nothing yet (it started
-  empty and has not caught up), whose "absent" would be wrong, not stale.
+- ``ReplicaEmpty``: a stale read of a replica that started empty and has not caught up
+  yet, whose "absent" would be wrong, not stale.
 - ``ConfChangeRejected``: a membership change broke a rule of one-by-one change (one
   change at a time, after an entry of the leader's own term); ``LeaderStepping`` is the
   case where the change removes the leader, which hands leadership over first.
-- ``TransferRejected``: a leadership transfer named a node that is not a voter (on a
-  follower, of the configuration it knows). Naming the current leader is done at once,
-  as etcd's move-leader is.
+- ``TransferRejected``: a leadership transfer named a node that is not a voter (a
+  follower refuses one that is no member of the configuration it knows, and forwards
+  the rest). Naming the current leader is done at once, as etcd's move-leader is.
 - ``RemoteError``: the leader refused a write a follower forwarded; ``kind`` names
   the leader-side error. Also what a follower's replicated call raises when the
   method's exception cannot be rebuilt here (``kind`` is its class's qualified name).

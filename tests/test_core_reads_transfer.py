@@ -230,15 +230,16 @@ def test_transfer_to_non_voter_or_self_rejected():
     c.propose("n1", cmd(1))  # still accepting proposals
 
 
-def test_transfer_to_a_non_voter_requested_on_a_follower_is_refused_there():
+def test_transfer_to_a_non_member_requested_on_a_follower_is_refused_there():
     """A follower forwards a transfer request to the leader (§3.10), which drops one to a
     node that is not a voter without a word to the follower, so its caller waited out
-    a timeout (found from outside). The follower refuses it itself, by the configuration
-    it knows, and sends nothing."""
+    a timeout (found from outside). The follower refuses a node that is no member of the
+    configuration it knows, and sends nothing (a learner is forwarded: the leader may
+    have promoted it already)."""
     c = started(seed=9)
     c.stabilize()
     sent = len(c.delivered)
-    with pytest.raises(TransferRejected, match="n9 is not a voter"):
+    with pytest.raises(TransferRejected, match="n9 is not a member"):
         c.raft("n3").transfer_leadership("n9")
     c.stabilize()
     assert not [m for m in c.delivered[sent:] if m.type == MT.TRANSFER_LEADER]

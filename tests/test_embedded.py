@@ -120,6 +120,9 @@ def test_settings_that_would_spin_or_fail_every_call_are_refused(tmp_path: Path)
     other = ps["n2"].rsplit(":", 1)[0] + ":1"
     with pytest.raises(ValueError, match="peers gives n1 the address .* but its raft address"):
         RaftKV("n1", other, ps, SECRET, data_dir=d)
+    with pytest.raises(ValueError, match="tick_seconds"):  # it reads its files first
+        raftkv.ReplicatedNode(Counter(), "n1", ps["n1"], ps, SECRET, data_dir=d,
+                              tick_seconds=0)
     assert not os.path.exists(d)
 
 
@@ -274,7 +277,7 @@ def test_in_memory_nodes_and_a_learner_that_is_promoted() -> None:
             kvs[1].put(f"k{i}", "v")
         # Not added yet, it holds nothing of the group: a stale read is an error, not
         # "absent" (found from outside, on a restarted in-memory table replica).
-        with pytest.raises(ReplicaEmpty, match="has applied nothing yet"):
+        with pytest.raises(ReplicaEmpty, match="started empty and has not caught up"):
             joiner.get("k19", stale=True)
         lead = next(kv for kv in kvs if kv.leader() == kv.node_id)
         lead.add_learner("n4", ps["n4"])
@@ -287,6 +290,40 @@ def test_in_memory_nodes_and_a_learner_that_is_promoted() -> None:
         assert joiner.get("k19", stale=True) == b"v"
     finally:
         for kv in [*kvs, joiner]:
+            kv.close()
+
+
+def test_an_in_memory_founder_restarted_serves_no_stale_read_before_it_caught_up() -> None:
+    """Found in review: an in-memory founder started again with the same arguments
+    applies its bootstrap entry (index 1) at once, and one catching up over several
+    appends has applied a prefix: either way a stale read said "absent" for keys the
+    group had committed long before. Until it reaches what the first leader it heard
+    from had committed, it answers ReplicaEmpty; after, the value."""
+    ps = peers()
+    kvs = {n: RaftKV(n, a, ps, SECRET) for n, a in ps.items()}
+    try:
+        lead = kvs["n1"].wait_for_leader()
+        big = b"x" * 8192
+        for i in range(400):  # over 3 MB of log: the catch-up takes several appends
+            kvs[lead].put(f"k{i:03d}", big)
+        victim = next(n for n in ps if n != lead)
+        kvs[victim].close()
+        kvs[victim] = RaftKV(victim, ps[victim], ps, SECRET)
+        answers: list[object] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                got = (kvs[victim].get("k010", stale=True), kvs[victim].get("k399", stale=True))
+            except ReplicaEmpty:
+                answers.append("empty")
+                time.sleep(0.002)
+                continue
+            answers.append(got)
+            break
+        assert answers[-1] == (big, big), answers[-5:]
+        assert all(a == "empty" for a in answers[:-1])
+    finally:
+        for kv in kvs.values():
             kv.close()
 
 

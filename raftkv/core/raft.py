@@ -780,9 +780,11 @@ class Raft:
         elif self.lead is not None:
             # The leader refuses a non-voter without a word to us (§3.10 has the request
             # forwarded, not answered), so the caller waited out its timeout (found from
-            # outside): refuse it here, by the configuration this follower knows.
-            if to not in self.conf.voters:
-                raise TransferRejected(f"{to} is not a voter")
+            # outside): refuse a node that is no member at all of the configuration this
+            # follower knows. A learner is forwarded: the leader may have promoted it in
+            # an entry this follower has not received yet (found in review).
+            if to not in self.conf.members():
+                raise TransferRejected(f"{to} is not a member of the group")
             self._send(Message(MT.TRANSFER_LEADER, self.lead, self.id, self.term, context=to))
         else:
             raise NotLeader(self.id, None)

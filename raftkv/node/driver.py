@@ -206,6 +206,12 @@ class Group:
     on_close: list[Callable[[Group], None]] = field(default_factory=list)
     # The id its peers' frames carry (``Node.add_group``'s ``wire_id``).
     wire: str = ""
+    # Whether its state is one this replica may serve stale reads from (``read_kv``): a
+    # state store that opened with history of its own, or one that has since reached the
+    # commit index (or the snapshot) the first leader it heard from sent it. A replica
+    # that starts empty (in memory, or new) holds a prefix of nothing until then.
+    caught_up: bool = True
+    catch_up_to: int | None = None
 
     @property
     def state(self) -> StateStore:
@@ -369,7 +375,10 @@ class Node:
         if self.cfg.quiesce:  # what the other cores have been told already (_peer_changed)
             for peer in sorted(self._down):
                 raft.peer_down(peer)
-        g = Group(group_id, raft, storage, report, wire=wire, durable_term=raft.term)
+        g = Group(group_id, raft, storage, report, wire=wire, durable_term=raft.term,
+                  # Index 1 is the founders' bootstrap configuration, which an in-memory
+                  # founder writes and applies again on every start (found in review).
+                  caught_up=storage.state.applied_index() > 1)
         self.groups[group_id] = g
         self._wire[wire] = g
         self._dirty.add(group_id)
@@ -529,18 +538,25 @@ class Node:
                 linearizable: bool = True) -> Future[Any]:
         """``read`` of a group whose state store is a KV store (the default group, a
         table partition): ``fn`` may use its revisions, rows and outcomes. A stale read
-        of a replica that has applied nothing fails with ``ReplicaEmpty``: found from
-        outside, an in-memory partition's replica, restarted empty, answered a stale read
-        of 2,000 committed keys with "absent" until it rejoined, and the docs send
-        operators to stale reads to save a table's rows."""
+        of a replica that started empty and has not caught up yet (``Group.caught_up``)
+        fails with ``ReplicaEmpty``: found from outside, an in-memory partition's
+        replica, restarted empty, answered a stale read of 2,000 committed keys with
+        "absent" until it rejoined, and the docs send operators to stale reads to save a
+        table's rows. A replica that opened with state of its own serves it, stale."""
         if linearizable:
             return self.read(group, cast("ReadFn", fn), True)
 
         def checked(state: KVStateStore) -> Any:
-            if state.applied_index() == 0:
-                raise ReplicaEmpty(f"{group}'s replica on {self.id} has applied nothing yet "
-                                   "(it started empty and has not caught up): read without "
-                                   "stale, or retry")
+            g = self.groups[group]
+            if not g.caught_up:
+                if g.raft.role == Role.LEADER or (g.catch_up_to is not None
+                                                  and state.applied_index() >= g.catch_up_to):
+                    g.caught_up = True
+                else:
+                    raise ReplicaEmpty(
+                        f"{group}'s replica on {self.id} started empty and has not caught "
+                        f"up yet (applied {state.applied_index()}): read without stale, "
+                        "or retry")
             return fn(state)
 
         return self.read(group, cast("ReadFn", checked), False)
@@ -1449,6 +1465,14 @@ class Node:
         if g is None:
             log.debug("message for unhosted group %s from %s dropped", group, peer)
             return
+        if not g.caught_up and g.catch_up_to is None and msg.term >= g.raft.term:
+            # The first word from a leader: how far this replica must apply before its
+            # stale reads are served (``read_kv``). A heartbeat's commit is bounded by
+            # what the follower holds, so only appends and images count.
+            if msg.type in (MessageType.APP, MessageType.COMMIT):
+                g.catch_up_to = msg.commit
+            elif msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
+                g.catch_up_to = msg.snapshot.meta.index
         if msg.type == MessageType.SNAPSHOT and msg.snapshot is not None:
             self._check_snapshot(peer, g, msg)
             return

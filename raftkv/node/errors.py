@@ -23,10 +23,10 @@ class UnknownGroup(NodeError):
 
 
 class ReplicaEmpty(NodeError):
-    """A stale read of a replica that has applied nothing yet: one that started empty
-    (an in-memory partition after its node restarted, a learner not yet caught up) holds
-    no state of its group's history, so "absent" would be a wrong answer, not a stale
-    one."""
+    """A stale read of a replica that started empty (an in-memory partition after its
+    node restarted, a new learner) and has not yet reached what the first leader it heard
+    from had committed: until then it holds no state of its group's history, so "absent"
+    would be a wrong answer, not a stale one."""
 
 
 class RemoteError(NodeError):

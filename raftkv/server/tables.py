@@ -101,7 +101,13 @@ from aiohttp import web
 
 from raftkv.core import NotAMember, NotLeader, Role
 from raftkv.kv import RaftKV
-from raftkv.node.errors import NodeStopped, RemoteError, RequestTimeout, UnknownGroup
+from raftkv.node.errors import (
+    NodeStopped,
+    RemoteError,
+    ReplicaEmpty,
+    RequestTimeout,
+    UnknownGroup,
+)
 from raftkv.placement.assignments import decode_nodes, encode_nodes, partition_of, partitions_of
 from raftkv.placement.catalog import (
     ADDRESS_PREFIX,
@@ -793,7 +799,9 @@ class TablesApi:
         if self._here(gid):
             try:
                 return await self._local(name, gid, req)
-            except NotAMember:  # removed meanwhile (``_here``); nothing was proposed
+            except (NotAMember, ReplicaEmpty):
+                # Removed meanwhile (``_here``; nothing was proposed), or a stale read of
+                # a replica that started empty: ask where the partition is.
                 pass
         return await self._elsewhere(request, name, p, req.value)
 
@@ -922,7 +930,7 @@ class TablesApi:
                                                    req))
             except _PartitionFailed as e:
                 return error(e.status, str(e), group=gid)
-            except NotAMember:  # removed meanwhile (``_here``)
+            except (NotAMember, ReplicaEmpty):  # as in ``kv``
                 pass
         return await self._elsewhere(request, name, p, b"")
 
@@ -974,7 +982,7 @@ class TablesApi:
         if self._here(gid):
             try:
                 return await self._local_page(name, gid, req)
-            except NotAMember:  # removed meanwhile (``_here``): ask its hosts
+            except (NotAMember, ReplicaEmpty):  # as in ``kv``: ask its hosts
                 pass
         addrs = await self._run(self.p.http_addrs)
         last = _PartitionFailed(503, f"no known host of {gid} yet; retry")

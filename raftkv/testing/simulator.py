@@ -1127,8 +1127,9 @@ class Simulation:
         i = log.last_index()
         while i > log.first_index() and log.term(i - 1) == term:
             i -= 1
-        if i < log.first_index() or log.term(i) != term:
-            return True  # nothing to tell it by: hold it to the survivor rule
+        if (i < log.first_index() or log.term(i) != term
+                or (i == log.first_index() and log.term(i - 1) == term)):
+            return True  # its first entry is gone or absent: hold it to the survivor rule
         entry = log.entries(i, i + 1)[0]
         if entry.type != EntryType.CONF_CHANGE:
             return False

@@ -199,8 +199,9 @@ class _Warnings:
             self._last[key] = (last[0], last[1] + 1)
             log.debug("connection with %s closed: %s", who, why)
             return
-        if len(self._last) > 1000:  # many sources: keep only the recent ones
-            self._last = {k: v for k, v in self._last.items() if now - v[0] < WARN_EVERY}
+        self._last.pop(key, None)  # to the end: the first entry is then the oldest
+        if len(self._last) >= 1000:  # many sources: forget the oldest, in O(1)
+            del self._last[next(iter(self._last))]
         self._last[key] = (now, 0)
         more = (f" ({last[1]} more like it since the last, {now - last[0]:.0f} s ago)"
                 if last is not None and last[1] else "")
