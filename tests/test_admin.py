@@ -96,6 +96,14 @@ def test_syncobj_admin_arguments_administer_pysyncobj_programs(
     until(fourth, "get", 4)
     code, out, _ = admin("-conn", addrs[3], "-pass", "procs", "-remove", addrs[3])
     assert (code, out) == (1, f"FAIL REMOVE {addrs[3]}")  # as PySyncObj: ask another node
+    # An operator's mistake is a failure, not SUCCESS (found from outside: removing a
+    # mistyped address printed SUCCESS REMOVE and exited 0).
+    code, out, _ = admin("-conn", follower, "-pass", "procs", "-remove", "127.0.0.1:1")
+    assert (code, out) == (1, "FAIL REMOVE 127.0.0.1:1")
+    code, out, err = admin("--conn", follower, "--password", "procs", "remove", "127.0.0.1:1")
+    assert code == 1 and "not a member of the cluster" in err, (out, err)
+    code, out, _ = admin("-conn", follower, "-pass", "procs", "-add", addrs[3])
+    assert (code, out) == (1, f"FAIL ADD {addrs[3]}")
     code, out, _ = admin("-conn", follower, "-pass", "procs", "-set_version", "1")
     assert code == 1 and out == "wrong version, current version is 0, requested version is 1"
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from raftkv.admin import CommandFailed, check_args, in_thread
 from raftkv.compat.pysyncobj.config import FAIL_REASON
-from raftkv.compat.pysyncobj.node import Node
+from raftkv.compat.pysyncobj.node import Node, node_id
 
 if TYPE_CHECKING:
     from raftkv.compat.pysyncobj.syncobj import SyncObj
@@ -68,6 +68,9 @@ class SyncObjAdmin:
                 for k, v in self.owner.getStatus().items()}
 
     def add(self, node: str) -> dict[str, Any]:
+        if node in self._members():
+            raise CommandFailed(f"{fail_reason_name(FAIL_REASON.REQUEST_DENIED)}: {node} is "
+                                "already a member of the cluster")
         return self._outcome(lambda cb: self.owner.addNodeToCluster(node, callback=cb))
 
     def remove(self, node: str) -> dict[str, Any]:
@@ -75,7 +78,19 @@ class SyncObjAdmin:
             raise CommandFailed(
                 f"{fail_reason_name(FAIL_REASON.REQUEST_DENIED)}: a node does not remove "
                 "itself (it would never hear of its removal); ask another node")
+        if node not in self._members():
+            raise CommandFailed(f"{fail_reason_name(FAIL_REASON.REQUEST_DENIED)}: {node} is "
+                                "not a member of the cluster (as this node knows it)")
         return self._outcome(lambda cb: self.owner.removeNodeFromCluster(node, callback=cb))
+
+    def _members(self) -> set[str]:
+        """Every member of the configuration this node knows, itself included. The API's
+        add and remove are idempotent, as PySyncObj's are (a retried call succeeds); the
+        admin tool is an operator's, who is told when a node already is, or is not, a
+        member (found from outside: removing a mistyped address printed SUCCESS)."""
+        me = self.owner.selfNode
+        return ({node_id(n) for n in self.owner.otherNodes | self.owner.readonlyNodes}
+                | ({me.id} if me is not None else set()))
 
     def set_version(self, version: int) -> dict[str, Any]:
         return self._outcome(lambda cb: self.owner.setCodeVersion(version, callback=cb))
