@@ -28,10 +28,14 @@ class NotAMember(NotLeader):
 
     _fields: tuple[str, ...] = ("node", "by", "index")
 
-    def __init__(self, node: str, by: str, index: int) -> None:
+    def __init__(self, node: str, by: str, index: int, group: str = "") -> None:
+        # ``group``: named in the message where the caller knows it (found from outside:
+        # a drained node's metastore replica answered /v1/cluster with "this group" while
+        # it still served, and led, the default group).
+        which = f"group {group}" if group else "this group"
         RaftError.__init__(
-            self, f"node {node} is not a member of this group any more: {by} applied a "
-            f"configuration without it (index {index}); it will not serve this group unless "
+            self, f"node {node} is not a member of {which} any more: {by} applied a "
+            f"configuration without it (index {index}); it will not serve {which} unless "
             "it is added back")
         self.node, self.leader, self.by, self.index = node, None, by, index
 

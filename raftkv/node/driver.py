@@ -863,7 +863,7 @@ class Node:
         """The error for a request no leader will take: ``NotAMember`` once a member told
         this node it was removed (it would wait in vain), else ``NotLeader``."""
         if g.raft.removed is not None:
-            return NotAMember(self.id, *g.raft.removed)
+            return NotAMember(self.id, *g.raft.removed, group=g.id)
         return NotLeader(self.id, g.leader)
 
     def _expire(self, g: Group, now: float) -> None:
@@ -1359,7 +1359,7 @@ class Node:
             # asks for the leader, since replaced, was sent NotLeader and retried until
             # its deadline (found from outside).
             self._dirty.add(g.id)
-            _fail(fut, NotAMember(peer, self.id, g.raft.log.applied))
+            _fail(fut, NotAMember(peer, self.id, g.raft.log.applied, group=g.id))
         elif g.raft.role != Role.LEADER:
             _fail(fut, NotLeader(self.id, g.leader))  # one hop only: no forwarding loops
         else:
@@ -1386,7 +1386,8 @@ class Node:
         elif not ok and len(result) == 3:
             kind, message, hint = result
             if kind == "NotAMember" and type(hint) is int:
-                _fail(fut, NotAMember(self.id, peer, hint))  # a member says we were removed
+                # a member says we were removed
+                _fail(fut, NotAMember(self.id, peer, hint, group=g.id))
             elif kind in ("NotLeader", "ProposalDropped"):
                 # Refused before proposing (the peer no longer leads, or is handing its
                 # leadership over): retry with the next leader until the deadline, as

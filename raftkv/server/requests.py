@@ -193,7 +193,9 @@ def require_leader(node: Node, group: str) -> None:
     g = node.groups.get(group)
     if g is not None and g.leader is None:
         removed = g.raft.removed
-        raise NotLeader(node.id, None) if removed is None else NotAMember(node.id, *removed)
+        if removed is not None:
+            raise NotAMember(node.id, *removed, group=group)
+        raise NotLeader(node.id, None)
 
 
 # A connection must send a whole request head within this, and may stay idle between
