@@ -678,7 +678,18 @@ class TablesApi:
             nodes = await self._run(run)
         except NotLeader as e:
             return error(421, "not the metastore leader", leader=e.leader)
-        return web.json_response({"id": node, "topology": nodes})
+        out: dict[str, Any] = {"id": node, "topology": nodes}
+        n = self.p.node
+        heard = await wait(n.call(lambda: n.heard_from(node, n.lease_seconds())))
+        if not heard:
+            # Accepted (a node may be started after it is added), but said: partitions
+            # placed on a node that never starts stay under-replicated until it is
+            # declared dead (found from outside: a mistyped add-node took 6 of 8
+            # partitions' replicas without a word).
+            out["warning"] = (f"{node} has not been heard from at {addr}: the partitions "
+                              "placed on it stay under-replicated until it runs (started "
+                              "with --join), or until it is declared dead")
+        return web.json_response(out)
 
     def _cancel_drain(self, node: str) -> None:
         """A node added back while draining is no longer leaving: out of
