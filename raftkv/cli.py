@@ -60,6 +60,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -69,6 +70,7 @@ from raftkv.client import MIN_ATTEMPT, Client, ClientError, Unavailable, resolve
 from raftkv.server import serve
 from raftkv.storage.errors import StorageError
 from raftkv.storage.layout import DEFAULT_GROUP
+from raftkv.transport.handshake import JOINING
 from raftkv.transport.tcp import parse_addr
 
 if TYPE_CHECKING:
@@ -161,6 +163,20 @@ def status_rows(client: Client, discover: bool = True,
     names = {e: n for n, e in published.items()}
 
     rows: list[dict[str, Any]] = []
+    # A node of another cluster (one started on files from before a restore: its peers
+    # refuse it) answers with its own view, which read as a member's row with a commit
+    # index above the real leader's (found from outside). It is named apart instead.
+    # The cluster most nodes name is this one's; a node still joining names none yet.
+    named = Counter(st.get("cluster") for st in views.values()
+                    if st.get("cluster") not in (None, JOINING.hex()))
+    ours = named.most_common(1)[0][0] if named else None
+    for nid, st in list(views.items()):
+        theirs = st.get("cluster")
+        if ours is not None and theirs not in (None, JOINING.hex(), ours):
+            del views[nid]
+            rows.append({"node": nid, "endpoint": endpoint_of[nid],
+                         "error": f"a node of another cluster (id {theirs or 'none'}, this "
+                                  f"cluster's {ours or 'none'}): its peers refuse it"})
     for nid, st in sorted(views.items()):
         for gid, g in sorted(st["groups"].items(), key=lambda kv: _group_order(kv[0])):
             if groups is not None and gid not in groups:

@@ -424,3 +424,12 @@ def test_a_node_started_on_its_files_from_before_a_restore_is_refused(
     with pytest.raises((Unavailable, ClientError)):
         v.get("old-after/3")
     v.close()
+    # cluster status names it apart, not as a member whose commit index is above the
+    # leader's (found from outside).
+    res = _cli("cluster", "status", endpoints=",".join(n.endpoint
+                                                      for n in source.nodes.values()))
+    lines = res.stdout.splitlines()
+    assert any(line.startswith(f"{victim}: a node of another cluster") for line in lines), \
+        res.stdout
+    table = lines[:next(i for i, line in enumerate(lines) if line.startswith(f"{victim}:"))]
+    assert not any(line.split()[:1] == [victim] for line in table), res.stdout

@@ -1671,6 +1671,9 @@ class Node:
             }
         return {
             "id": self.id, "raft_addr": self.cfg.raft_addr, "groups": groups,
+            # The cluster it names in handshakes (hex; "" none, "3f" joining): status
+            # tells another cluster's node from a member by it.
+            "cluster": self.transport.cluster_id.hex(),
             "addresses": {pid: p.addr for pid, p in self.transport.peers.items() if p.addr},
             "connected": self.transport.connected_peers(),
             "transport": dict(self.transport.stats),
