@@ -380,6 +380,15 @@ def test_describe_does_not_wait_for_a_drained_node_still_running(
     admin.create_table(TABLE, 2, 3)
     cluster.wait_until(lambda: "n4" in {r["id"] for r in admin.cluster_nodes()}, 20,
                        "n4 listed")
+    # A body that says something is refused, not ignored (found from outside: "garbage"
+    # drained the node).
+    for junk in (b"garbage", b'{"force": true}'):
+        req = urllib.request.Request(f"{cluster.nodes['n1'].endpoint}/v1/cluster/nodes/n4/drain",
+                                     data=junk, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 400, junk
+    assert not {r["id"]: r for r in admin.cluster_nodes()}["n4"]["draining"]
     admin.drain("n4")
     cluster.wait_until(lambda: "n4" not in {r["id"] for r in admin.cluster_nodes()}, 60,
                        "n4 drained")

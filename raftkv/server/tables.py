@@ -738,6 +738,9 @@ class TablesApi:
         """Decommission a node (``PlacementManager.drain``): 404 for a node the topology
         does not name, 400 for its last node; progress in ``GET /v1/cluster/nodes``."""
         check_query(request, ())
+        raw = await request.read()
+        if raw.strip():  # none, or {}: a body that says anything else is not ignored
+            check_fields(json_object(raw), ())  # (found from outside: "garbage" drained)
         node = request.match_info["id"]
         try:
             check_node_id(node)
