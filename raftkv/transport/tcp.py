@@ -178,33 +178,40 @@ class _State:
     CLOSED = "closed"
 
 
-WARN_EVERY = 10.0  # seconds between warnings of one kind about one source
+WARN_EVERY = 10.0  # seconds in a window of warnings of one kind about one source
+WARN_BURST = 3  # warnings of one kind about one source shown in a window
 
 
 class _Warnings:
     """A connection closed for a fault (a failed handshake, a bad frame) is a WARNING,
-    once per ``WARN_EVERY`` seconds for each source (the peer's id, or its host before
-    it has one) and reason; the repeats go to DEBUG and are counted in the next one. A
-    node with the wrong secret redials many times a second, and each of its peers logged
-    every refusal (found from outside: 20 WARNINGs a second)."""
+    at most ``WARN_BURST`` per ``WARN_EVERY`` seconds for each source (the peer's id, or
+    its host before it has one) and reason; the rest go to DEBUG and are counted in the
+    next window's first WARNING. A node with the wrong secret redials many times a
+    second, and each of its peers logged every refusal (found from outside: 20 WARNINGs
+    a second)."""
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+        # (source, reason) -> (window start, warnings shown, repeats hidden)
+        self._windows: dict[tuple[str, str], tuple[float, int, int]] = {}
 
     def warn(self, source: str, who: str, why: str) -> None:
         now = monotonic()
         key = (source, why)
-        last = self._last.get(key)
-        if last is not None and now - last[0] < WARN_EVERY:
-            self._last[key] = (last[0], last[1] + 1)
-            log.debug("connection with %s closed: %s", who, why)
+        w = self._windows.get(key)
+        if w is not None and now - w[0] < WARN_EVERY:
+            if w[1] >= WARN_BURST:
+                self._windows[key] = (w[0], w[1], w[2] + 1)
+                log.debug("connection with %s closed: %s", who, why)
+                return
+            self._windows[key] = (w[0], w[1] + 1, w[2])
+            log.warning("connection with %s closed: %s", who, why)
             return
-        self._last.pop(key, None)  # to the end: the first entry is then the oldest
-        if len(self._last) >= 1000:  # many sources: forget the oldest, in O(1)
-            del self._last[next(iter(self._last))]
-        self._last[key] = (now, 0)
-        more = (f" ({last[1]} more like it since the last, {now - last[0]:.0f} s ago)"
-                if last is not None and last[1] else "")
+        self._windows.pop(key, None)  # to the end: the first entry is then the oldest
+        if len(self._windows) >= 1000:  # many sources: forget the oldest, in O(1)
+            del self._windows[next(iter(self._windows))]
+        self._windows[key] = (now, 1, 0)
+        more = (f" ({w[2]} more like it not shown, from {now - w[0]:.0f} s ago)"
+                if w is not None and w[2] else "")
         log.warning("connection with %s closed: %s%s", who, why, more)
 
 
