@@ -549,8 +549,7 @@ class Node:
         def checked(state: KVStateStore) -> Any:
             g = self.groups[group]
             if not g.caught_up:
-                if g.raft.role == Role.LEADER or (g.catch_up_to is not None
-                                                  and state.applied_index() >= g.catch_up_to):
+                if g.catch_up_to is not None and state.applied_index() >= g.catch_up_to:
                     g.caught_up = True
                 else:
                     raise ReplicaEmpty(
@@ -1198,6 +1197,12 @@ class Node:
         if changed:
             self._abandon_forwards(g, g.leader)
             g.leader = lead
+            if lead == self.id:
+                # Elected, its log holds every committed entry (§5.4.3): its state may
+                # serve stale reads from now on, also once it no longer leads (found in a
+                # fresh-clone run: the survivor of an in-memory partition's lost majority,
+                # its leader before, had never heard from one, and refused them).
+                g.caught_up = True
             if lead is not None:
                 g.leader_changes += 1
                 self.metrics.leader_change(g.id)
