@@ -162,6 +162,9 @@ from raftkv.storage.digest import DigestBuilder, row_hash
 from raftkv.transport.tcp import parse_addr
 
 log = logging.getLogger(__name__)
+# What a node that does not host a proxied request's partition answers; a range read
+# prefers any other host's failure to it (``_partition_page``).
+NOT_HOSTED = "is not hosted here"
 
 HTTP_PREFIX = b"placement.http."
 FORWARDED = "X-Raftkv-Forwarded"
@@ -810,14 +813,22 @@ class TablesApi:
         self._same_generation(request, name)
         p = partition_of(req.key, desc.partitions)
         gid = partition_group(name, p)
-        if self._here(gid):
+        return await self._here_or_elsewhere(request, name, p, req.value,
+                                             lambda: self._local(name, gid, req))
+
+    async def _here_or_elsewhere(self, request: web.Request, name: str, p: int, body: bytes,
+                                 local: Callable[[], Awaitable[web.Response]]
+                                 ) -> web.Response:
+        """``local()`` if this node serves partition ``p`` (``_here``); otherwise, or if
+        it failed here before proposing anything (``NotAMember``: removed meanwhile;
+        ``ReplicaEmpty``: a stale read of a replica that started empty), the request
+        goes where the partition is (``_elsewhere``)."""
+        if self._here(partition_group(name, p)):
             try:
-                return await self._local(name, gid, req)
+                return await local()
             except (NotAMember, ReplicaEmpty):
-                # Removed meanwhile (``_here``; nothing was proposed), or a stale read of
-                # a replica that started empty: ask where the partition is.
                 pass
-        return await self._elsewhere(request, name, p, req.value)
+        return await self._elsewhere(request, name, p, body)
 
     async def _elsewhere(self, request: web.Request, name: str, p: int,
                          body: bytes) -> web.Response:
@@ -825,7 +836,7 @@ class TablesApi:
         does: its leader first, then its other stable nodes."""
         gid = partition_group(name, p)
         if request.headers.get(FORWARDED):
-            return error(503, f"{gid} is not hosted here (it may have just moved); retry",
+            return error(503, f"{gid} {NOT_HOSTED} (it may have just moved); retry",
                          proposed=False)
         candidates = self._hosts(name, p)
         if not candidates:
@@ -938,15 +949,15 @@ class TablesApi:
         a node that hosts it (the table range read's fan-out)."""
         name, _, p, gid = await self._partition(request)
         req = parse_range(request, name)
-        if self._here(gid):
+
+        async def local() -> web.Response:
             try:
                 return web.json_response(page_json(await self._local_page(name, gid, req),
                                                    req))
             except _PartitionFailed as e:
                 return error(e.status, str(e), group=gid)
-            except (NotAMember, ReplicaEmpty):  # as in ``kv``
-                pass
-        return await self._elsewhere(request, name, p, b"")
+
+        return await self._here_or_elsewhere(request, name, p, b"", local)
 
     async def partition_watch(self, request: web.Request) -> web.StreamResponse:
         """A watch of one partition (``watch_ops``; revisions are that partition's log
@@ -996,7 +1007,7 @@ class TablesApi:
         if self._here(gid):
             try:
                 return await self._local_page(name, gid, req)
-            except (NotAMember, ReplicaEmpty):  # as in ``kv``: ask its hosts
+            except (NotAMember, ReplicaEmpty):  # as in ``_here_or_elsewhere``: ask its hosts
                 pass
         addrs = await self._run(self.p.http_addrs)
         last = _PartitionFailed(503, f"no known host of {gid} yet; retry")
@@ -1023,7 +1034,7 @@ class TablesApi:
         # does not host it, where another host said no leader is known (found from
         # outside: a count of a partition that lost its majority said it "may have just
         # moved").
-        raise next((f for f in failed if "is not hosted here" not in str(f)), last)
+        raise next((f for f in failed if NOT_HOSTED not in str(f)), last)
 
     async def table_txn(self, request: web.Request) -> web.Response:
         """A transaction inside one partition of a table (``txn_ops``): every key it names
@@ -1044,12 +1055,9 @@ class TablesApi:
                                f"partitions {', '.join(map(str, parts))} of table {name} "
                                f"(each partition is its own Raft group)")
         gid = partition_group(name, parts[0])
-        if self._here(gid):
-            try:
-                return await self._served(name, gid, serve_txn(self.p.node, gid, txn))
-            except NotAMember:  # removed meanwhile (``_here``); nothing was proposed
-                pass
-        return await self._elsewhere(request, name, parts[0], raw)
+        return await self._here_or_elsewhere(
+            request, name, parts[0], raw,
+            lambda: self._served(name, gid, serve_txn(self.p.node, gid, txn)))
 
     async def table_batch(self, request: web.Request) -> web.Response:
         """Puts and deletes across a table's partitions: one atomic ``BATCH`` entry per
