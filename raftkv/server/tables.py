@@ -1097,9 +1097,12 @@ class TablesApi:
         credentials to send if another node must apply it."""
         gid = partition_group(name, p)
         if self._here(gid):
-            require_leader(self.p.node, gid)
-            index: int = await wait(self.p.node.propose(gid, cmd, lambda i, r: i))
-            return index
+            try:
+                require_leader(self.p.node, gid)
+                index: int = await wait(self.p.node.propose(gid, cmd, lambda i, r: i))
+                return index
+            except NotAMember:
+                pass  # removed meanwhile, nothing proposed: as ``_here_or_elsewhere``
         addrs = await self._run(self.p.http_addrs)
         body = msgpack.packb({"id": None, "ops": [[k, v] for k, v in ops]}, use_bin_type=True)
         last: Exception = _PartitionFailed(503, f"no known host of {gid} yet; retry")
@@ -1158,17 +1161,19 @@ class TablesApi:
             if got != p:
                 raise CommandError(f"key {k[:64]!r} belongs to partition {got}, not {p}")
         cmd = encode_batch(ops, batch_id)
-        if not self._here(gid):
-            return await self._elsewhere(request, name, p, body)
-        require_leader(self.p.node, gid)
-        try:
-            index, applied = await wait(
-                self.p.node.propose(gid, cmd, lambda i, r: (i, r is not False)))
-        except (NodeStopped, UnknownGroup) as e:
-            if await self._run(lambda: self.p.descriptor(name)) is None:
-                return error(404, f"table {name} was dropped", group=gid)
-            return error(503, f"{gid} stopped here ({e}); retry")
-        return web.json_response({"index": index, "ops": len(ops), "applied": applied})
+
+        async def local() -> web.Response:
+            require_leader(self.p.node, gid)
+            try:
+                index, applied = await wait(
+                    self.p.node.propose(gid, cmd, lambda i, r: (i, r is not False)))
+            except (NodeStopped, UnknownGroup) as e:
+                if await self._run(lambda: self.p.descriptor(name)) is None:
+                    return error(404, f"table {name} was dropped", group=gid)
+                return error(503, f"{gid} stopped here ({e}); retry")
+            return web.json_response({"index": index, "ops": len(ops), "applied": applied})
+
+        return await self._here_or_elsewhere(request, name, p, body, local)
 
     async def partition_digest(self, request: web.Request) -> web.Response:
         """THIS replica's ``{"node", "count", "digest", "applied"}`` of the partition's user
