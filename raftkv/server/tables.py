@@ -394,9 +394,28 @@ class TablesApi:
         return (await self._desc_row(name))[0]
 
     async def _desc_row(self, name: str) -> tuple[TableDescriptor, int]:
-        """The descriptor and generation (``Placement.descriptor_row``); 404 if none."""
+        """The descriptor and generation (``Placement.descriptor_row``); 404 if none. 503
+        if this node's metastore replica cannot read it: a read proposes nothing, so it
+        is not the 504 "outcome unknown" of a write (found from outside: a drained node,
+        still running, answered every table request so after 5 s, an unknown table's
+        too, where the others answered 404 at once)."""
         self._meta_leader()
-        row = await self._run(lambda: self.p.descriptor_row(name))
+
+        def unavailable(why: str) -> web.HTTPServiceUnavailable:
+            return web.HTTPServiceUnavailable(text=json.dumps({
+                "error": f"{self.p.id} cannot read table {name}'s descriptor: {why}; "
+                         "nothing was proposed: ask another node", "proposed": False}),
+                content_type="application/json")
+
+        if self.p.id not in await self._run(self.p.meta_members):
+            raise unavailable("it is not a member of the metastore (drained, removed, or "
+                              "not added yet)")
+        try:
+            row = await self._run(lambda: self.p.descriptor_row(name))
+        except (RequestTimeout, TimeoutError):
+            raise unavailable("its metastore replica did not catch up with the cluster in "
+                              "time (no quorum, or was this node drained or removed?)"
+                              ) from None
         if row is None:
             raise web.HTTPNotFound(text=json.dumps({"error": f"unknown table {name}"}),
                                    content_type="application/json")
@@ -833,20 +852,29 @@ class TablesApi:
     async def _elsewhere(self, request: web.Request, name: str, p: int,
                          body: bytes) -> web.Response:
         """Proxy a request for partition ``p`` that this node does not host to a node that
-        does: its leader first, then its other stable nodes."""
+        does: its leader first, then its other stable nodes. A node that answers that it
+        does not host the partition either (a stable node whose in-memory replica
+        restarted empty and was not yet re-added, say) proposed nothing, so the next one
+        is asked: a stale read of such a partition was refused on every node but its
+        survivors, whose stale scans served it (found from outside)."""
         gid = partition_group(name, p)
         if request.headers.get(FORWARDED):
             return error(503, f"{gid} {NOT_HOSTED} (it may have just moved); retry",
                          proposed=False)
-        candidates = self._hosts(name, p)
+        candidates = [n for n in self._hosts(name, p) if n != self.p.id]
         if not candidates:
             return error(503, f"no known host of {gid} yet; retry", proposed=False)
         addrs = await self._run(self.p.http_addrs)
+        not_hosted: web.Response | None = None
         for n in dict.fromkeys(candidates):
             if n not in addrs:
                 continue
             try:
-                return await self._proxy(request, addrs[n], body)
+                answer = await self._proxy(request, addrs[n], body)
+                if answer.status == 503 and NOT_HOSTED.encode() in (answer.body or b""):
+                    not_hosted = answer
+                    continue
+                return answer
             except aiohttp.ClientConnectorError as e:  # no connection: nothing was sent
                 log.info("proxying %s to %s failed: %s", gid, n, e)
             except (aiohttp.ClientError, TimeoutError) as e:
@@ -858,6 +886,8 @@ class TablesApi:
                     return error(504, f"proxying to {n} failed after the request was "
                                       f"sent ({type(e).__name__}); the outcome is unknown",
                                   group=gid)
+        if not_hosted is not None:
+            return not_hosted
         return error(421, f"{gid} is hosted on {', '.join(candidates)}; ask there",
                       node=candidates[0], group=gid)
 
@@ -1181,7 +1211,9 @@ class TablesApi:
         not within ``?timeout=`` seconds). ``?linearizable=true`` reads after a ReadIndex
         round instead, so its ``applied`` covers every write acknowledged before the call.
         With ``?keys=N`` and at most N rows, ``"rows"`` maps each key (hex) to its row hash
-        (hex), so a verifier can name missing, extra and altered keys."""
+        (hex), so a verifier can name missing, extra and altered keys. A replica that
+        started empty and has not caught up answers 503 unless ``min_index`` says what it
+        must have applied."""
         _, _, p, gid = await self._partition(request)
         if not self._here(gid):
             return error(404, f"{gid} has no replica on {self.p.id}", node=self.p.id)
@@ -1198,9 +1230,15 @@ class TablesApi:
         linearizable = q.get("linearizable", "").lower() in ("true", "1")
         if linearizable:
             require_leader(self.p.node, gid)
+        # Without a ``min_index`` to meet, a stale digest is checked as a stale read is
+        # (``Node.read_kv``): a replica that started empty and has not caught up answers
+        # ReplicaEmpty (503), not the digest of no rows (found from outside: a pending
+        # replica that never received data answered ``count: 0`` with 200).
+        read = (self.p.node.read_kv if min_index == 0 and not linearizable
+                else self.p.node.read)
         deadline = time.monotonic() + timeout
         while True:
-            rows, applied = await wait(self.p.node.read(
+            rows, applied = await wait(read(
                 gid, lambda s: (s.scan(), s.applied_index()), linearizable=linearizable))
             if applied >= min_index:
                 break
@@ -1329,20 +1367,27 @@ def _desc_json(d: TableDescriptor) -> dict[str, Any]:
 
 
 def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]) -> str:
-    """Why an in-memory partition cannot commit (empty if it may): a majority of its
-    stable replicas run but host nothing, having restarted empty (their managers say
-    so: they hosted it before this start, which a replica not started yet did not). It
-    must not elect from what is left, since a write acknowledged by that majority may
-    exist nowhere else; found from outside, where the partition sat at "no leader"
-    with no error for good. docs/operations.md gives the ways out."""
+    """Why an in-memory partition cannot commit (empty if it may): so many of its stable
+    replicas run but host nothing, having restarted empty (their managers say so: they
+    hosted it before this start, which a replica not started yet did not), that the
+    others are not a majority. It must not elect from what is left, since a write
+    acknowledged by a majority may exist nowhere else; found from outside, where the
+    partition sat at "no leader" with no error for good (3 replicas of which 2
+    restarted; later 4 of which 2, half, which the first rule missed). The nodes named
+    as holding what survives are its stable replicas that host it: a pending replica
+    may never have received a row. docs/operations.md gives the ways out."""
     stable = part["stable"]
     gid = part["group"]
     lost = sorted(v["node"] for v in views if v["node"] in stable
                   and v.get("partitions", {}).get(gid, {}).get("lost"))
-    if not stable or len(lost) < len(stable) // 2 + 1:
+    left = len(stable) - len(lost)
+    if not lost or left >= len(stable) // 2 + 1:
         return ""
+    holders = [n for n in part["hosted_on"] if n in stable and n not in lost]
+    pending = [n for n in part["hosted_on"] if n not in stable]
+    also = f" ({', '.join(pending)}, pending, may hold part of it)" if pending else ""
     return (f"{table} partition {part['partition']}: {len(lost)} of its {len(stable)} "
-            f"in-memory replicas ({', '.join(lost)}) restarted empty, a majority: it cannot "
-            f"commit or elect a leader, and its data may survive only on "
-            f"{', '.join(part['hosted_on']) or 'no node'}; see \"In-memory tables\" in "
+            f"in-memory replicas ({', '.join(lost)}) restarted empty, leaving {left}, not a "
+            f"majority: it cannot commit or elect a leader, and its data may survive only "
+            f"on {', '.join(holders) or 'no node'}{also}; see \"In-memory tables\" in "
             "docs/operations.md")
