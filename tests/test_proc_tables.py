@@ -717,3 +717,29 @@ def test_half_of_an_in_memory_partitions_replicas_restarted_says_so_and_serves_s
         _wait(lambda: said(f"{', '.join(left)} ({outside}, pending, may hold part of it)"),
               30, "the pending replica named apart from the holders")
         admin.close()
+
+
+def test_an_in_memory_partition_with_a_replica_restarted_and_one_down_says_so(
+    cluster: ProcCluster,
+) -> None:
+    """Found from outside: one replica of three restarted empty while another's node was
+    down left no majority, and ``errors`` stayed empty until the down node restarted too.
+    It now names both, and says the silent one's rows survive only if it still runs."""
+    admin = cluster.client()
+    admin.create_table("gone", 1, 3, "memory")
+    _wait(lambda: admin.describe_table("gone")["under_replicated"] == [], 60,
+          "fully replicated")
+    admin.put("k", "v", table="gone")
+    cluster.wait_caught_up()
+    cluster.kill("n3")
+    cluster.kill("n2")
+    cluster.start("n2")
+
+    def said() -> Any:
+        d = admin.describe_table("gone")
+        return any("(n2) restarted empty and n3 did not answer" in e and "leaving 1" in e
+                   and "only on n1;" in e for e in d["errors"]) or d["errors"]
+
+    _wait(said, 60, "the restarted and the silent replica named in describe's errors")
+    assert cluster.client(["n1"]).get("k", stale=True, table="gone") == b"v"
+    admin.close()

@@ -1380,14 +1380,20 @@ def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]
     gid = part["group"]
     lost = sorted(v["node"] for v in views if v["node"] in stable
                   and v.get("partitions", {}).get(gid, {}).get("lost"))
-    left = len(stable) - len(lost)
+    # A replica whose node did not answer holds its rows only if that node is still
+    # running: said, since with one restarted replica it can be what leaves no majority
+    # (found from outside: errors stayed empty until the silent node restarted too).
+    silent = sorted(set(stable) - {v["node"] for v in views})
+    left = len(stable) - len(lost) - len(silent)
     if not lost or left >= len(stable) // 2 + 1:
         return ""
     holders = [n for n in part["hosted_on"] if n in stable and n not in lost]
     pending = [n for n in part["hosted_on"] if n not in stable]
     also = f" ({', '.join(pending)}, pending, may hold part of it)" if pending else ""
+    unheard = (f" and {', '.join(silent)} did not answer (its rows survive only if it is "
+               f"still running)" if silent else "")
     return (f"{table} partition {part['partition']}: {len(lost)} of its {len(stable)} "
-            f"in-memory replicas ({', '.join(lost)}) restarted empty, leaving {left}, not a "
-            f"majority: it cannot commit or elect a leader, and its data may survive only "
-            f"on {', '.join(holders) or 'no node'}{also}; see \"In-memory tables\" in "
-            "docs/operations.md")
+            f"in-memory replicas ({', '.join(lost)}) restarted empty{unheard}, leaving "
+            f"{left}, not a majority: it cannot commit or elect a leader, and its data may "
+            f"survive only on {', '.join(holders) or 'no node'}{also}; see \"In-memory "
+            "tables\" in docs/operations.md")
