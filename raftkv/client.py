@@ -745,17 +745,27 @@ class Client:
         (``raftkv.server.watch_ops``). ``table`` and ``partition``: a table partition's
         log (its own revisions). A revision already compacted raises ``ClientError``
         (410, ``oldest_revision`` in its body); so does any other refusal but a retryable
-        one. Runs until the caller stops iterating."""
+        one. Runs until the caller stops iterating, or until no node has served the
+        watch for ``timeout`` seconds: ``Unavailable``, which names the revision to
+        resume from (found from outside: ``raftkv watch`` against a node that accepted
+        connections and never answered waited in silence for good). A node has
+        ``_probe_wait`` seconds to answer the request (its first line is immediate), and
+        a stream that stays silent past the server's progress interval is broken.
+
+        Without ``from_revision`` the watch starts with the changes after the first node
+        to serve it answered; pass the revision of a read to miss nothing since."""
         q = [f"{n}=" + quote(_raw(v, n), safe="") for n, v in
              (("prefix", prefix), ("start", start), ("end", end)) if v is not None]
         base = ("/v1/watch" if table is None else
                 f"/v1/tables/{quote(table, safe='')}/partitions/{int(partition or 0)}/watch")
         nxt = from_revision
         delay = 0.05
+        served = time.monotonic()  # when a node last served the watch (or it began)
+        last = "no attempt"
         while True:
             endpoint = self.endpoints[self._current]
             path = base + "?" + "&".join(q + ([f"from_revision={nxt}"] if nxt else []))
-            conn = self._stream(endpoint, max(self.timeout, 10.0))
+            conn = self._stream(endpoint, self._probe_wait)
             try:
                 conn.request("GET", path, headers=self._auth)
                 r = conn.getresponse()
@@ -763,9 +773,13 @@ class Client:
                     info = _json(r.read(), r.getheader("Content-Type", ""))
                     if r.status not in RETRYABLE and r.status != 421:
                         raise ClientError(r.status, info)
+                    last = f"{endpoint}: HTTP {r.status} {info.get('error', '')}"
                 else:
                     delay = 0.05
+                    # Progress lines come every PROGRESS_SECONDS (2 s) on a live stream.
+                    conn.sock.settimeout(max(self.timeout, 10.0))  # type: ignore[attr-defined]
                     for line in iter(r.readline, b""):
+                        served = time.monotonic()
                         doc = json.loads(line)
                         if "error" in doc:
                             raise ClientError(410, doc)
@@ -777,10 +791,14 @@ class Client:
                                       if "value" in e else {})} for e in doc["events"]]
                         nxt = int(doc["revision"]) + 1
                         yield int(doc["revision"]), events
-            except (OSError, http.client.HTTPException, ValueError):
-                pass  # the stream broke: resume elsewhere from nxt
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                last = f"{endpoint}: {e or type(e).__name__}"  # broke: resume from nxt
             finally:
                 conn.close()
+            if time.monotonic() + delay - served > self.timeout:
+                since = f"; resume with from_revision={nxt}" if nxt else ""
+                raise Unavailable(f"no node served the watch for {self.timeout}s "
+                                  f"(last: {last}){since}")
             self._next()
             time.sleep(delay)
             delay = min(delay * 2, 1.0)

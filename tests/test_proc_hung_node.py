@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from raftkv.client import Client, OutcomeUnknown
+from raftkv.client import Client, OutcomeUnknown, Unavailable
 from raftkv.testing.procs import ProcCluster
 
 
@@ -181,5 +181,33 @@ def test_cluster_status_against_a_stopped_endpoint_keeps_to_its_timeout(
         took = time.monotonic() - t0
         assert res.returncode == 1 and "unreachable" in res.stdout, (res.stdout, res.stderr)
         assert took < 3 + 2.5, f"took {took:.1f}s"  # the interpreter's start, not 6 s
+    finally:
+        _resume(c, hung)
+
+
+def test_a_watch_leaves_a_hung_node_and_gives_up_when_none_serves_it(
+        cluster: ProcCluster) -> None:
+    """Found from outside: ``raftkv watch`` against a node that accepted connections and
+    never answered waited in silence for good, its ``--timeout`` ignored. A node now has
+    a probe wait to answer a watch, and when no node has served it for ``timeout``
+    seconds the watch fails, naming the revision to resume from."""
+    c = cluster
+    lead = c.wait_leader()
+    hung = next(n for n in c.nodes if n != lead)
+    _stop(c, hung)
+    try:
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="no node served the watch for 2.0s"):
+            next(Client([c.nodes[hung].endpoint], 2.0).watch(prefix="w"))
+        assert time.monotonic() - started < 6
+        res = subprocess.run([sys.executable, "-m", "raftkv.cli", "--endpoints",
+                              c.nodes[hung].endpoint, "--timeout", "2", "watch", "--count", "1"],
+                             check=False, capture_output=True, text=True, timeout=30)
+        assert res.returncode == 1 and "no node served the watch" in res.stderr, res
+        assert "Traceback" not in res.stderr
+        # Listed first of several, the hung node is passed over.
+        index = Client([c.nodes[lead].endpoint]).put("w1", "v")
+        rev, events = next(_client(c, hung, 3.0).watch(prefix="w", from_revision=index))
+        assert rev == index and events[0]["key"] == b"w1"
     finally:
         _resume(c, hung)
