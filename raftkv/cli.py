@@ -25,7 +25,8 @@ Global options come before the subcommand, as etcdctl's do:
   trying when no endpoint accepts a connection at all (etcdctl's ``--dial-timeout``), so
   a cluster that is down fails in seconds instead of after the whole ``--timeout``.
 - ``-w/--write-out table|json``: how answers are printed. Without it, ``cluster status``
-  is a table, ``get`` prints the raw value, and every other command prints the JSON
+  is a table, ``get`` prints the raw value, ``scan`` and ``get --prefix`` print a key and
+  its value per line, ``watch`` a line per event, and every other command prints the JSON
   answer. ``json`` prints JSON for every command (``get``: ``{"key", "value"}``, with
   ``"value_base64"`` instead for a value that is not UTF-8); ``table`` prints a table
   (one row per item of a list: nodes, tables, a table's partitions; one row otherwise).
@@ -226,13 +227,21 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 # -- output -----------------------------------------------------------------------------
 def _cell(v: Any) -> str:
+    """One table cell on one line: a list's items joined by commas, anything nested as
+    JSON (found from outside: a transaction's responses printed as Python reprs), and a
+    text with a line break or another control character escaped as JSON escapes it (a
+    value with a newline split its row in two)."""
     if v is None:
         return "-"
     if isinstance(v, list):
-        return ",".join(str(x) for x in v) or "-"
+        return ",".join(_cell(x) if not isinstance(x, dict | list) else
+                        json.dumps(x, separators=(",", ":")) for x in v) or "-"
     if isinstance(v, dict):
         return json.dumps(v, separators=(",", ":"))
-    return str(v)
+    text = str(v)
+    if any(c < " " or c == "\x7f" for c in text):
+        return json.dumps(text)[1:-1]
+    return text
 
 
 def render_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
@@ -735,7 +744,9 @@ def parser() -> argparse.ArgumentParser:
                         "accepts a connection (default: %(default)s)")
     p.add_argument("-w", "--write-out", choices=("table", "json"), default=None,
                    help="print answers as a table or as JSON (default: a table for "
-                        "cluster status, the raw value for get, JSON otherwise)")
+                        "cluster status, the raw value for get, a line per key for "
+                        "scan and get --prefix, a line per event for watch, JSON "
+                        "otherwise)")
     p.add_argument("--cacert", help="verify HTTPS endpoints with this CA file "
                                     "(default $RAFTKV_CACERT; endpoints without a scheme "
                                     "are then https)")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from raftkv.cli import main, parser, serve_parser
+from raftkv.cli import main, parser, render_table, serve_parser
 from raftkv.testing.procs import ProcCluster, free_ports
 
 
@@ -330,3 +330,18 @@ def test_a_removed_endpoint_is_asked_once_per_request() -> None:
             Client([removed], timeout=1.0).get(b"k")
     finally:
         server.shutdown()
+
+
+def test_a_table_row_stays_on_one_line_and_nested_answers_print_as_json() -> None:
+    """Found from outside: ``-w table txn`` printed a transaction's responses as Python
+    reprs, and ``-w table scan`` split a value with a newline across two rows."""
+    out = render_table([
+        {"succeeded": False, "responses": [{"get": {"key": "k", "value": None}}]},
+        {"key": "a", "value": "line1\nline2\tend"},
+        {"key": "b", "value": ["x", "y"]},
+    ])
+    lines = out.splitlines()
+    assert len(lines) == 4, out
+    assert '{"get":{"key":"k","value":null}}' in lines[1] and "'get'" not in out
+    assert "line1\\nline2\\tend" in lines[2]
+    assert lines[3].split()[-1] == "x,y"
