@@ -85,7 +85,10 @@ def replay(
         if checkpoint + 1 < raft_log.first_index():
             raise StorageError(
                 f"the state store is at {checkpoint} but the log starts at "
-                f"{raft_log.first_index()}: this replica needs a snapshot from the leader"
+                f"{raft_log.first_index()}: the entries in between were compacted away, so "
+                "this replica needs a snapshot and cannot be rebuilt from its log. If the "
+                "cluster has other members, move this node's data directory away and start "
+                "it empty, to be readmitted and sent one (docs/wiped-nodes.md)"
             )
         i = checkpoint + 1
     while i <= end:

@@ -145,5 +145,8 @@ def test_state_store_behind_the_compacted_log_needs_a_snapshot(tmp_path) -> None
     _fill(raft_log, state, 1, 101)
     compact(raft_log, state, lambda _: CONF)
     fresh = MemoryStateStore()  # a wiped replica: behind the log's first index
-    with pytest.raises(StorageError, match="needs a snapshot"):
+    # ... and says what to do about it (found from outside: the node exited saying it
+    # needed a snapshot from the leader, and nothing more).
+    with pytest.raises(StorageError, match="needs a snapshot.*data directory away.*"
+                                           "docs/wiped-nodes.md"):
         replay(raft_log, fresh)

@@ -108,7 +108,7 @@ from raftkv.node.stores import keep_cluster_id
 from raftkv.node.user_state import SnapshotFailed
 from raftkv.recovery.local import RecoveryReport
 from raftkv.storage.durable_fs import write_durable
-from raftkv.storage.errors import CheckpointDeferred
+from raftkv.storage.errors import CheckpointDeferred, StorageError
 from raftkv.storage.layout import read_cluster_id
 from raftkv.storage.lmdb_log import LogEnv
 from raftkv.storage.state_store import KVStateStore, StateStore, VerifiedImage
@@ -353,7 +353,13 @@ class Node:
             raise ValueError(f"wire id {wire!r} is already hosted")
         if voters is not None:
             bootstrap(storage.log, voters)
-        report = storage.recover()
+        try:
+            report = storage.recover()
+        except StorageError as e:
+            if type(e) is not StorageError:
+                raise  # a kind the caller may act on (CorruptLog, Rebuildable)
+            # Named: a node hosts many groups, and the message did not say which.
+            raise StorageError(f"group {group_id}: {e}") from e
         ident = storage.log.identity()
         raft = Raft(
             Config(

@@ -43,7 +43,7 @@ for the KV stores (IGNITE-16907). What differs is what is durable:
   price is that the log grows until a snapshot is installed: use ``path=None`` for tests
   and short-lived or in-memory groups, and give a path otherwise. After an install the
   log starts at the snapshot, so a restarted path=None replica on a durable log cannot
-  replay. Recovery then refuses it with "needs a snapshot from the leader", not silently.
+  replay. Recovery then refuses it with "needs a snapshot", not silently.
   With ``volatile=True`` the caller says the log is in memory too (an in-memory node:
   PySyncObj's default, or ``ReplicatedNode`` without a ``data_dir``): nothing is replayed
   after a restart, so the state is its own checkpoint, as ``MemoryStateStore``'s is.
