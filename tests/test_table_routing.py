@@ -284,3 +284,51 @@ def test_a_proxied_batch_share_names_the_table_generation_and_a_mismatch_is_a_50
                 api._same_generation(request, "t")  # type: ignore[arg-type]
         else:
             api._same_generation(request, "t")  # type: ignore[arg-type]
+
+
+NOT_HOSTED_503 = {"error": "t.t.0 is not hosted here (it may have just moved); retry",
+                  "proposed": False}
+
+
+@pytest.mark.parametrize(("method", "query"), [("GET", "?stale=true"), ("PUT", "?prev_value=old")])
+def test_a_host_that_does_not_host_the_partition_passes_the_request_on(method: str,
+                                                                      query: str) -> None:
+    """Found from outside: n1, a stable node whose in-memory replica restarted empty,
+    answered 503 "not hosted here", and that was the answer, though n2 served the
+    partition. Nothing was proposed on n1, so the request goes on to n2, write or read."""
+    log: list[str] = []
+    status, body, n2_log = asyncio.run(
+        _through_proxy(_answers(log, "n1", 503, NOT_HOSTED_503), method, query))
+    assert log == [f"n1 {method}"] and n2_log == [f"n2 {method}"]
+    assert status == (200 if method == "GET" else 412), body
+
+
+def test_a_table_batch_share_refused_as_not_proposed_goes_to_the_next_host() -> None:
+    """A 503 marked ``"proposed": false`` says nothing was proposed, as a 421 does."""
+    log: list[str] = []
+    status, n2_log = asyncio.run(_batch_through_proxy(_answers(log, "n1", 503, NOT_HOSTED_503)))
+    assert log == ["n1 POST"] and n2_log == ["n2 POST"] and status == 200
+
+
+@pytest.mark.parametrize("member", [False, True])
+def test_a_table_lookup_on_a_node_left_out_of_the_metastore_is_a_503(member: bool) -> None:
+    """Found from outside: a drained node, still running and never told of its removal,
+    answered every request for a table it had not cached with a 504 ("outcome unknown")
+    after 5 s, an unknown table's too. Not a member: 503 at once; a member whose read
+    times out: 503, since a read proposes nothing."""
+    from raftkv.node.errors import RequestTimeout
+
+    def timed_out(name: str) -> None:
+        raise RequestTimeout("no read index confirmed in time (no quorum?)")
+
+    placement = SimpleNamespace(id="n4", node=SimpleNamespace(groups={}),
+                                meta=SimpleNamespace(group="meta"),
+                                meta_members=lambda: {"n1", "n2", "n3"} | ({"n4"} if member
+                                                                           else set()),
+                                descriptor_row=timed_out)
+    api = TablesApi(placement)  # type: ignore[arg-type]
+    with pytest.raises(web.HTTPServiceUnavailable) as e:
+        asyncio.run(api._desc_row("t"))
+    body = json.loads(e.value.text or "")
+    assert body["proposed"] is False
+    assert ("cannot catch up" if member else "not a member of the metastore") in body["error"]

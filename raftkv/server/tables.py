@@ -40,7 +40,8 @@ Endpoints (JSON; errors are ``{"error": ...}``):
 - ``POST /v1/tables/{t}/partitions/{p}/batch``: msgpack ``{"id", "ops"}``, one idempotent
   batch into partition p (the Spark loader's): ``{"index", "ops", "applied"}``.
 - ``GET /v1/tables/{t}/partitions/{p}/digest``: this node's replica's user rows, count and
-  digest (``?min_index``, ``?linearizable``, ``?keys``; the Spark verifier's).
+  digest (``?min_index``, ``?linearizable``, ``?keys``; the Spark verifier's); 503 from a
+  replica that started empty and has not caught up, unless ``min_index`` is given.
 - ``GET /v1/tables/{t}/leaders``: the leader this node knows of each partition it hosts
   (itself while it knows none; null where it hosts none): what a routing client reads.
 - ``GET /v1/tables/{t}/partitions/{p}/snapshot`` (admin): a backup file of the partition,
@@ -52,10 +53,11 @@ Endpoints (JSON; errors are ``{"error": ...}``):
   forwarded to the group leader by the driver); any other node proxies the request to a
   stable node of the partition (HTTP addresses are published under
   ``placement.http.<id>``), or answers 421 ``{"node": id}`` if none answers. It moves on
-  to the next stable node only when it could not connect: a write whose connection broke
-  after it was sent may have applied there, so it answers 504 (outcome unknown) rather
-  than send the write twice (a second compare-and-set would compare against the first
-  one's value). A proxied request carries ``X-Raftkv-Forwarded``; a node that receives
+  to the next stable node only when it could not connect, or that node answered 503 "not
+  hosted here" (nothing proposed; the last such answer is passed on if no node serves
+  it): a write whose connection broke after it was sent may have applied there, so it
+  answers 504 (outcome unknown) rather than send the write twice (a second
+  compare-and-set would compare against the first one's value). A proxied request carries ``X-Raftkv-Forwarded``; a node that receives
   one for a partition it does not host (it just moved) answers 503 with ``"proposed":
   false``, as does a node that knows no host of the partition: nothing was proposed, so
   the client retries even a write it sends at most once.
@@ -336,6 +338,18 @@ class TablesApi:
         """503 at once unless a metastore leader is known (module docstring)."""
         require_leader(self.p.node, self.p.meta.group)
 
+    async def _require_meta_member(self) -> None:
+        """503 unless this node's metastore replica is a member: drained or removed (its
+        replica stopped with the configuration that dropped it), or not added yet, its
+        view is frozen or empty, not the cluster's (found from outside: a drained node
+        answered a frozen view, then 200 and no nodes; and every table request whose
+        table it had not cached with a 504 after 5 s)."""
+        if self.p.id not in await self._run(self.p.meta_members):
+            raise web.HTTPServiceUnavailable(text=json.dumps({
+                "error": f"{self.p.id} is not a member of the metastore (drained, removed, "
+                         "or not added yet): ask another node", "proposed": False}),
+                content_type="application/json")
+
     def install(self, app: web.Application) -> None:
         r = app.router
         r.add_post("/v1/tables", self.create)
@@ -400,22 +414,11 @@ class TablesApi:
         still running, answered every table request so after 5 s, an unknown table's
         too, where the others answered 404 at once)."""
         self._meta_leader()
-
-        def unavailable(why: str) -> web.HTTPServiceUnavailable:
-            return web.HTTPServiceUnavailable(text=json.dumps({
-                "error": f"{self.p.id} cannot read table {name}'s descriptor: {why}; "
-                         "nothing was proposed: ask another node", "proposed": False}),
-                content_type="application/json")
-
-        if self.p.id not in await self._run(self.p.meta_members):
-            raise unavailable("it is not a member of the metastore (drained, removed, or "
-                              "not added yet)")
+        await self._require_meta_member()
         try:
             row = await self._run(lambda: self.p.descriptor_row(name))
         except (RequestTimeout, TimeoutError):
-            raise unavailable("its metastore replica did not catch up with the cluster in "
-                              "time (no quorum, or was this node drained or removed?)"
-                              ) from None
+            raise _meta_behind(self.p.id) from None
         if row is None:
             raise web.HTTPNotFound(text=json.dumps({"error": f"unknown table {name}"}),
                                    content_type="application/json")
@@ -735,20 +738,14 @@ class TablesApi:
         metastore replica has it once it has applied everything committed before the
         request, with the seconds it has been in its state."""
         check_query(request, ())
-        if self.p.id not in await self._run(self.p.meta_members):
-            # Drained or removed (its replica stopped with the configuration that dropped
-            # it), or not added yet: its view is frozen or empty, not the cluster's (found
-            # from outside: a drained node answered a frozen view, then 200 and no nodes).
-            return error(503, f"{self.p.id} is not a member of the metastore (drained, "
-                              "removed, or not added yet): ask another node")
+        await self._require_meta_member()
         # A linearizable read first, so this replica has applied everything committed
         # before the request: a node removed without hearing it (a drained one often
         # is) cannot complete it, and fails instead of answering its frozen view.
         try:
             await self._run(lambda: self.p.meta.get(TOPOLOGY_KEY).result(ADMIN_TIMEOUT))
         except (RequestTimeout, TimeoutError):
-            return error(503, f"{self.p.id}'s metastore replica cannot catch up with the "
-                              "cluster (was this node drained or removed?): ask another node")
+            raise _meta_behind(self.p.id) from None
         rows = await self._run(self.p.mgr.cluster_nodes)
         now = time.time()
         for r in rows:
@@ -861,7 +858,7 @@ class TablesApi:
         if request.headers.get(FORWARDED):
             return error(503, f"{gid} {NOT_HOSTED} (it may have just moved); retry",
                          proposed=False)
-        candidates = [n for n in self._hosts(name, p) if n != self.p.id]
+        candidates = self._hosts(name, p)
         if not candidates:
             return error(503, f"no known host of {gid} yet; retry", proposed=False)
         addrs = await self._run(self.p.http_addrs)
@@ -1149,10 +1146,12 @@ class TablesApi:
                     if r.status == 200:
                         return int(answer["index"])
                     failed = _PartitionFailed(r.status, str(answer.get("error", answer)))
-                    if r.status != 421:
-                        # Only a 421 says nothing was proposed. After a 504 (or a 503: the
-                        # group stopped under a pending entry) the batch may still apply
-                        # on n, so it must not go to another host as well.
+                    if r.status != 421 and not (r.status == 503
+                                                and answer.get("proposed") is False):
+                        # Only a 421, or a 503 that says so, says nothing was proposed.
+                        # After a 504 (or another 503: the group stopped under a pending
+                        # entry) the batch may still apply on n, so it must not go to
+                        # another host as well.
                         raise failed
                     last = failed
             except aiohttp.ClientConnectorError as e:  # no connection: nothing was sent
@@ -1267,6 +1266,15 @@ class TablesApi:
                                 content_type=r.content_type or "application/octet-stream")
 
 
+def _meta_behind(node: str) -> web.HTTPServiceUnavailable:
+    """The 503 for a metastore read that timed out here. A read proposes nothing, so it
+    is not the 504 "outcome unknown" of a write."""
+    return web.HTTPServiceUnavailable(text=json.dumps({
+        "error": f"{node}'s metastore replica cannot catch up with the cluster (no quorum, "
+                 "or was this node drained or removed?): ask another node",
+        "proposed": False}), content_type="application/json")
+
+
 def _caller(request: web.Request) -> dict[str, str]:
     """The caller's credentials, for a request made on its behalf to another node."""
     value = request.headers.get("Authorization")
@@ -1367,33 +1375,36 @@ def _desc_json(d: TableDescriptor) -> dict[str, Any]:
 
 
 def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]) -> str:
-    """Why an in-memory partition cannot commit (empty if it may): so many of its stable
-    replicas run but host nothing, having restarted empty (their managers say so: they
-    hosted it before this start, which a replica not started yet did not), that the
-    others are not a majority. It must not elect from what is left, since a write
-    acknowledged by a majority may exist nowhere else; found from outside, where the
-    partition sat at "no leader" with no error for good (3 replicas of which 2
-    restarted; later 4 of which 2, half, which the first rule missed). The nodes named
-    as holding what survives are its stable replicas that host it: a pending replica
-    may never have received a row. docs/operations.md gives the ways out."""
-    stable = part["stable"]
+    """Why an in-memory partition cannot commit (empty if it may): so many of its voters
+    run but host nothing, having restarted empty (their managers say so: they hosted it
+    before this start, which a replica not started yet did not), that the others are not
+    a majority. It must not elect from what is left, since a write acknowledged by a
+    majority may exist nowhere else; found from outside, where the partition sat at "no
+    leader" with no error for good (3 replicas of which 2 restarted; later 4 of which 2,
+    half, which the first rule missed). The voters are the leader's configuration, else
+    the stable assignment. While no leader is known, a voter whose node did not answer
+    counts out too (with one restarted replica, it can be what leaves no majority: errors
+    stayed empty until the silent node restarted too), and may still hold the rows. The
+    holders named are voters that host it: a pending replica may never have received a
+    row. docs/operations.md gives the ways out."""
+    voters = part["voters"] if part["voters"] is not None else part["stable"]
     gid = part["group"]
-    lost = sorted(v["node"] for v in views if v["node"] in stable
+    lost = sorted(v["node"] for v in views if v["node"] in voters
                   and v.get("partitions", {}).get(gid, {}).get("lost"))
-    # A replica whose node did not answer holds its rows only if that node is still
-    # running: said, since with one restarted replica it can be what leaves no majority
-    # (found from outside: errors stayed empty until the silent node restarted too).
-    silent = sorted(set(stable) - {v["node"] for v in views})
-    left = len(stable) - len(lost) - len(silent)
-    if not lost or left >= len(stable) // 2 + 1:
+    silent = ([] if part["leader"] is not None
+              else sorted(set(voters) - {v["node"] for v in views}))
+    left = len(voters) - len(lost) - len(silent)
+    if not lost or left >= len(voters) // 2 + 1:
         return ""
-    holders = [n for n in part["hosted_on"] if n in stable and n not in lost]
-    pending = [n for n in part["hosted_on"] if n not in stable]
+    holders = ", ".join(n for n in part["hosted_on"] if n in voters and n not in lost)
+    if silent:
+        holders = (f"{holders or 'no node that answered'} "
+                   f"(and {', '.join(silent)}, if still running)")
+    pending = [n for n in part["hosted_on"] if n not in voters]
     also = f" ({', '.join(pending)}, pending, may hold part of it)" if pending else ""
-    unheard = (f" and {', '.join(silent)} did not answer (its rows survive only if it is "
-               f"still running)" if silent else "")
-    return (f"{table} partition {part['partition']}: {len(lost)} of its {len(stable)} "
+    unheard = f" and {', '.join(silent)} did not answer" if silent else ""
+    return (f"{table} partition {part['partition']}: {len(lost)} of its {len(voters)} "
             f"in-memory replicas ({', '.join(lost)}) restarted empty{unheard}, leaving "
             f"{left}, not a majority: it cannot commit or elect a leader, and its data may "
-            f"survive only on {', '.join(holders) or 'no node'}{also}; see \"In-memory "
-            "tables\" in docs/operations.md")
+            f"survive only on {holders or 'no node'}{also}; see \"In-memory tables\" in "
+            "docs/operations.md")
