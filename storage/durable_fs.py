@@ -9,6 +9,7 @@ directory of each environment once its files exist (docs/durability.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -48,12 +49,22 @@ def write_durable(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        # The half-written file goes, and the error names it: a write or fsync error has
+        # no file name (found from outside: a node started on a full disk said only
+        # "[Errno 28] No space left on device", and left node_id.tmp behind).
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, tmp) from e
+        raise
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 

@@ -115,3 +115,27 @@ def test_sigkill_loses_nothing_durable_and_applies_once(tmp_path: Path) -> None:
 @pytest.mark.long
 def test_sigkill_long(tmp_path: Path) -> None:
     _kill_loop(tmp_path, int(os.environ.get("RAFTKV_CRASH_KILLS", "50")))
+
+
+def test_a_durable_write_that_fails_names_its_file_and_leaves_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found from outside: a node started on a full disk said only "[Errno 28] No space
+    left on device" and left ``node_id.tmp`` behind. The error now names the file, and the
+    half-written temporary goes; the old file is untouched."""
+    import errno
+
+    from raftkv.storage import durable_fs
+
+    target = tmp_path / "node_id"
+    target.write_bytes(b"old")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(durable_fs.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left on device.*node_id.tmp") as e:
+        durable_fs.write_durable(str(target), b"new")
+    assert e.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node_id"]
+    assert target.read_bytes() == b"old"
