@@ -556,27 +556,32 @@ class LmdbLogStore:
         if recent and lo >= recent[0][1] and lo < hi:
             first = recent[0][1]
             return limit_size(recent[lo - first : hi - first], max_bytes)
-        if max_bytes is None:
-            return self._read(lo, hi)
-        # A byte budget usually covers a small part of a long range: read in growing
-        # windows instead of decoding entries that would be trimmed away.
-        out: list[Entry] = []
-        total, window = 0, 64
-        while lo < hi:
-            part = self._read(lo, min(lo + window, hi))
-            out += part
-            total += sum(len(e[3]) for e in part) + ENTRY_OVERHEAD * len(part)
-            if total > max_bytes:
-                break
-            lo += len(part)
-            window *= 4
-        return limit_size(out, max_bytes)
+        return limit_size(self._read(lo, hi, max_bytes), max_bytes)
 
-    def _rows(self, lo: int, hi: int) -> list[tuple[bytes, bytes]]:
-        """Raw (key, value) records ``[lo, hi)`` from one read transaction."""
+    def _rows(self, lo: int, hi: int, max_bytes: int | None = None
+              ) -> list[tuple[bytes, bytes]]:
+        """Raw (key, value) records ``[lo, hi)`` from one read transaction; with
+        ``max_bytes``, only up to the first whose entries pass that budget (the one that
+        passes it included, for ``limit_size`` to keep or drop). A byte budget usually
+        covers a small part of a long range, and entries may be large: reading windows
+        of 64 entries and more, then trimming, read 128 MB to send one 2 MB entry to a
+        follower catching up, on every append, and the leader's loop fell behind its
+        heartbeats until the other follower deposed it, again and again (found from
+        outside, restarting a wiped node)."""
         with self._env.begin(db=self._entries) as txn:
             cur = txn.cursor()
-            rows = list(islice(cur.iternext(), hi - lo)) if cur.set_key(self._key(lo)) else []
+            if not cur.set_key(self._key(lo)):
+                rows = []
+            elif max_bytes is None:
+                rows = list(islice(cur.iternext(), hi - lo))
+            else:
+                rows, total = [], 0
+                for row in islice(cur.iternext(), hi - lo):
+                    rows.append(row)
+                    total += len(row[1]) - _HEAD_SIZE + ENTRY_OVERHEAD
+                    if total > max_bytes:
+                        hi = lo + len(rows)
+                        break
         # Keys are unique and sorted, so the right count and last key mean no gaps.
         if len(rows) != hi - lo or rows[-1][0] != self._key(hi - 1):
             have = {self._index(k) for k, _ in rows if self._mine(k)}
@@ -584,9 +589,10 @@ class LmdbLogStore:
             raise CorruptLog(f"{self._where}: entry {missing} is missing")
         return rows
 
-    def _verified(self, lo: int, hi: int) -> list[tuple[bytes, bytes]]:
-        """Records ``[lo, hi)`` with every checksum verified."""
-        rows = self._rows(lo, hi)
+    def _verified(self, lo: int, hi: int, max_bytes: int | None = None
+                  ) -> list[tuple[bytes, bytes]]:
+        """Records ``[lo, hi)`` (``_rows``) with every checksum verified."""
+        rows = self._rows(lo, hi, max_bytes)
         crc32, from_bytes = zlib.crc32, int.from_bytes
         for k, v in rows:
             if crc32(v[4:], crc32(k)) != from_bytes(v[:4], "big"):
@@ -595,14 +601,14 @@ class LmdbLogStore:
                 )
         return rows
 
-    def _read(self, lo: int, hi: int) -> list[Entry]:
-        """Entries ``[lo, hi)``, each checksum verified."""
+    def _read(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        """Entries ``[lo, hi)`` (``_rows``), each checksum verified."""
         if lo >= hi:
             return []
         new, term_of = tuple.__new__, _BODY.unpack_from
         return [
             new(Entry, (term_of(v, 4)[0], index, v[12], v[_HEAD_SIZE:]))
-            for index, (_, v) in enumerate(self._verified(lo, hi), lo)
+            for index, (_, v) in enumerate(self._verified(lo, hi, max_bytes), lo)
         ]
 
     def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]:

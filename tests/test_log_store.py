@@ -7,6 +7,7 @@ import os
 import pathlib
 import random
 import shutil
+import zlib
 from collections.abc import Callable
 
 import pytest
@@ -261,6 +262,38 @@ def test_lmdb_recent_entries_are_bounded_even_when_empty(tmp_path) -> None:
     assert s._recent_bytes <= RECENT_BYTES
     assert 0 < len(s._recent) < 20_000 and s._recent[-1].index == 20_000
     assert s.entries(19_990, 20_001) == ents(19_990, 20_001, size=0)
+    s.close()
+
+
+def test_lmdb_a_byte_budget_reads_only_the_entries_it_can_hold(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found from outside: a leader sending a wiped follower a log of 2 MB entries read
+    and checksummed a window of 64 of them (128 MB) for each append, which carries one;
+    its loop fell behind its heartbeats and the other follower deposed it, 7 times in 7
+    s, the new leader in turn. A budgeted read now stops at the first entry past the
+    budget."""
+    s = LmdbLogStore(str(tmp_path / "log"))
+    big = ents(1, 101, size=200_000)  # 20 MB: far past the recent-entries cache
+    for lo in range(0, 100, 10):
+        s.save(None, big[lo:lo + 10])
+    read: list[int] = []
+    crc32 = zlib.crc32
+
+    def counted(data: bytes, value: int = 0) -> int:
+        if len(data) > 1000:
+            read.append(len(data))  # an entry's body checksummed: it was read
+        return crc32(data, value)
+
+    monkeypatch.setattr(zlib, "crc32", counted)
+    assert s.entries(1, 101, max_bytes=1 << 20) == big[:5]
+    assert len(read) == 6  # the sixth passed the budget and was left out
+    read.clear()
+    assert s.entries(40, 101, max_bytes=1) == big[39:40]  # at least one, as etcd
+    assert len(read) == 1
+    read.clear()
+    assert s.entries(1, 101) == big  # no budget: the whole range
+    assert len(read) == 100
     s.close()
 
 
