@@ -868,7 +868,9 @@ class TablesApi:
                 continue
             try:
                 answer = await self._proxy(request, addrs[n], body)
-                if answer.status == 503 and NOT_HOSTED.encode() in (answer.body or b""):
+                data = answer.body  # bytes: ``_proxy`` read it whole
+                if (answer.status == 503 and isinstance(data, bytes)
+                        and NOT_HOSTED.encode() in data):
                     not_hosted = answer
                     continue
                 return answer
