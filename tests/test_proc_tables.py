@@ -552,6 +552,16 @@ def test_the_client_deletes_on_a_cas_to_none_and_refuses_what_is_not_a_key_or_va
         assert c.get("k", table=table) == b"v"
 
 
+def _memory_table_with_a_key(c: ProcCluster, admin: Client, name: str,
+                             replicas: int) -> None:
+    """A 1-partition in-memory table, fully replicated, holding k=v on every replica."""
+    admin.create_table(name, 1, replicas, "memory")
+    _wait(lambda: admin.describe_table(name)["under_replicated"] == [], 60,
+          "fully replicated")
+    admin.put("k", "v", table=name)
+    c.wait_caught_up()
+
+
 def test_an_in_memory_partition_that_lost_a_majority_says_so(cluster: ProcCluster) -> None:
     """Found from outside: two of three in-memory replicas restarted together left the
     partition without a leader for good (rightly: a write they acknowledged may exist
@@ -559,11 +569,7 @@ def test_an_in_memory_partition_that_lost_a_majority_says_so(cluster: ProcCluste
     way. Its ``errors`` now name the partition, the replicas that restarted empty and
     the node that still holds what survives; the survivor's stale reads still work."""
     admin = cluster.client()
-    admin.create_table("lost", 1, 3, "memory")
-    _wait(lambda: admin.describe_table("lost")["under_replicated"] == [], 60,
-          "fully replicated")
-    admin.put("k", "v", table="lost")
-    cluster.wait_caught_up()
+    _memory_table_with_a_key(cluster, admin, "lost", 3)
     for nid in ("n2", "n3"):
         cluster.kill(nid)
     for nid in ("n2", "n3"):
@@ -677,11 +683,7 @@ def test_half_of_an_in_memory_partitions_replicas_restarted_says_so_and_serves_s
     with ProcCluster(str(tmp_path), size=5, tick=0.02) as c:
         c.start()
         admin = c.client()
-        admin.create_table("half", 1, 4, "memory")
-        _wait(lambda: admin.describe_table("half")["under_replicated"] == [], 60,
-              "fully replicated")
-        admin.put("k", "v", table="half")
-        c.wait_caught_up()
+        _memory_table_with_a_key(c, admin, "half", 4)
         stable = sorted(admin.describe_table("half")["partitions"][0]["stable"])
         lost, left = stable[:2], stable[2:]
         outside = next(n for n in c.nodes if n not in stable)
@@ -729,11 +731,7 @@ def test_an_in_memory_partition_with_a_replica_restarted_and_one_down_says_so(
     down left no majority, and ``errors`` stayed empty until the down node restarted too.
     It now names both, and that the silent one may hold the rows if it still runs."""
     admin = cluster.client()
-    admin.create_table("gone", 1, 3, "memory")
-    _wait(lambda: admin.describe_table("gone")["under_replicated"] == [], 60,
-          "fully replicated")
-    admin.put("k", "v", table="gone")
-    cluster.wait_caught_up()
+    _memory_table_with_a_key(cluster, admin, "gone", 3)
     cluster.kill("n3")
     cluster.kill("n2")
     cluster.start("n2")
