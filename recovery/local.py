@@ -35,6 +35,9 @@ from raftkv.storage.state_store import StateStore
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 10_000
+# ... and at most about this many bytes of commands per batch: 10,000 entries of a
+# bulk load's 4 MiB batches would be 40 GB in memory at once.
+BATCH_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,7 @@ def replay(
             )
         i = checkpoint + 1
     while i <= end:
-        hi = min(i + batch, end + 1)
-        entries = raft_log.payloads(i, hi)
+        entries = raft_log.payloads(i, min(i + batch, end + 1), BATCH_BYTES)
         try:
             state.apply(entries)
         except IndexMismatch as mismatch:
@@ -102,7 +104,7 @@ def replay(
             continue
         first_replayed = first_replayed or i
         replayed += len(entries)
-        i = hi
+        i += len(entries)
     report = RecoveryReport(
         checkpoint, first_replayed or checkpoint + 1, state.applied_index(),
         replayed, clock() - t0, skipped,

@@ -611,15 +611,17 @@ class LmdbLogStore:
             for index, (_, v) in enumerate(self._verified(lo, hi, max_bytes), lo)
         ]
 
-    def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]:
+    def payloads(self, lo: int, hi: int, max_bytes: int | None = None
+                 ) -> list[tuple[int, bytes]]:
         """(index, command) for ``[lo, hi)``, checksums verified, CONF_CHANGE entries as
-        b"": what a state store applies. Replay's hot path, so it skips building Entries."""
+        b"": what a state store applies (with ``max_bytes``, as ``_rows`` reads). Replay's
+        hot path, so it skips building Entries."""
         self._check_range(lo, hi)
         if lo >= hi:
             return []
         return [
             (index, v[_HEAD_SIZE:] if v[12] == EntryType.NORMAL else b"")
-            for index, (_, v) in enumerate(self._verified(lo, hi), lo)
+            for index, (_, v) in enumerate(self._verified(lo, hi, max_bytes), lo)
         ]
 
     def _check_range(self, lo: int, hi: int) -> None:

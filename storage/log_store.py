@@ -66,7 +66,11 @@ class LogStorage(Protocol):
 
     def conf_entries(self, lo: int) -> list[Entry]: ...
 
-    def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]: ...
+    def payloads(self, lo: int, hi: int, max_bytes: int | None = None
+                 ) -> list[tuple[int, bytes]]:
+        """(index, command) of ``[lo, hi)`` (``payloads_of``); with ``max_bytes``, a
+        prefix of at least one entry, ending about where the commands pass that budget."""
+        ...
 
     def vote_floor(self) -> VoteFloor | None: ...
 
@@ -158,8 +162,9 @@ class MemoryLogStore:
             raise Unavailable(hi - 1, self.last_index())
         return limit_size(self._ents[lo - offset : hi - offset], max_bytes)
 
-    def payloads(self, lo: int, hi: int) -> list[tuple[int, bytes]]:
-        return payloads_of(self.entries(lo, hi))
+    def payloads(self, lo: int, hi: int, max_bytes: int | None = None
+                 ) -> list[tuple[int, bytes]]:
+        return payloads_of(self.entries(lo, hi, max_bytes))
 
     def vote_floor(self) -> VoteFloor | None:
         return None  # nothing here can be damaged from outside and truncated

@@ -150,3 +150,31 @@ def test_state_store_behind_the_compacted_log_needs_a_snapshot(tmp_path) -> None
     with pytest.raises(StorageError, match="needs a snapshot.*data directory away.*"
                                            "docs/wiped-nodes.md"):
         replay(raft_log, fresh)
+
+
+def test_replay_batches_by_bytes_as_well_as_by_entries(
+    tmp_path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replay read 10,000 entries per batch whatever their size: 10,000 of a bulk load's
+    4 MiB batches would be 40 GB in memory at once. It now stops a batch about where its
+    commands pass ``BATCH_BYTES``, and still replays every entry, in order."""
+    from raftkv.recovery import local
+
+    monkeypatch.setattr(local, "BATCH_BYTES", 1 << 20)
+    raft_log = LmdbLogStore(str(tmp_path / "log"))
+    big = [Entry(1, i, 0, encode_put(b"k%03d" % i, b"x" * 300_000)) for i in range(1, 41)]
+    raft_log.save(HardState(1, "n1", 40), big)
+    state = MemoryStateStore()
+    sizes: list[int] = []
+    apply = state.apply
+
+    def counted(entries):  # type: ignore[no-untyped-def]
+        sizes.append(len(entries))
+        return apply(entries)
+
+    monkeypatch.setattr(state, "apply", counted)
+    report = replay(raft_log, state)
+    assert report.replayed == 40 and state.applied_index() == 40
+    assert max(sizes) <= 4 and sum(sizes) == 40  # 4 x 300 KB passes 1 MB
+    assert state.get(b"k040") == b"x" * 300_000
+    raft_log.close()

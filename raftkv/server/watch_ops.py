@@ -68,6 +68,9 @@ from raftkv.storage.txn import Kind, Txn
 PROGRESS_SECONDS = 2.0
 POLL_SECONDS = 0.02
 BATCH_ENTRIES = 1_000
+# ... and about this many bytes of them: the read runs on the Raft loop, and 1,000 of a
+# bulk load's 4 MiB entries would hold it for seconds.
+BATCH_BYTES = 4 << 20
 FUTURE_WAIT_SECONDS = 2.0
 
 
@@ -150,9 +153,10 @@ def read_log(node: Node, group: str, req: WatchRequest, frm: int,
     if frm > hi:
         return applied, []
     try:
-        rows = log.payloads(frm, hi + 1)
+        rows = log.payloads(frm, hi + 1, BATCH_BYTES)
     except Compacted as e:  # not expected on the loop thread, which compacts
         raise HistoryCompacted(max(e.first_index, oldest)) from e
+    hi = rows[-1][0]  # the budget may have ended the read early
     lines = []
     b64 = base64.b64encode
     lo_key, hi_key = req.start, req.end
