@@ -65,7 +65,7 @@ import os
 import select
 import ssl
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -863,13 +863,31 @@ class Client:
         return int(self._post(f"/v1/leases/{int(lease)}", method="DELETE")["deleted"])
 
     def lease_info(self, lease: int) -> dict[str, Any]:
-        """``{"id", "ttl", "remaining"?, "keys"}`` (keys as bytes)."""
-        doc = dict(json.loads(self.request("GET", f"/v1/leases/{int(lease)}")[1]))
+        """``{"id", "ttl", "remaining"?, "keys"}`` (keys as bytes; ``remaining`` unless
+        the leader could not be asked)."""
+        doc = self._from_leader(f"/v1/leases/{int(lease)}", lambda d: [d])
         doc["keys"] = [base64.b64decode(k) for k in doc["keys"]]
         return doc
 
     def leases(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.request("GET", "/v1/leases")[1])["leases"])
+        """``[{"id", "ttl", "remaining"?}]``, as ``lease_info``."""
+        return list(self._from_leader("/v1/leases", lambda d: d["leases"])["leases"])
+
+    def _from_leader(self, path: str, leases: Callable[[dict[str, Any]], list[Any]]
+                     ) -> dict[str, Any]:
+        """A lease read, asked again of the leader when the node that answered named it
+        instead of giving ``remaining`` (only the leader's lease clocks know it; found from
+        outside: ``lease info`` had it or not depending on the node). ``leases(doc)``:
+        the answer's per-lease parts. The hint is dropped from the answer."""
+        doc = dict(json.loads(self.request("GET", path)[1]))
+        hints = {str(p["leader"]) for p in leases(doc) if "leader" in p}
+        target = self._endpoint_of(hints.pop()) if len(hints) == 1 else None
+        if target is not None:
+            self._current = self.endpoints.index(target)
+            doc = dict(json.loads(self.request("GET", path)[1]))
+        for p in leases(doc):
+            p.pop("leader", None)
+        return doc
 
     def delete(self, key: bytes | str, table: str | None = None) -> int:
         return int(json.loads(self.request("DELETE", self._kv(key, table), once=True,

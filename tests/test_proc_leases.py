@@ -110,3 +110,26 @@ def test_lease_bad_input(cluster: ProcCluster) -> None:
     c.create_table("lt", 2, 1, storage="persistent")
     status, answer = call("PUT", f"/v1/tables/lt/kv/k?lease={lease}", b"v")
     assert status == 400 and "default KV group" in str(answer["error"])
+
+
+def test_lease_info_asked_of_a_follower_has_its_remaining_seconds(
+        cluster: ProcCluster) -> None:
+    """Found from outside: ``lease info`` gave ``remaining`` or not depending on the node
+    that answered (only the leader's lease clocks know it). A follower now names the
+    leader, and the client asks it there."""
+    import json
+    import urllib.request
+
+    lead = cluster.wait_leader()
+    follower = next(n for n in cluster.nodes if n != lead)
+    lease = cluster.client().lease_grant(30)
+    with urllib.request.urlopen(f"{cluster.nodes[follower].endpoint}/v1/leases/{lease}",
+                                timeout=10) as r:
+        raw = json.loads(r.read())
+    assert "remaining" not in raw and raw["leader"] == lead, raw
+    c = cluster.client([follower])
+    info = c.lease_info(lease)
+    assert 0 < info["remaining"] <= 30 and "leader" not in info, info
+    listed = c.leases()
+    assert [(x["id"], "leader" in x) for x in listed] == [(lease, False)], listed
+    assert 0 < listed[0]["remaining"] <= 30
