@@ -1030,6 +1030,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
+    except BrokenPipeError:  # `... | head` (found from outside: "error: [Errno 32] ...")
+        return _reader_gone()
     except (ClientError, Unavailable, ValueError, OSError, http.client.HTTPException,
             StorageError) as e:
         print(f"error: {e}", file=sys.stderr)

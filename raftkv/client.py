@@ -439,8 +439,11 @@ class Client:
             self._attempts += 1
             left = max(deadline - time.monotonic(), 0.001)
             try:
+                # A write probes with one endpoint too: a hung node found before the write
+                # left is "no answer", not "may or may not have applied" (found from
+                # outside, where only several endpoints told the two apart).
                 status, data, ctype = self._once(endpoint, method, path, body, headers,
-                                                 left, probe=len(self.endpoints) > 1,
+                                                 left, probe=len(self.endpoints) > 1 or once,
                                                  once=once)
             except ssl.SSLCertVerificationError as e:
                 # Not a passing fault: retrying until the deadline would only hide it.

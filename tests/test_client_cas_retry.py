@@ -53,6 +53,10 @@ def _fake_node(*script: tuple[bytes | None, bool]) -> tuple[socket.socket, list[
                     head = read_request_head(conn)
                     if not head:
                         break
+                    if head.startswith(b"GET /health "):
+                        # A write's new connection is checked first: answered, not scripted.
+                        conn.sendall(_http("200 OK", b'{"id": "n1"}'))
+                        continue
                     seen.append(head)
                     if answer is RESET:
                         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,

@@ -86,7 +86,7 @@ def test_a_refused_claim_holds_nothing(tmp_path: Path) -> None:
     d = str(tmp_path / "n1")
     claim_data_dir(d, "n1")
     release_data_dir(d)
-    with pytest.raises(StorageError, match="holds node 'n1''s data, not 'n2''s"):
+    with pytest.raises(StorageError, match="holds the data of node 'n1', not of 'n2'"):
         claim_data_dir(d, "n2")
     assert _other_process_locks(d)
 

@@ -211,3 +211,23 @@ def test_a_watch_leaves_a_hung_node_and_gives_up_when_none_serves_it(
         assert rev == index and events[0]["key"] == b"w1"
     finally:
         _resume(c, hung)
+
+
+def test_a_write_to_a_lone_hung_endpoint_is_not_sent_and_says_so() -> None:
+    """Found from outside: with one endpoint, a node that accepted connections and never
+    answered got the write, which then ended "may or may not have applied" (with several
+    endpoints the health check on the new connection had already kept it from leaving).
+    A write now checks a new connection with one endpoint too: nothing is sent, and the
+    answer is that the node did not answer."""
+    import socket
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)  # the kernel accepts; nobody ever reads or answers
+    try:
+        c = Client([f"http://127.0.0.1:{hung.getsockname()[1]}"], 3.0, connect_timeout=2.0)
+        with pytest.raises(Unavailable, match="no answer to a health check"):
+            c.put("k", "v")
+        c.close()
+    finally:
+        hung.close()

@@ -224,5 +224,5 @@ def test_a_node_that_cannot_start_exits_with_one_line(tmp_path: Path) -> None:
          "--peers", f"n2=127.0.0.1:{raft}", "--secret-file", str(tmp_path / "secret")],
         check=False, capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stderr
-    assert f"error: {data} holds node 'n1''s data, not 'n2''s" in res.stderr
+    assert f"error: {data} holds the data of node 'n1', not of 'n2'" in res.stderr
     assert "Traceback" not in res.stderr

@@ -91,8 +91,8 @@ def claim_data_dir(data_dir: str, node_id: str, cluster_id: bytes = b"") -> None
             raise StorageError(str(e)) from None
         if owner is not None:
             if owner != node_id:
-                raise StorageError(f"{data_dir} holds node {owner!r}'s data, not "
-                                   f"{node_id!r}'s")
+                raise StorageError(f"{data_dir} holds the data of node {owner!r}, not "
+                                   f"of {node_id!r}")
             return
         if holds_node_data(data_dir):
             # node_id is written (durably) before anything else, so data without it is
