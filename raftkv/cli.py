@@ -192,6 +192,7 @@ def status_rows(client: Client, discover: bool = True,
                 "leader": g["leader"] or "-", "commit": g["commit"],
                 "applied": g["applied"], "checkpoint": g["checkpoint"],
                 "last": g["last_index"], "peers": g["peers"], "members": g["members"],
+                "retired": g.get("retired", {}),
             })
     for e, why in failed.items():
         name = names.get(e)
@@ -219,9 +220,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             for peer, p in sorted(r["peers"].items()):
                 kind = r["members"].get(peer, "?")
                 lag = r["last"] - p["match"]
+                retired = (" (answers as an incarnation the group replaced: ignored for "
+                           "good; docs/wiped-nodes.md)" if peer in r["retired"] else "")
                 lines.append(f"  {peer:<8} {kind:<13} match={p['match']:<8} lag={lag:<8} "
                              f"{p['state']}{'' if p['active'] else ' (inactive)'}"
-                             f"{' (its node did not answer)' if peer in silent else ''}")
+                             f"{' (its node did not answer)' if peer in silent else ''}"
+                             f"{retired}")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from raftkv.cli import main, parser, render_table, serve_parser
+from raftkv.cli import format_table, main, parser, render_table, serve_parser
 from raftkv.testing.procs import ProcCluster, free_ports
 
 
@@ -345,3 +345,21 @@ def test_a_table_row_stays_on_one_line_and_nested_answers_print_as_json() -> Non
     assert '{"get":{"key":"k","value":null}}' in lines[1] and "'get'" not in out
     assert "line1\\nline2\\tend" in lines[2]
     assert lines[3].split()[-1] == "x,y"
+
+
+def test_status_says_a_member_answering_as_a_replaced_incarnation_is_ignored() -> None:
+    """Found from outside: a voter whose node answered as an incarnation the group had
+    replaced (its old files put back) showed as an ordinary follower a little behind,
+    while the group ignored it for good and ran on two voters of three."""
+    peer = {"match": 41, "next": 42, "state": "replicate", "learner": False, "active": False}
+    row = {"node": "n1", "endpoint": "e1", "group": "default", "role": "leader",
+           "kind": "voter", "removed": None, "term": 4, "leader": "n1", "commit": 43,
+           "applied": 43, "checkpoint": 40, "last": 43,
+           "peers": {"n2": peer, "n3": {**peer, "match": 43, "active": True}},
+           "members": {"n1": "voter", "n2": "voter", "n3": "voter"},
+           "retired": {"n2": "12345"}}
+    out = format_table([row])
+    n2 = next(line for line in out.splitlines() if line.strip().startswith("n2 "))
+    n3 = next(line for line in out.splitlines() if line.strip().startswith("n3 "))
+    assert "incarnation the group replaced: ignored for good" in n2
+    assert "ignored" not in n3

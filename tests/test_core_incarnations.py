@@ -520,3 +520,11 @@ def test_an_older_copy_of_a_replaced_incarnation_is_ignored_and_reported() -> No
     assert c.raft("n1").retired_heard == {"n3": old}
     assert c.raft("n3").log.committed < index  # ignored, never counted
     assert c.leader() == "n1"
+    # Stopped, its directory removed and started again, as the report says: readmitted
+    # as a new incarnation, it is no longer reported (cluster status shows the report).
+    c.wipe("n3")
+    for _ in range(10):
+        c.tick(["n1"])
+    c.tick(n=10)
+    assert c.raft("n1").retired_heard == {}
+    assert c.raft("n3").log.committed >= index

@@ -1693,6 +1693,8 @@ class Raft:
             # noted for the driver to report (found from outside: nothing said why).
             self.retired_heard[m.frm] = m.inc
             return False
+        # Heard as a live incarnation again (stopped and readmitted): no longer reported.
+        self.retired_heard.pop(m.frm, None)
         if pr.inc != m.inc:
             if pr.inc:
                 pr = self.prs[m.frm] = self._new_progress(m.frm, self.log.last_index() + 1)
