@@ -745,3 +745,37 @@ def test_an_in_memory_partition_with_a_replica_restarted_and_one_down_says_so(
     _wait(said, 60, "the restarted and the silent replica named in describe's errors")
     assert cluster.client(["n1"]).get("k", stale=True, table="gone") == b"v"
     admin.close()
+
+
+def test_a_persistent_partition_whose_majority_lost_its_files_says_so(
+    cluster: ProcCluster,
+) -> None:
+    """Found from outside: two replicas of three lost their partition logs (SIGKILL, the
+    directory deleted, restart); every partition went leaderless, rightly, and
+    ``describe`` said ``errors: []``, with no pointer to the way out. It now names the
+    replicas that lost their files, the survivor, and ``unsafe-reset``."""
+    import shutil
+
+    from raftkv.storage.layout import partition_logs_path
+
+    admin = cluster.client()
+    admin.create_table("disk", 1, 3)
+    _wait(lambda: admin.describe_table("disk")["under_replicated"] == [], 60,
+          "fully replicated")
+    admin.put("k", "v", table="disk")
+    cluster.wait_caught_up()
+    for nid in ("n2", "n3"):
+        cluster.kill(nid)
+        shutil.rmtree(partition_logs_path(cluster.nodes[nid].data_dir))
+    for nid in ("n2", "n3"):
+        cluster.start(nid)
+
+    def said() -> Any:
+        d = admin.describe_table("disk")
+        return any("2 of its 3 replicas (n2, n3) lost their files, leaving 1" in e
+                   and "only on n1;" in e and "unsafe-reset --group t.disk.0" in e
+                   for e in d["errors"]) or (d["partitions"], d["errors"])
+
+    _wait(said, 60, "the lost majority named in describe's errors")
+    assert cluster.client(["n1"]).get("k", stale=True, table="disk") == b"v"
+    admin.close()

@@ -577,6 +577,13 @@ class TablesApi:
             # (and a quiet one can go on claiming the leadership: an xfail scenario in
             # tests/test_core_quiesce.py).
             errors += [why for p in parts if (why := _lost_majority(name, p, views))]
+        else:
+            # On disk a replica is lost only with its files (wiped, or its partition logs
+            # deleted): said while no leader is known, since a persistent replica is also
+            # briefly unhosted as its node starts (found from outside: two replicas of
+            # three with their logs deleted left every partition leaderless, errors: []).
+            errors += [why for p in parts if p["leader"] is None
+                       and (why := _lost_majority(name, p, views, on_disk=True))]
         # Said outright too: a partition whose every replica restarted at once came back
         # empty and writable, which describe did not show (found from outside).
         empty = [p["partition"] for p in parts if any(
@@ -1376,7 +1383,8 @@ def _desc_json(d: TableDescriptor) -> dict[str, Any]:
             "storage": d.storage}
 
 
-def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]) -> str:
+def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]],
+                   on_disk: bool = False) -> str:
     """Why an in-memory partition cannot commit (empty if it may): so many of its voters
     run but host nothing, having restarted empty (their managers say so: they hosted it
     before this start, which a replica not started yet did not), that the others are not
@@ -1388,7 +1396,8 @@ def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]
     counts out too (with one restarted replica, it can be what leaves no majority: errors
     stayed empty until the silent node restarted too), and may still hold the rows. The
     holders named are voters that host it: a pending replica may never have received a
-    row. docs/operations.md gives the ways out."""
+    row. docs/operations.md gives the ways out. ``on_disk``: a persistent partition,
+    whose lost replicas lost their files, and whose way out is ``unsafe-reset``."""
     voters = part["voters"] if part["voters"] is not None else part["stable"]
     gid = part["group"]
     lost = sorted(v["node"] for v in views if v["node"] in voters
@@ -1405,8 +1414,10 @@ def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]
     pending = [n for n in part["hosted_on"] if n not in voters]
     also = f" ({', '.join(pending)}, pending, may hold part of it)" if pending else ""
     unheard = f" and {', '.join(silent)} did not answer" if silent else ""
+    kind, how, see = (("", "lost their files", "\"A majority lost for good\" (raftkv "
+                       "recover unsafe-reset --group " + gid + ")") if on_disk else
+                      ("in-memory ", "restarted empty", "\"In-memory tables\""))
     return (f"{table} partition {part['partition']}: {len(lost)} of its {len(voters)} "
-            f"in-memory replicas ({', '.join(lost)}) restarted empty{unheard}, leaving "
-            f"{left}, not a majority: it cannot commit or elect a leader, and its data may "
-            f"survive only on {holders or 'no node'}{also}; see \"In-memory tables\" in "
-            "docs/operations.md")
+            f"{kind}replicas ({', '.join(lost)}) {how}{unheard}, leaving {left}, not a "
+            f"majority: it cannot commit or elect a leader, and its data may survive only "
+            f"on {holders or 'no node'}{also}; see {see} in docs/operations.md")
