@@ -244,7 +244,7 @@ def _cell(v: Any) -> str:
         return json.dumps(v, separators=(",", ":"))
     text = str(v)
     if any(c < " " or c == "\x7f" for c in text):
-        return json.dumps(text)[1:-1]
+        return json.dumps(text, ensure_ascii=False)[1:-1]
     return text
 
 

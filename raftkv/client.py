@@ -75,6 +75,9 @@ from raftkv.placement.assignments import partition_of
 from raftkv.tls import client_context
 
 RETRYABLE = {503, 504}
+# A watch stream silent this long is broken: three of the server's progress intervals
+# (raftkv.server.watch_ops.PROGRESS_SECONDS, 2 s), whatever the request timeout.
+WATCH_SILENCE = 6.0
 # A request whose answer has not come after timeout / ATTEMPTS seconds (at least
 # MIN_ATTEMPT) checks that its node is alive (Client._await_answer); a lookup waits that
 # long for one node before it asks the next.
@@ -309,8 +312,10 @@ class Client:
         """One attempt, its answer waited for ``wait`` seconds (default ``timeout``).
         ``probe``: if none has come after ``_probe_wait`` seconds, ask the node's
         ``/health`` on another connection, and give up on it at once if that goes
-        unanswered too (``_await_answer``). With ``once`` as well, a new connection
-        first asks ``/health`` itself: a stopped node accepts connections (its kernel
+        unanswered too (``_await_answer``; only when there is another endpoint to try:
+        alone, a node that stalls after the write left may still answer it, and giving
+        up early would only turn its answer into an unknown outcome). With ``once``, a
+        new connection first asks ``/health`` itself, with one endpoint too: a stopped node accepts connections (its kernel
         does), and a write sent on one could only end in an unknown outcome, whereas
         a node found stopped before the write went out is simply not the one to ask
         (every ``raftkv put`` listing a stopped node first failed so; etcd's client,
@@ -335,7 +340,7 @@ class Client:
                     raise  # not a connection that may come up later (request() says why)
                 except OSError as e:
                     raise NotConnected(f"cannot connect: {e}") from e
-                if probe and once:
+                if once:
                     c.sock.settimeout(min(self._probe_wait, wait))  # type: ignore[attr-defined]
                     try:
                         c.request("GET", "/health")
@@ -439,11 +444,8 @@ class Client:
             self._attempts += 1
             left = max(deadline - time.monotonic(), 0.001)
             try:
-                # A write probes with one endpoint too: a hung node found before the write
-                # left is "no answer", not "may or may not have applied" (found from
-                # outside, where only several endpoints told the two apart).
                 status, data, ctype = self._once(endpoint, method, path, body, headers,
-                                                 left, probe=len(self.endpoints) > 1 or once,
+                                                 left, probe=len(self.endpoints) > 1,
                                                  once=once)
             except ssl.SSLCertVerificationError as e:
                 # Not a passing fault: retrying until the deadline would only hide it.
@@ -751,9 +753,10 @@ class Client:
         one. Runs until the caller stops iterating, or until no node has served the
         watch for ``timeout`` seconds: ``Unavailable``, which names the revision to
         resume from (found from outside: ``raftkv watch`` against a node that accepted
-        connections and never answered waited in silence for good). A node has
-        ``_probe_wait`` seconds to answer the request (its first line is immediate), and
-        a stream that stays silent past the server's progress interval is broken.
+        connections and never answered waited in silence for good). A node that answers
+        neither the request nor a health check within ``_probe_wait`` is left, and a
+        stream silent for ``WATCH_SILENCE`` (three of the server's progress intervals) is
+        broken; a stream that broke after serving gives the failover the whole timeout.
 
         Without ``from_revision`` the watch starts with the changes after the first node
         to serve it answered; pass the revision of a read to miss nothing since."""
@@ -769,8 +772,12 @@ class Client:
             endpoint = self.endpoints[self._current]
             path = base + "?" + "&".join(q + ([f"from_revision={nxt}"] if nxt else []))
             conn = self._stream(endpoint, self._probe_wait)
+            streaming = False
             try:
                 conn.request("GET", path, headers=self._auth)
+                # A slow node is waited for (it may first wait for its log to reach
+                # from_revision), a hung one is left after a probe wait.
+                self._await_answer(endpoint, conn, time.monotonic() + max(self.timeout, 10.0))
                 r = conn.getresponse()
                 if r.status != 200:
                     info = _json(r.read(), r.getheader("Content-Type", ""))
@@ -779,8 +786,8 @@ class Client:
                     last = f"{endpoint}: HTTP {r.status} {info.get('error', '')}"
                 else:
                     delay = 0.05
-                    # Progress lines come every PROGRESS_SECONDS (2 s) on a live stream.
-                    conn.sock.settimeout(max(self.timeout, 10.0))  # type: ignore[attr-defined]
+                    streaming = True
+                    conn.sock.settimeout(WATCH_SILENCE)  # type: ignore[attr-defined]
                     for line in iter(r.readline, b""):
                         served = time.monotonic()
                         doc = json.loads(line)
@@ -796,6 +803,10 @@ class Client:
                         yield int(doc["revision"]), events
             except (OSError, http.client.HTTPException, ValueError) as e:
                 last = f"{endpoint}: {e or type(e).__name__}"  # broke: resume from nxt
+                if streaming:
+                    # A stream that served until it broke: the failover gets the whole
+                    # timeout from now, not from its last line (review).
+                    served = time.monotonic()
             finally:
                 conn.close()
             if time.monotonic() + delay - served > self.timeout:

@@ -231,3 +231,25 @@ def test_a_write_to_a_lone_hung_endpoint_is_not_sent_and_says_so() -> None:
         c.close()
     finally:
         hung.close()
+
+
+def test_an_established_watch_whose_node_hangs_resumes_on_another(
+        cluster: ProcCluster) -> None:
+    """Found in review: a watch streaming from a node that then hung (its connection open,
+    nothing more on it) waited out its timeout on the read and then gave up with
+    ``Unavailable``, though another node was up. A silent stream is now broken after
+    ``WATCH_SILENCE`` and resumed elsewhere, with the whole timeout for the failover."""
+    c = cluster
+    lead = c.wait_leader()
+    hung = next(n for n in c.nodes if n != lead)
+    writer = Client([c.nodes[lead].endpoint])
+    first = writer.put("w/1", "v")
+    stream = _client(c, hung, 3.0).watch(prefix="w/", from_revision=first)
+    assert next(stream)[1][0]["key"] == b"w/1"
+    _stop(c, hung)
+    try:
+        second = writer.put("w/2", "v")
+        rev, events = next(stream)  # from another node, after the hung one's silence
+        assert (rev, events[0]["key"]) == (second, b"w/2")
+    finally:
+        _resume(c, hung)

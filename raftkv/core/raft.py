@@ -1040,6 +1040,7 @@ class Raft:
         self._bcast_pending = False
         self._notice_held = False
         self.quiesced = False  # a new term or role starts awake
+        self.retired_heard = {}  # a leader's report: it starts again with each role
 
     def _become_follower(self, term: int, lead: str | None) -> None:
         self._reset(term)
