@@ -81,3 +81,23 @@ def test_a_revision_below_the_compaction_point_is_refused() -> None:
     assert e.value.oldest == 7
     upto, lines = read_log(node, "g", WatchRequest(b"", None, None), 7)
     assert upto == 10 and [line["revision"] for line in lines] == [7, 8, 9, 10]
+
+
+def test_a_read_of_large_values_stops_at_its_byte_budget() -> None:
+    """Found from outside: a watch from revision 1 over 300 values of 1 MiB held about
+    525 MB per watcher (a fast reader 1.1 GB), since each read took 1,000 entries whatever
+    their size. A read now stops about where its commands pass ``BATCH_BYTES`` (4 MiB),
+    and the next starts after the last entry it read: nothing skipped, nothing repeated.
+    Measured on 3 real nodes with 8 watchers that never read: 72 MB in all."""
+    from raftkv.server.watch_ops import BATCH_BYTES
+
+    big = b"v" * (1 << 20)
+    node, _, _ = _node([encode_put(b"k/%02d" % i, big) for i in range(20)])
+    frm, seen = 1, []
+    while frm <= 20:
+        upto, lines = read_log(node, "g", WatchRequest(b"k/", b"k0", None), frm)
+        assert sum(len(e["value"]) for line in lines for e in line["events"]) \
+            <= BATCH_BYTES * 4 // 3 + (2 << 20), "one read holds about the budget"
+        seen += [line["revision"] for line in lines]
+        frm = upto + 1
+    assert seen == list(range(1, 21))
