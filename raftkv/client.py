@@ -792,7 +792,9 @@ class Client:
                         served = time.monotonic()
                         doc = json.loads(line)
                         if "error" in doc:
-                            raise ClientError(410, doc)
+                            # 410: compacted past (oldest_revision); 401: the token
+                            # was revoked while the watch ran.
+                            raise ClientError(int(doc.get("status", 410)), doc)
                         if "progress" in doc:
                             nxt = max(nxt or 0, int(doc["progress"]) + 1)
                             continue

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client import CollectorRegistry
 
-from raftkv.client import resolve_token
+from raftkv.client import Client, ClientError, resolve_token
 from raftkv.server import app as app_module
 from raftkv.server.app import ROLES, Api
 from raftkv.server.auth import Identity, Role, TokenFileError, Tokens, bearer, parse_tokens
@@ -242,6 +243,23 @@ def test_sighup_reloads_the_tokens_file(node: ProcCluster) -> None:
     read_before = node.tokens[Role.READ]
     assert http_json(ep + "/v1/digest", token=new)[0] == 401
     lines = [f"{r.label} {r.label} {t}" for r, t in node.tokens.items() if r is not Role.READ]
+    # A watch opened with the token that is about to be removed (found from outside: it
+    # went on streaming new writes after the reload).
+    ended: list[BaseException] = []
+    seen: list[bytes] = []
+
+    def watch() -> None:
+        try:
+            for _, events in Client([ep], 5.0, token=read_before).watch(prefix="rv/"):
+                seen.extend(e["key"] for e in events)
+        except ClientError as e:
+            ended.append(e)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    writer = Client([ep], 5.0, token=node.tokens[Role.WRITE])
+    node.wait_until(lambda: writer.put("rv/1", "v") > 0 and b"rv/1" in seen, 10,
+                    what="the watch streaming")
     Path(node.tokens_file).write_text("\n".join([*lines, f"read newcomer {new}"]) + "\n")
     mark = len(node.nodes["n1"].log_text())
     assert node.nodes["n1"].proc is not None
@@ -250,6 +268,10 @@ def test_sighup_reloads_the_tokens_file(node: ProcCluster) -> None:
                     what="the reload")
     assert http_json(ep + "/v1/digest", token=new)[0] != 401
     assert http_json(ep + "/v1/digest", token=read_before)[0] == 401  # removed
+    writer.put("rv/2", "after the reload")
+    watcher.join(10)
+    assert not watcher.is_alive() and ended and ended[0].status == 401, (ended, seen)
+    assert "revoked" in str(ended[0])
     # A broken file leaves the reloaded tokens in force, and the node running.
     Path(node.tokens_file).write_text(f"read newcomer {new}\nwrite broken\n")
     node.nodes["n1"].proc.send_signal(signal.SIGHUP)

@@ -220,6 +220,20 @@ def _challenge(status: int, message: str, code: str | None, **extra: object) -> 
     return answer
 
 
+# A request's key for "is its token still good for it?" (a callable), set by the
+# middleware for a request that needed a token: a long-lived answer (a watch) asks it
+# as it goes, since a token removed from the file must stop what it opened (found from
+# outside: a watch opened with a revoked read token went on streaming new writes).
+STILL_ALLOWED = "raftkv.auth.still_allowed"
+
+
+def still_allowed(request: web.Request) -> bool:
+    """Whether the token ``request`` came with still has the role it needed (True for
+    a request that needed none, or a server without tokens)."""
+    check = request.get(STILL_ALLOWED)
+    return check is None or bool(check())
+
+
 def middleware(tokens: Tokens, required: Callable[[web.Request], Role | None]) -> Middleware:
     """The aiohttp middleware that lets a request through only with a token whose role
     is at least ``required(request)`` (None: a public route, no token needed)."""
@@ -251,6 +265,12 @@ def middleware(tokens: Tokens, required: Callable[[web.Request], Role | None]) -
         if need is Role.ADMIN:  # rare and consequential: leave a trace of who did it
             log.info("admin request by %s: %s %s", who.name, request.method,
                      request.path[:200])
+
+        def allowed() -> bool:
+            now = tokens.identify(token)
+            return now is not None and now.role >= need
+
+        request[STILL_ALLOWED] = allowed
         return await handler(request)
 
     return authorize

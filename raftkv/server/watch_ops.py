@@ -46,6 +46,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from raftkv.node.driver import Node
+from raftkv.server.auth import still_allowed
 from raftkv.server.range_ops import key_range
 from raftkv.server.requests import check_query, error, query_bytes, quoted, wait
 from raftkv.storage.commands import (
@@ -220,13 +221,20 @@ async def serve_watch(node: Node, group: str, req: WatchRequest,
     await resp.prepare(request)
     # Where the stream starts: a watcher that loses it at once resumes from here.
     await resp.write(json.dumps({"progress": frm - 1}).encode() + b"\n")
-    last_progress = time.monotonic()
+    last_progress = last_check = time.monotonic()
     while True:
         for line in lines:
             await resp.write(json.dumps(line).encode() + b"\n")
         if lines:
             last_progress = time.monotonic()
         frm = max(frm, upto + 1)
+        if time.monotonic() - last_check >= PROGRESS_SECONDS:
+            last_check = time.monotonic()
+            if not still_allowed(request):  # a token revoked (SIGHUP) ends what it opened
+                await resp.write(json.dumps({
+                    "error": "the token this watch was opened with was revoked",
+                    "status": 401}).encode() + b"\n")
+                return resp
         if not lines:
             if time.monotonic() - last_progress >= PROGRESS_SECONDS:
                 await resp.write(json.dumps({"progress": frm - 1}).encode() + b"\n")
