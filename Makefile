@@ -33,7 +33,7 @@ test: $(STAMP) bytecode
 	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
 		raftkv/core raftkv/node raftkv/transport raftkv/server raftkv/kv.py raftkv/embedded.py \
 		raftkv/statemachine.py raftkv/client.py raftkv/cli.py raftkv/demo.py raftkv/testing/procs.py \
-		raftkv/tls.py raftkv/certs.py raftkv/testing/raw_peer.py raftkv/admin.py \
+		raftkv/tls.py raftkv/certs.py raftkv/testing/raw_peer.py raftkv/admin.py raftkv/log_limits.py \
 		raftkv/spark raftkv/compat raftkv/storage raftkv/recovery raftkv/errors.py raftkv/placement \
 		raftkv/backup.py raftkv/testing/powerloss_fs.py raftkv/testing/powerloss_daemon.py \
 		raftkv/testing/powerloss_undo.py raftkv/testing/powerloss_workload.py \

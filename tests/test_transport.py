@@ -14,11 +14,12 @@ from pysyncobj.poller import createPoller
 from raftkv.storage.records import ConfState, Entry, Snapshot, SnapshotMeta
 
 from raftkv.core import Message, MessageType
+from raftkv.log_limits import BURST
 from raftkv.node.stores import founding_cluster_id
 from raftkv.transport import codec
 from raftkv.transport import handshake as hs
 from raftkv.transport.frames import HEADER, FrameDecoder, FrameError, encode_frame
-from raftkv.transport.tcp import WARN_BURST, Transport
+from raftkv.transport.tcp import Transport
 
 
 def test_frames_decode_across_arbitrary_splits() -> None:
@@ -214,7 +215,8 @@ def test_a_peer_that_keeps_failing_the_handshake_is_warned_about_once_in_a_while
         caplog: pytest.LogCaptureFixture) -> None:
     """Found from outside: a node with the wrong secret redials many times a second, and
     each peer logged every refusal as a WARNING (about 20 a second). At most
-    ``WARN_BURST`` WARNINGs per source and reason per ``WARN_EVERY`` seconds; the rest
+    ``BURST`` WARNINGs per source and reason per ``EVERY`` seconds
+    (``raftkv.log_limits``); the rest
     are DEBUG."""
     poller, a, b, _ = _pair(secret_b=b"not-the-secret")
     caplog.set_level("DEBUG", logger="raftkv.transport.tcp")
@@ -226,9 +228,9 @@ def test_a_peer_that_keeps_failing_the_handshake_is_warned_about_once_in_a_while
         closed = [r for r in caplog.records if "closed" in r.getMessage()]
         warned = [r for r in closed if r.levelname == "WARNING"]
         assert len(closed) > len(warned) > 0, [r.getMessage() for r in closed]
-        # Each transport shows at most WARN_BURST of a reason in the window.
+        # Each transport shows at most BURST of a reason in the window.
         kinds = Counter(r.getMessage().split(" closed: ")[1].split(" (")[0] for r in warned)
-        assert all(n <= 2 * WARN_BURST for n in kinds.values()), kinds
+        assert all(n <= 2 * BURST for n in kinds.values()), kinds
     finally:
         a.close()
         b.close()

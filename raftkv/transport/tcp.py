@@ -83,6 +83,7 @@ from pysyncobj.monotonic import monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 from pysyncobj.tcp_connection import set_keepalive
 
+from raftkv.log_limits import RateLimitedLog
 from raftkv.tls import TlsConfig
 from raftkv.transport import handshake as hs
 from raftkv.transport.frames import (
@@ -176,43 +177,6 @@ class _State:
     READY = "ready"
     DRAINING = "draining"  # a retired duplicate: no new messages, frames still read
     CLOSED = "closed"
-
-
-WARN_EVERY = 10.0  # seconds in a window of warnings of one kind about one source
-WARN_BURST = 3  # warnings of one kind about one source shown in a window
-
-
-class _Warnings:
-    """A connection closed for a fault (a failed handshake, a bad frame) is a WARNING,
-    at most ``WARN_BURST`` per ``WARN_EVERY`` seconds for each source (the peer's id, or
-    its host before it has one) and reason; the rest go to DEBUG and are counted in the
-    next window's first WARNING. A node with the wrong secret redials many times a
-    second, and each of its peers logged every refusal (found from outside: 20 WARNINGs
-    a second)."""
-
-    def __init__(self) -> None:
-        # (source, reason) -> (window start, warnings shown, repeats hidden)
-        self._windows: dict[tuple[str, str], tuple[float, int, int]] = {}
-
-    def warn(self, source: str, who: str, why: str) -> None:
-        now = monotonic()
-        key = (source, why)
-        w = self._windows.get(key)
-        if w is not None and now - w[0] < WARN_EVERY:
-            if w[1] >= WARN_BURST:
-                self._windows[key] = (w[0], w[1], w[2] + 1)
-                log.debug("connection with %s closed: %s", who, why)
-                return
-            self._windows[key] = (w[0], w[1] + 1, w[2])
-            log.warning("connection with %s closed: %s", who, why)
-            return
-        self._windows.pop(key, None)  # to the end: the first entry is then the oldest
-        if len(self._windows) >= 1000:  # many sources: forget the oldest, in O(1)
-            del self._windows[next(iter(self._windows))]
-        self._windows[key] = (now, 1, 0)
-        more = (f" ({w[2]} more like it not shown, from {now - w[0]:.0f} s ago)"
-                if w is not None and w[2] else "")
-        log.warning("connection with %s closed: %s%s", who, why, more)
 
 
 class Connection:
@@ -562,7 +526,8 @@ class Connection:
             log.debug("connection with %s closed: %s", self.describe(), why)
         else:
             source = self.peer or self.dialed_to or self.remote.rpartition(":")[0]
-            self.t.closed_warnings.warn(source, self.describe(), why)
+            self.t.closed_warnings.log(source, why, "connection with %s closed: %s",
+                                       self.describe(), why)
         try:
             self.t.poller.unsubscribe(self.fd)
         except (KeyError, OSError, ValueError):
@@ -635,7 +600,10 @@ class Transport:
         # Peers refused as another cluster's, by id, with the cluster they named, until
         # one passes: what /ready says when no leader is known.
         self.cluster_refusals: dict[str, str] = {}
-        self.closed_warnings = _Warnings()
+        # A connection closed for a fault (a failed handshake, a bad frame) is a WARNING,
+        # within raftkv.log_limits' bounds for each source (the peer's id, or its host
+        # before it has one) and reason.
+        self.closed_warnings = RateLimitedLog(log)
         self.blocked: frozenset[str] = frozenset()
         self.peers: dict[str, _Peer] = {}
         self.pending: set[Connection] = set()  # accepted, not yet authenticated
