@@ -43,7 +43,7 @@ from raftkv.spark import (
     verify,
 )
 from raftkv.spark.cluster import table_view
-from raftkv.spark.load import DEFAULT_INFLIGHT, check_load_options
+from raftkv.spark.load import DEFAULT_INFLIGHT, check_load_options, new_load_id
 from raftkv.spark.shuffle import check_columns
 
 MISMATCH_EXIT = 3
@@ -121,8 +121,20 @@ def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
         df = read_input(spark, args.input)
         cols = chosen if chosen is not None else [c for c in df.columns if c != args.key]
         if args.action == "load":
-            bulk_load(df, args.table, args.key, cols, cluster=eps, batch_rows=args.batch_rows,
-                      load_id=args.load_id, progress=True, token=token)
+            load_id = args.load_id or new_load_id()
+            try:
+                bulk_load(df, args.table, args.key, cols, cluster=eps,
+                          batch_rows=args.batch_rows, load_id=load_id, progress=True,
+                          token=token)
+            except Exception as e:  # noqa: BLE001 - said in one line, as below
+                # What to rerun, in the error itself (found from outside: the id was only
+                # in the progress lines on stdout).
+                resume = (f" (load {load_id}: run it again with --load-id {load_id} and the "
+                          "batches it applied are skipped)")
+                why = str(e) if isinstance(e, SparkJobError) else \
+                    f"the Spark job failed: {task_failure(e)}"
+                print(f"error: {why}{resume}", file=sys.stderr)
+                return 1
             return 0
         report = verify(df, args.table, args.key, cols, cluster=eps,
                         diff_limit=args.diff_limit, progress=True, token=token)

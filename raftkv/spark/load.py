@@ -154,7 +154,7 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
     check_load_options(batch_rows, inflight, load_id)
     view = table_view(cluster, table, token=token)
     check_columns(df.columns, key_col, value_cols)
-    load_id = load_id or uuid.uuid4().hex[:12]
+    load_id = load_id or new_load_id()
     n = len(view.partitions)
     t0, wall0 = time.monotonic(), time.time()
     sc = df.sparkSession.sparkContext
@@ -178,6 +178,11 @@ def bulk_load(df: DataFrame, table: str, key_col: str,
           f"{report.retries} retries in {report.seconds - routed_at:.1f} s", file=out)
     print(report.format(), file=out, flush=True)
     return report
+
+
+def new_load_id() -> str:
+    """A load id for a load given none: 12 hex digits, random."""
+    return uuid.uuid4().hex[:12]
 
 
 def check_load_options(batch_rows: int, inflight: int, load_id: str | None) -> None:
