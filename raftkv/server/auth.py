@@ -48,7 +48,7 @@ import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from raftkv.log_limits import RateLimitedLog
 
@@ -222,17 +222,18 @@ def _challenge(status: int, message: str, code: str | None, **extra: object) -> 
     return answer
 
 
-# A request's key for "is its token still good for it?" (a callable), set by the
+# The request key of "is its token still good for it?" (a callable), set by the
 # middleware for a request that needed a token: a long-lived answer (a watch) asks it
 # as it goes, since a token removed from the file must stop what it opened (found from
 # outside: a watch opened with a revoked read token went on streaming new writes).
-STILL_ALLOWED = "raftkv.auth.still_allowed"
+# (aiohttp's typed request key where it has one: a plain string key warns.)
+_STILL_ALLOWED: Any = "raftkv.auth.still_allowed"
 
 
 def still_allowed(request: web.Request) -> bool:
     """Whether the token ``request`` came with still has the role it needed (True for
     a request that needed none, or a server without tokens)."""
-    check = request.get(STILL_ALLOWED)
+    check = request.get(_STILL_ALLOWED)
     return check is None or bool(check())
 
 
@@ -244,6 +245,9 @@ def middleware(tokens: Tokens, required: Callable[[web.Request], Role | None]) -
     with a bad token added 3,000 log lines."""
     from aiohttp import web
 
+    global _STILL_ALLOWED
+    if hasattr(web, "RequestKey") and isinstance(_STILL_ALLOWED, str):
+        _STILL_ALLOWED = web.RequestKey(_STILL_ALLOWED, object)
     refusals = RateLimitedLog(log, logging.INFO)
 
     @web.middleware
@@ -279,7 +283,7 @@ def middleware(tokens: Tokens, required: Callable[[web.Request], Role | None]) -
             now = tokens.identify(token)
             return now is not None and now.role >= need
 
-        request[STILL_ALLOWED] = allowed
+        request[_STILL_ALLOWED] = allowed
         return await handler(request)
 
     return authorize
