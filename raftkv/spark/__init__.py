@@ -111,6 +111,9 @@ def read_input(spark: SparkSession, path: str) -> Any:
     return df
 
 
+CSV_FIELD_LIMIT = 16 << 20  # characters: well over a 1 MiB value's
+
+
 def _csv_files(path: str) -> list[str]:
     """A local CSV input's files: the file, or a directory's part files (as Spark writes
     them, each with its header line)."""
@@ -127,6 +130,9 @@ def check_csv(path: str) -> int:
     ``SparkJobError`` naming the file and the line the record starts on. Blank lines are
     skipped, as Spark skips them. One pass over the input on the driver, before Spark
     reads anything."""
+    # Python's csv refuses a field over 131,072 characters by default; a value may be
+    # 1 MiB (and a field over this limit is refused, naming its line, as it should be).
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
     total = 0
     for name in _csv_files(path):
         try:
