@@ -772,8 +772,9 @@ def test_a_persistent_partition_whose_majority_lost_its_files_says_so(
 
     def said() -> Any:
         d = admin.describe_table("disk")
-        return any("2 of its 3 replicas (n2, n3) lost their files, leaving 1" in e
-                   and "only on n1;" in e and "unsafe-reset --group t.disk.0" in e
+        return any("2 of its 3 replicas (n2, n3) are not hosted by their running nodes" in e
+                   and "leaving 1" in e and "only on n1." in e
+                   and "If this lasts" in e and "unsafe-reset --group t.disk.0" in e
                    for e in d["errors"]) or (d["partitions"], d["errors"])
 
     _wait(said, 60, "the lost majority named in describe's errors")

@@ -485,6 +485,7 @@ def test_the_mismatch_summary_says_how_to_name_the_keys() -> None:
     ('id,v\nk1,a\nk2,"x"y"\n', "starting on line 3 is not RFC 4180"),  # text after a quote
     ("id,v\r\nk1,a\r\nshort\nk2,x\r\n", "line 3 has 1 fields"),  # a bare newline in CRLF
     ("id,v\nk1,a,extra\n", "line 2 has 3 fields"),
+    ("\nid,v\nk1,a\nk2\n", "line 4 has 1 fields, its header 2"),  # a blank first line
 ])
 def test_a_csv_that_is_not_rfc_4180_is_refused_naming_where(tmp_path: Path, text: str,
                                                           why: str) -> None:
@@ -499,7 +500,9 @@ def test_a_csv_that_is_not_rfc_4180_is_refused_naming_where(tmp_path: Path, text
 
 
 def test_a_well_formed_csv_counts_its_records(tmp_path: Path) -> None:
-    from raftkv.spark import check_csv
+    import gzip
+
+    from raftkv.spark import SparkJobError, check_csv, input_columns
 
     d = tmp_path / "parts.csv"  # a directory of part files, each with its header
     d.mkdir()
@@ -507,4 +510,15 @@ def test_a_well_formed_csv_counts_its_records(tmp_path: Path) -> None:
     # A value of 1 MiB, the largest a key may hold: past Python's default field limit.
     (d / "part-1.csv").write_text("id,v\r\nk3,x\r\nk4," + "y" * (1 << 20) + "\r\n")
     (d / "_SUCCESS").write_text("")
-    assert check_csv(str(d)) == 4
+    with gzip.open(d / "part-2.csv.gz", "wt", newline="") as f:  # Spark's gzip output
+        f.write("id,v\nk5,z\n")
+    assert check_csv(str(d)) == 5
+    assert check_csv(f"{d}") == check_csv(str(d))
+    # A part file whose header is not the first's: Spark takes columns by position.
+    (d / "part-3.csv").write_text("v,id\nz,k6\n")
+    with pytest.raises(SparkJobError, match="its header .* is not"):
+        check_csv(str(d))
+    # A byte order mark is not part of the first column's name.
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfid,v\nk1,a\n")
+    assert check_csv(str(bom)) == 1 and input_columns(str(bom)) == ["id", "v"]

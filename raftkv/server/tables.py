@@ -1414,10 +1414,17 @@ def _lost_majority(table: str, part: dict[str, Any], views: list[dict[str, Any]]
     pending = [n for n in part["hosted_on"] if n not in voters]
     also = f" ({', '.join(pending)}, pending, may hold part of it)" if pending else ""
     unheard = f" and {', '.join(silent)} did not answer" if silent else ""
-    kind, how, see = (("", "lost their files", "\"A majority lost for good\" (raftkv "
-                       "recover unsafe-reset --group " + gid + ")") if on_disk else
-                      ("in-memory ", "restarted empty", "\"In-memory tables\""))
+    if on_disk:
+        # Also the state of every replica for a moment in a whole-cluster restart, before
+        # its node hosts it again (review): said as such, and the way out only if it lasts.
+        return (f"{table} partition {part['partition']}: {len(lost)} of its {len(voters)} "
+                f"replicas ({', '.join(lost)}) are not hosted by their running nodes (their "
+                f"files lost, or their nodes still starting){unheard}, leaving {left}, not a "
+                f"majority: no leader can be elected, and its data may survive only on "
+                f"{holders or 'no node'}{also}. If this lasts, see \"A majority lost for "
+                f"good\" (raftkv recover unsafe-reset --group {gid}) in docs/operations.md")
     return (f"{table} partition {part['partition']}: {len(lost)} of its {len(voters)} "
-            f"{kind}replicas ({', '.join(lost)}) {how}{unheard}, leaving {left}, not a "
-            f"majority: it cannot commit or elect a leader, and its data may survive only "
-            f"on {holders or 'no node'}{also}; see {see} in docs/operations.md")
+            f"in-memory replicas ({', '.join(lost)}) restarted empty{unheard}, leaving "
+            f"{left}, not a majority: it cannot commit or elect a leader, and its data may "
+            f"survive only on {holders or 'no node'}{also}; see \"In-memory tables\" in "
+            "docs/operations.md")

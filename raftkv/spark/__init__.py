@@ -15,7 +15,9 @@ same job on a real cluster (the executors then need raftkv installed).
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import importlib
 import os
 import sys
@@ -99,7 +101,8 @@ def read_input(spark: SparkSession, path: str) -> Any:
     Spark's record count must equal its count."""
     if _input_format(path) == "parquet":
         return spark.read.parquet(path)
-    expected = None if "://" in path else check_csv(path)
+    local = path.removeprefix("file://")
+    expected = None if "://" in local else check_csv(local)
     df = (spark.read.option("header", "true").option("mode", "FAILFAST")
           .option("escape", '"').option("multiLine", "true").csv(path))
     if expected is not None:
@@ -112,6 +115,7 @@ def read_input(spark: SparkSession, path: str) -> Any:
 
 
 CSV_FIELD_LIMIT = 16 << 20  # characters: well over a 1 MiB value's
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open}  # the codecs Spark writes that Python reads
 
 
 def _csv_files(path: str) -> list[str]:
@@ -123,37 +127,52 @@ def _csv_files(path: str) -> list[str]:
                   if not f.startswith(("_", ".")))
 
 
-def check_csv(path: str) -> int:
+def check_csv(path: str) -> int | None:
     """The number of records (header lines left out) of a local CSV input, each checked
     as RFC 4180 with Python's ``csv`` module in strict mode: a quote left open, text after
-    a closing quote, or a record with another field count than its file's header is a
+    a closing quote, a record with another field count than the header, or a part file
+    whose header is not the first file's (Spark would take its columns by position) is a
     ``SparkJobError`` naming the file and the line the record starts on. Blank lines are
-    skipped, as Spark skips them. One pass over the input on the driver, before Spark
-    reads anything."""
+    skipped, as Spark skips them, and a byte order mark is not part of the first column's
+    name. Files compressed with gzip or bzip2 are read through them; None (nothing
+    checked) for an input with a codec Python cannot read. One pass over the input on the
+    driver, one record in memory at a time, before Spark reads anything."""
+    files = _csv_files(path)
+    if any(os.path.splitext(f)[1].lower() not in (".csv", "", *_OPENERS) for f in files):
+        return None
     # Python's csv refuses a field over 131,072 characters by default; a value may be
     # 1 MiB (and a field over this limit is refused, naming its line, as it should be).
     csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
-    total = 0
-    for name in _csv_files(path):
+    total, first = 0, None
+    for name in files:
+        opener: Any = _OPENERS.get(os.path.splitext(name)[1].lower(), open)
+        start = 1
         try:
-            with open(name, newline="", encoding="utf-8") as f:
+            with opener(name, "rt", newline="", encoding="utf-8-sig") as f:
                 reader = csv.reader(f, strict=True)
-                start, header = 1, None
+                header = None
                 for record in reader:
-                    if header is None:
+                    if not record:
+                        pass  # a blank line
+                    elif header is None:
                         header = record
-                    elif record and len(record) != len(header):
+                        first = first or (name, header)
+                        if header != first[1]:
+                            raise SparkJobError(
+                                f"input {name}: its header {header} is not {first[0]}'s "
+                                f"{first[1]}; nothing was written")
+                    elif len(record) != len(header):
                         raise SparkJobError(
                             f"input {name}: the record on line {start} has {len(record)} "
                             f"fields, its header {len(header)}; nothing was written")
-                    elif record:
+                    else:
                         total += 1
                     start = reader.line_num + 1
         except csv.Error as e:
             raise SparkJobError(f"input {name}: the record starting on line {start} is not "
                                 f"RFC 4180 CSV ({e}: a quote left open?); nothing was "
                                 "written") from None
-        except (OSError, UnicodeDecodeError) as e:
+        except (OSError, UnicodeDecodeError, EOFError) as e:
             raise SparkJobError(f"input {name}: cannot read it as UTF-8 CSV: {e}") from None
     return total
 
@@ -177,8 +196,8 @@ def input_columns(path: str) -> list[str] | None:
             if not parts:
                 raise SparkJobError(f"input {path}: the directory holds no CSV file")
             first = os.path.join(path, parts[0])
-        with open(first, newline="", encoding="utf-8") as f:
-            header = next(csv.reader(f), None)
+        with open(first, newline="", encoding="utf-8-sig") as f:
+            header = next((r for r in csv.reader(f) if r), None)
     except (OSError, ValueError, csv.Error) as e:  # pyarrow's ArrowInvalid: a ValueError
         raise SparkJobError(f"input {path}: cannot read its schema: {e}") from None
     if not header:

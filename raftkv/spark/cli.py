@@ -126,15 +126,17 @@ def run(args: argparse.Namespace, endpoints: str, token: str | None) -> int:
                 bulk_load(df, args.table, args.key, cols, cluster=eps,
                           batch_rows=args.batch_rows, load_id=load_id, progress=True,
                           token=token)
-            except Exception as e:  # noqa: BLE001 - said in one line, as below
+            except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - one line, as below
                 # What to rerun, in the error itself (found from outside: the id was only
-                # in the progress lines on stdout).
-                resume = (f" (load {load_id}: run it again with --load-id {load_id} and the "
-                          "batches it applied are skipped)")
-                why = str(e) if isinstance(e, SparkJobError) else \
-                    f"the Spark job failed: {task_failure(e)}"
+                # in the progress lines on stdout). It may have failed before writing.
+                resume = (f" (load {load_id}: to resume it once the cause is fixed, run it "
+                          f"again with --load-id {load_id}; any batches it applied are "
+                          "skipped)")
+                why = ("interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+                       if isinstance(e, SparkJobError) else
+                       f"the Spark job failed: {task_failure(e)}")
                 print(f"error: {why}{resume}", file=sys.stderr)
-                return 1
+                return 130 if isinstance(e, KeyboardInterrupt) else 1
             return 0
         report = verify(df, args.table, args.key, cols, cluster=eps,
                         diff_limit=args.diff_limit, progress=True, token=token)
