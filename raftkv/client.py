@@ -315,8 +315,9 @@ class Client:
         unanswered too (``_await_answer``; only when there is another endpoint to try:
         alone, a node that stalls after the write left may still answer it, and giving
         up early would only turn its answer into an unknown outcome). With ``once``, a
-        new connection first asks ``/health`` itself, with one endpoint too: a stopped node accepts connections (its kernel
-        does), and a write sent on one could only end in an unknown outcome, whereas
+        new connection first asks ``/health`` itself, with one endpoint too: a stopped
+        node accepts connections (its kernel does), and a write sent on one could only
+        end in an unknown outcome, whereas
         a node found stopped before the write went out is simply not the one to ask
         (every ``raftkv put`` listing a stopped node first failed so; etcd's client,
         over HTTP/2, never sends on a connection whose handshake did not finish)."""
